@@ -1,0 +1,62 @@
+"""The `naohai` console command: parses arguments and dispatches to subcommands.
+
+Each subcommand lives in ``naohai/commands/<name>.py`` with two functions:
+``register(subparsers)`` adds its parser and ``run(args) -> int`` does the work by
+calling library code.  A :class:`naohai.errors.UserError` anywhere becomes one
+paragraph on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import textwrap
+
+from naohai.errors import UserError
+
+# Subcommands in the order `naohai --help` lists them.
+COMMANDS = ("train", "generate", "data", "plan", "check", "launch", "submit", "bench")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but bad flags are UserErrors (exit 2, one paragraph)."""
+
+    def error(self, message):  # noqa: D401
+        raise UserError(f"{message}. See '{self.prog} --help'.", where="command line")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="naohai", description="Train PanGu-alpha / PengCheng-Mind style LLMs with MindSpore.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"naohai.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"naohai.commands.{name}":
+                continue  # subcommand not shipped in this build
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "command", None):
+            parser.print_help()
+            return 2
+        return int(args.run(args) or 0)
+    except UserError as err:
+        text = textwrap.fill(f"naohai: error: {err}", width=100, break_long_words=False,
+                             break_on_hyphens=False)
+        print(text, file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("naohai: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

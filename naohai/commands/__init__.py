@@ -1,0 +1,1 @@
+"""Thin CLI subcommands; each module has register(subparsers) and sets args.run."""

@@ -1,0 +1,28 @@
+"""naohai: a MindSpore trainer for PanGu-alpha / PengCheng-Mind style decoder-only LLMs."""
+from setuptools import find_packages, setup
+
+setup(
+    name="naohai",
+    version="0.1.0",
+    description="Declarative, pre-checked parallel strategies and a small exact trainer for "
+                "PanGu-alpha / PengCheng-Mind LLMs on MindSpore",
+    packages=find_packages(include=["naohai", "naohai.*"]),
+    python_requires=">=3.9,<3.12",
+    install_requires=[
+        "mindspore==2.10.0",
+        "numpy>=1.24",
+        "sentencepiece==0.2.3",
+        "pyyaml>=6.0",
+        "tqdm>=4.66",
+        "safetensors>=0.4",
+        "jieba==0.42.1",
+        "tensorboardX>=2.6",
+        "pillow>=10",
+    ],
+    extras_require={
+        "modelarts": ["huaweicloudsdkmodelarts==3.1.219", "huaweicloudsdkcore==3.1.219",
+                      "esdk-obs-python==3.26.6"],
+        "test": ["pytest>=8", "hypothesis>=6.100"],
+    },
+    entry_points={"console_scripts": ["naohai=naohai.cli:main"]},
+)
