@@ -1,0 +1,147 @@
+"""The decoder-only language model: pre-norm layers, PanGu query layer, tied head, loss.
+
+``NaohaiLM(cfg).construct(input_ids, labels) -> mean token loss`` is the
+network the trainer differentiates; ``NaohaiLM.logits`` gives next-token
+logits for generation and evaluation.  The root cell holds no operations of its
+own (only sub-cells), so a pipeline split can assign every op a stage: the
+embedding on the first stage, final norm / head / loss on the last.
+
+Parameter names match :func:`naohai.model.params.param_shapes`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops, Tensor
+
+from naohai.config import ModelConfig
+from naohai.model.layers import MLP, Attention, Embedding, Norm, ms_dtype
+
+
+class DecoderLayer(nn.Cell):
+    """x + attn(norm(x)); then x + mlp(norm(x)).  The last PanGu layer is a query layer."""
+
+    def __init__(self, cfg: ModelConfig, index: int, rng: np.random.RandomState):
+        super().__init__()
+        out_std = cfg.init_std / math.sqrt(2.0 * cfg.num_layers)
+        self.is_query_layer = bool(cfg.query_layer and index == cfg.num_layers - 1)
+        self.input_norm = Norm(cfg)
+        self.attention = Attention(cfg, rng, out_std, query_layer=self.is_query_layer)
+        self.post_attention_norm = Norm(cfg)
+        self.mlp = MLP(cfg, rng, out_std)
+        self.attn_residual = ops.Add()
+        self.mlp_residual = ops.Add()
+
+    def construct(self, x):
+        x = self.attn_residual(x, self.attention(self.input_norm(x)))
+        return self.mlp_residual(x, self.mlp(self.post_attention_norm(x)))
+
+    def shardable_ops(self) -> Dict[str, object]:
+        out = {f"attention.{k}": v for k, v in self.attention.shardable_ops().items()}
+        out.update({f"mlp.{k}": v for k, v in self.mlp.shardable_ops().items()})
+        out["attention.residual"] = self.attn_residual
+        out["mlp.residual"] = self.mlp_residual
+        for name in ("input_norm", "post_attention_norm"):
+            prim = getattr(self, name).primitive()
+            if prim is not None:
+                out[name] = prim
+        return out
+
+
+class Head(nn.Cell):
+    """Final norm and output projection; the weight is the word embedding when tied."""
+
+    def __init__(self, cfg: ModelConfig, rng: np.random.RandomState):
+        super().__init__()
+        self.final_norm = Norm(cfg)
+        self.dtype = ms_dtype(cfg.compute_dtype)
+        self.logits = ops.MatMul(transpose_b=True)
+        self.cast = ops.Cast()
+        self.tied = cfg.tie_embeddings
+        if not self.tied:
+            from naohai.model.layers import _param
+            self.weight = _param(rng, (cfg.padded_vocab_size, cfg.hidden_size), cfg.init_std, "weight")
+
+    def construct(self, x, weight):
+        x = self.final_norm(x)
+        if not self.tied:
+            weight = self.weight
+        y = self.logits(self.cast(x, self.dtype), self.cast(weight, self.dtype))
+        return self.cast(y, ms.float32)                                           # [b*s, V]
+
+
+class CrossEntropy(nn.Cell):
+    """Mean next-token cross entropy over all tokens, in float32."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.vocab = cfg.padded_vocab_size
+        self.onehot = ops.OneHot()
+        self.xent = ops.SoftmaxCrossEntropyWithLogits()
+        self.mean = ops.ReduceMean()
+        self.reshape = ops.Reshape()
+        self.on = Tensor(1.0, ms.float32)
+        self.off = Tensor(0.0, ms.float32)
+
+    def construct(self, logits, labels):
+        labels = self.reshape(labels, (-1,))
+        target = self.onehot(labels, self.vocab, self.on, self.off)
+        loss, _ = self.xent(logits, target)
+        return self.mean(loss)
+
+
+class NaohaiLM(nn.Cell):
+    """PanGu-alpha / PengCheng-Mind decoder LM.  ``construct(input_ids, labels) -> loss``."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        rng = np.random.RandomState(seed)
+        self.embedding = Embedding(cfg, rng)
+        self.layers = nn.CellList([DecoderLayer(cfg, i, rng) for i in range(cfg.num_layers)])
+        self.head = Head(cfg, rng)
+        self.loss = CrossEntropy(cfg)
+        self.vocab = cfg.padded_vocab_size
+
+    def hidden(self, input_ids):
+        x = self.embedding(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def construct(self, input_ids, labels):
+        x = self.hidden(input_ids)
+        logits = self.head(x, self.embedding.word_embedding)
+        return self.loss(logits, labels)
+
+    def logits(self, input_ids):
+        """[b, s] -> [b, s, vocab] float32."""
+        x = self.hidden(input_ids)
+        y = self.head(x, self.embedding.word_embedding)
+        return y.reshape((input_ids.shape[0], input_ids.shape[1], self.vocab))
+
+    def shardable_ops(self) -> Dict[str, object]:
+        """Every shardable primitive by its catalog name (see naohai.model.catalog)."""
+        out = {f"embedding.{k}": v for k, v in self.embedding.shardable_ops().items()}
+        for i, layer in enumerate(self.layers):
+            out.update({f"layers.{i}.{k}": v for k, v in layer.shardable_ops().items()})
+        prim = self.head.final_norm.primitive()
+        if prim is not None:
+            out["final_norm"] = prim
+        out["head.logits"] = self.head.logits
+        out["loss.xent"] = self.loss.xent
+        return out
+
+
+class LogitsNet(nn.Cell):
+    """Wraps a model for inference: ``construct(input_ids) -> logits [b, s, vocab]``."""
+
+    def __init__(self, lm: NaohaiLM):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+
+    def construct(self, input_ids):
+        return self.lm.logits(input_ids)
