@@ -1,0 +1,231 @@
+"""Launching a simulated-device compile job and collecting its per-rank verdicts.
+
+Owns :func:`run_compile`: build/find the stub libraries, start ``msrun`` with N local
+workers running :mod:`naohai.simulate.worker` against a target, enforce a timeout
+(killing msrun and every worker it spawned, found by a per-run environment marker,
+since msrun puts workers in their own sessions), then gather each rank's
+``result.json`` into a :class:`CompileReport` (text table + ``summary.json``).  A rank
+that died without a result is reported with the tail of its msrun log.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from naohai.errors import UserError
+from naohai.simulate.stubs import ensure_stubs
+
+RUN_MARKER_VAR = "NAOHAI_SIM_RUN_ID"
+_WORKER = Path(__file__).with_name("worker.py")
+
+
+@dataclasses.dataclass
+class RankResult:
+    rank: int
+    ok: bool
+    result: Optional[Dict[str, Any]]  # the worker's JSON, None if the rank wrote none
+    log_tail: str = ""
+
+    @property
+    def error(self) -> Optional[Dict[str, Any]]:
+        return (self.result or {}).get("error")
+
+    @property
+    def parameters(self) -> Dict[str, Any]:
+        return (self.result or {}).get("parameters") or {}
+
+    @property
+    def comm_ops(self) -> Dict[str, int]:
+        return (self.result or {}).get("comm_ops") or {}
+
+    def verdict(self) -> str:
+        if self.result is None:
+            return "CRASHED (no result written)"
+        if self.ok:
+            return "ok"
+        err = self.error or {}
+        where = f" in {err['op']}" if err.get("op") else ""
+        return f"{err.get('type', 'Error')}{where}: {(err.get('message') or '').splitlines()[0][:160]}"
+
+
+@dataclasses.dataclass
+class CompileReport:
+    target: str
+    ranks: int
+    workdir: Path
+    wall_s: float
+    timed_out: bool
+    returncode: Optional[int]
+    per_rank: List[RankResult]
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(r.ok for r in self.per_rank)
+
+    @property
+    def failed_ranks(self) -> List[int]:
+        return [r.rank for r in self.per_rank if not r.ok]
+
+    def rank(self, r: int) -> RankResult:
+        return self.per_rank[r]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"target": self.target, "ranks": self.ranks, "workdir": str(self.workdir),
+                "wall_s": self.wall_s, "timed_out": self.timed_out,
+                "returncode": self.returncode, "ok": self.ok,
+                "failed_ranks": self.failed_ranks,
+                "per_rank": [{"rank": r.rank, "ok": r.ok, "verdict": r.verdict(),
+                              "result": r.result, "log_tail": r.log_tail}
+                             for r in self.per_rank]}
+
+    def render(self) -> str:
+        kinds = sorted({k for r in self.per_rank for k in r.comm_ops})
+        head = ["rank", "verdict", "compile_s", "rss_mb", "params"] + kinds
+        rows = []
+        for r in self.per_rank:
+            res = r.result or {}
+            rows.append([str(r.rank), r.verdict()[:70], str(res.get("compile_s", "-")),
+                         str(res.get("peak_rss_mb", "-")), str(len(r.parameters))]
+                        + [str(r.comm_ops.get(k, 0)) for k in kinds])
+        widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
+        lines = [f"compile {self.target} on {self.ranks} simulated devices: "
+                 f"{'OK' if self.ok else 'FAILED'} in {self.wall_s:.1f} s"
+                 + (" (TIMED OUT)" if self.timed_out else "")]
+        for row in [head] + rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        for r in self.per_rank:
+            if r.result is None and r.log_tail:
+                lines.append(f"--- rank {r.rank} log tail ---")
+                lines.extend(r.log_tail.splitlines()[-15:])
+            elif not r.ok and r.error:
+                lines.append(f"--- rank {r.rank}: {r.error.get('type')}"
+                             f" op={r.error.get('op')} parameter={r.error.get('parameter')}")
+                lines.append((r.error.get("message") or "")[:600])
+        return "\n".join(lines)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pids_with_marker(marker: str) -> List[int]:
+    """PIDs of live processes whose environment carries this run's marker."""
+    needle = f"{RUN_MARKER_VAR}={marker}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def _kill_run(proc: subprocess.Popen, marker: str) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for _ in range(3):
+        pids = _pids_with_marker(marker)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.2)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tail(path: Path, n_chars: int = 3000) -> str:
+    if not path.exists():
+        return f"(no log at {path})"
+    data = path.read_bytes()[-n_chars:]
+    return data.decode(errors="replace")
+
+
+def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
+                kwargs: Optional[Dict[str, Any]] = None, precompile_only: bool = True,
+                keep_ir: bool = False, sys_path: Sequence[str] = (),
+                cluster_time_out: int = 300) -> CompileReport:
+    """Compile ``target`` (``"module:function"``) on ``ranks`` simulated GPUs.
+
+    ``kwargs`` go to the target function; ``sys_path`` entries are prepended to the
+    workers' ``sys.path`` (for targets outside installed packages).  Everything is
+    written under ``workdir``: ``spec.json``, ``logs/worker_<r>.log``,
+    ``rank_<r>/{result.json,strategy.ckpt,final.ir}``, ``summary.json``.
+    """
+    if ranks < 1:
+        raise UserError(f"ranks must be >= 1, got {ranks}", key="ranks")
+    if ":" not in target:
+        raise UserError(f"target must look like 'package.module:function', got {target!r}",
+                        key="target")
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    for old in list(workdir.glob("rank_*/result.json")) + [workdir / "summary.json"]:
+        old.unlink(missing_ok=True)  # never report a previous run's verdict
+    stubs = ensure_stubs()
+    marker = uuid.uuid4().hex
+    spec = {"target": target, "kwargs": kwargs or {}, "out_dir": str(workdir),
+            "keep_ir": keep_ir, "sys_path": [str(Path(p).resolve()) for p in sys_path]}
+    spec_path = workdir / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    env = dict(os.environ)
+    env.update(stubs.env(ranks, precompile_only=precompile_only))
+    # msrun starts workers with plain 'python': make that this interpreter
+    env["PATH"] = os.pathsep.join([str(stubs.cuda_home / "bin"), os.path.dirname(sys.executable),
+                                   env["PATH"]])
+    env[RUN_MARKER_VAR] = marker
+    env["MS_DEV_SAVE_GRAPHS"] = "1"
+    env["MS_DEV_SAVE_GRAPHS_PATH"] = str(workdir / "ir")
+    env.setdefault("GLOG_v", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    log_dir = workdir / "logs"
+    cmd = [sys.executable, "-c", "import sys; from mindspore.parallel.cluster.run import main; "
+           "sys.argv[0] = 'msrun'; sys.exit(main())",
+           f"--worker_num={ranks}", f"--local_worker_num={ranks}",
+           f"--master_port={free_port()}", f"--log_dir={log_dir}", "--join=True",
+           f"--cluster_time_out={int(cluster_time_out)}", str(_WORKER), str(spec_path)]
+    t0 = time.time()
+    timed_out = False
+    with open(workdir / "msrun.out", "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=str(workdir), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _kill_run(proc, marker)  # also reaps any worker left behind
+    wall = time.time() - t0
+    per_rank = []
+    for r in range(ranks):
+        res_path = workdir / f"rank_{r}" / "result.json"
+        if res_path.exists():
+            res = json.loads(res_path.read_text())
+            per_rank.append(RankResult(r, bool(res.get("ok")), res))
+        else:
+            per_rank.append(RankResult(r, False, None, _tail(log_dir / f"worker_{r}.log")))
+    report = CompileReport(target, ranks, workdir, round(wall, 2), timed_out,
+                           proc.returncode, per_rank)
+    (workdir / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str))
+    return report

@@ -1,0 +1,139 @@
+"""Per-rank compile worker, run by every msrun process of a simulated-device job.
+
+Usage (msrun does this): ``python .../naohai/simulate/worker.py <spec.json>``.
+
+The spec (written by :mod:`naohai.simulate.harness`) names a *target*, a callable
+``"module:function"`` called with ``**spec["kwargs"]`` after ``ms.set_device("GPU")`` and
+``init()``.  The target sets up the parallel context itself and returns
+``(network, compile_args)``.  This module compiles ``network`` and writes
+``<out_dir>/rank_<r>/result.json``: ok / error (type, MindSpore message, op and
+parameter names found in it), per-parameter layouts and shard shapes, communication
+op counts read from the last front-end IR, compile time and peak RSS.  The
+parameter strategy file goes to ``<out_dir>/rank_<r>/strategy.ckpt``.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script by msrun: make sibling imports work
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from naohai.simulate.irstats import count_comm_ops, final_ir_file  # noqa: E402
+from naohai.simulate.msgparse import parse_mindspore_error  # noqa: E402
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _resolve(target: str):
+    module_name, sep, func_name = target.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ValueError(f"target must look like 'package.module:function', got {target!r}")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def _layouts(network) -> dict:
+    """Parameter name -> layout from ``parameter_layout_dict`` (plus sliced shapes)."""
+    out = {}
+    layout_dict = getattr(network, "parameter_layout_dict", None) or {}
+    for name, lay in layout_dict.items():
+        lay = list(lay)
+        entry = {"dev_matrix": list(lay[0]), "tensor_map": list(lay[1]),
+                 "slice_shape": list(lay[2])}
+        if len(lay) > 5:
+            entry["opt_shard_group"] = lay[5]
+        if len(lay) > 6:
+            entry["full_shape"] = list(lay[6])
+        if len(lay) > 7:
+            entry["opt_slice_shape"] = list(lay[7])
+        out[name] = entry
+    try:
+        params = network.parameters_dict()
+    except Exception:  # pragma: no cover - exotic wrappers
+        params = {}
+    for name, p in params.items():
+        entry = out.setdefault(name, {})
+        entry["local_shape"] = list(p.shape)
+    return out
+
+
+def _set_strategy_file(network, path: str) -> None:
+    from mindspore.parallel.auto_parallel import AutoParallel
+    if isinstance(network, AutoParallel):
+        network.save_param_strategy_file(path)
+    else:
+        import mindspore as ms
+        ms.set_auto_parallel_context(strategy_ckpt_config={"save_file": path})
+
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+def main(argv) -> int:
+    spec = json.loads(Path(argv[1]).read_text())
+    for p in spec.get("sys_path", []):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    rank = int(os.environ.get("RANK_ID", os.environ.get("MS_NODE_ID", "0")))
+    rank_dir = Path(spec["out_dir"]) / f"rank_{rank}"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    result = {"rank": rank, "ok": False, "stage": "start", "target": spec["target"]}
+    t_start = time.time()
+    try:
+        import mindspore as ms
+        from mindspore.communication import init, get_rank, get_group_size
+        ms.set_context(mode=ms.GRAPH_MODE)
+        ms.set_device("GPU")
+        result["stage"] = "init"
+        init()
+        result["rank"] = rank = get_rank()
+        result["group_size"] = get_group_size()
+        result["init_s"] = round(time.time() - t_start, 3)
+        result["stage"] = "build"
+        network, compile_args = _resolve(spec["target"])(**spec.get("kwargs", {}))
+        strategy_path = rank_dir / "strategy.ckpt"
+        _set_strategy_file(network, str(strategy_path))
+        result["stage"] = "compile"
+        t0 = time.time()
+        network.compile(*compile_args)
+        result["compile_s"] = round(time.time() - t0, 3)
+        result["ok"] = True
+        result["stage"] = "done"
+        result["parameters"] = _layouts(network)
+        result["strategy_file"] = str(strategy_path) if strategy_path.exists() else None
+    except BaseException as exc:  # noqa: BLE001 - everything is reported, nothing hidden
+        result["error"] = parse_mindspore_error(exc)
+        result["error"]["traceback"] = traceback.format_exc()[-4000:]
+    ir_dir = os.environ.get("MS_DEV_SAVE_GRAPHS_PATH")
+    if ir_dir:
+        rank_ir = Path(ir_dir) / f"rank_{rank}"
+        final = final_ir_file(rank_ir)
+        if final is not None:
+            result["ir_file"] = final.name
+            result["comm_ops"] = count_comm_ops(final.read_text(errors="replace"))
+            shutil.copy(final, rank_dir / "final.ir")
+        if not spec.get("keep_ir", False):
+            shutil.rmtree(rank_ir, ignore_errors=True)
+    result["peak_rss_mb"] = round(_peak_rss_mb(), 1)
+    result["wall_s"] = round(time.time() - t_start, 3)
+    _write(rank_dir / "result.json", result)
+    sys.stdout.flush()
+    # exit 0 even on a compile error: the verdict is in result.json, and a non-zero exit
+    # makes msrun tear down ranks that are still compiling.
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
