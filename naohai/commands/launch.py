@@ -1,0 +1,49 @@
+"""`naohai launch`: start `naohai train` on this node through msrun."""
+from __future__ import annotations
+
+import argparse
+
+from naohai.launch.devices import worker_count
+from naohai.launch.msrun import DEFAULT_PORT, MsrunPlan, run_msrun
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "launch", help="run `naohai train` on this node with msrun (one command per node)",
+        description="Build and run this node's msrun command for `python -m naohai.cli train RECIPE "
+                    "--strategy FILE`. The worker count is the product of the strategy's mesh "
+                    "sizes, else --devices-per-node x --nodes. Run the same command on every node "
+                    "with its own --node-rank.")
+    p.add_argument("recipe", help="recipe file (or a name in recipes/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides passed to train")
+    p.add_argument("--strategy", help="strategy file passed to train")
+    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's index, 0-based (default 0)")
+    p.add_argument("--master-addr", help="IP or host name of node 0 (required for several nodes)")
+    p.add_argument("--master-port", default=DEFAULT_PORT, help=f"scheduler port (default {DEFAULT_PORT})")
+    p.add_argument("--devices-per-node", type=int, help="worker processes per node")
+    p.add_argument("--log-dir", default="runs/msrun_logs", help="msrun log directory (default runs/msrun_logs)")
+    p.add_argument("--join", action=argparse.BooleanOptionalAction, default=True,
+                   help="wait for the workers and report failures (default; --no-join returns at once)")
+    p.add_argument("--cluster-time-out", type=int, default=600,
+                   help="seconds to wait for the cluster to form (default 600)")
+    p.add_argument("--node-time-out", type=int,
+                   help="seconds before a silent rank is declared dead (MS_NODE_TIMEOUT; MindSpore default 30)")
+    p.add_argument("--bind-core", action="store_true", help="let msrun bind CPU cores to workers")
+    p.add_argument("--rank-table", help="rank table file (passed to msrun; see --rank-table-processes)")
+    p.add_argument("--rank-table-processes", action="store_true",
+                   help="legacy start without msrun: one process per device with RANK_TABLE_FILE, "
+                        "RANK_ID, DEVICE_ID")
+    p.add_argument("--dry-run", action="store_true", help="print the command only")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    workers = worker_count(args.strategy, args.devices_per_node, args.nodes)
+    plan = MsrunPlan(recipe=args.recipe, strategy=args.strategy, workers=workers, nodes=args.nodes,
+                     node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+                     log_dir=args.log_dir, join=args.join, cluster_time_out=args.cluster_time_out,
+                     bind_core=args.bind_core, node_time_out=args.node_time_out, rank_table_file=args.rank_table,
+                     rank_table_mode="processes" if args.rank_table_processes else "msrun",
+                     overrides=list(args.overrides))
+    return run_msrun(plan, dry_run=args.dry_run)

@@ -1,0 +1,109 @@
+"""msrun argv building and plan validation (no processes started)."""
+import pytest
+
+from naohai.cli import main
+from naohai.errors import UserError
+from naohai.launch.devices import worker_count
+from naohai.launch.msrun import MsrunPlan, build_msrun_command, build_rank_table_processes, diagnose
+
+
+def test_single_node_argv():
+    plan = MsrunPlan(recipe="recipes/tiny.yaml", strategy="strategies/dp2.yaml", workers=2,
+                     log_dir="logs", overrides=["train.steps=3"])
+    assert build_msrun_command(plan) == [
+        "msrun", "--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
+        "--master_port", "8118", "--node_rank", "0", "--log_dir", "logs", "--join", "True",
+        "--cluster_time_out", "600", "python", "-m", "naohai.cli", "train", "recipes/tiny.yaml",
+        "--strategy", "strategies/dp2.yaml", "train.steps=3"]
+
+
+def test_two_node_argv_second_node():
+    plan = MsrunPlan(recipe="r.yaml", strategy=None, workers=16, nodes=2, node_rank=1,
+                     master_addr="10.1.2.3", master_port="9000", log_dir="/cache/log", join=False,
+                     cluster_time_out=300, bind_core=True, rank_table_file="/user/config/jobstart_hccl.json")
+    assert build_msrun_command(plan) == [
+        "msrun", "--worker_num", "16", "--local_worker_num", "8", "--master_addr", "10.1.2.3",
+        "--master_port", "9000", "--node_rank", "1", "--log_dir", "/cache/log", "--join", "False",
+        "--cluster_time_out", "300", "--bind_core", "True",
+        "--rank_table_file", "/user/config/jobstart_hccl.json",
+        "python", "-m", "naohai.cli", "train", "r.yaml"]
+    assert plan.ranks() == [8, 9, 10, 11, 12, 13, 14, 15]
+
+
+def test_rank_table_processes_env():
+    plan = MsrunPlan(recipe="r.yaml", strategy="s.yaml", workers=4, nodes=2, node_rank=1,
+                     master_addr="node0", rank_table_file="rt.json", rank_table_mode="processes")
+    procs = build_rank_table_processes(plan)
+    assert [env for _, env in procs] == [
+        {"RANK_TABLE_FILE": "rt.json", "RANK_ID": "2", "DEVICE_ID": "0", "RANK_SIZE": "4"},
+        {"RANK_TABLE_FILE": "rt.json", "RANK_ID": "3", "DEVICE_ID": "1", "RANK_SIZE": "4"}]
+    assert procs[0][0] == ["python", "-m", "naohai.cli", "train", "r.yaml", "--strategy", "s.yaml"]
+
+
+@pytest.mark.parametrize("changes, key", [
+    (dict(nodes=2, node_rank=2, master_addr="a"), "node_rank"),
+    (dict(node_rank=-1), "node_rank"),
+    (dict(master_port="http"), "master_port"),
+    (dict(master_port=70000), "master_port"),
+    (dict(master_port=0), "master_port"),
+    (dict(workers=6, nodes=4, master_addr="a"), "workers"),
+    (dict(workers=0), "workers"),
+    (dict(nodes=2, workers=4), "master_addr"),
+    (dict(master_addr="bad host!"), "master_addr"),
+    (dict(local_workers=3), "local_workers"),
+    (dict(rank_table_mode="processes"), "rank_table_file"),
+    (dict(node_time_out=0), "node_time_out"),
+])
+def test_validation_errors_name_the_key(changes, key):
+    base = dict(recipe="r.yaml", strategy=None, workers=4)
+    base.update(changes)
+    with pytest.raises(UserError) as info:
+        build_msrun_command(MsrunPlan(**base))
+    assert info.value.key == key
+
+
+def test_worker_count_from_mesh(tmp_path):
+    s = tmp_path / "s.yaml"
+    s.write_text("mesh: {data: 2, model: 4, pipeline: 2}\n")
+    assert worker_count(str(s), None, 2) == 16
+    assert worker_count(str(s), 8, 2) == 16
+    with pytest.raises(UserError, match="needs 16 devices"):
+        worker_count(str(s), 4, 2)
+    plain = tmp_path / "p.yaml"
+    plain.write_text("name: x\n")
+    assert worker_count(str(plain), 8, 3) == 24
+    bad = tmp_path / "b.yaml"
+    bad.write_text("mesh: {data: two}\n")
+    with pytest.raises(UserError) as info:
+        worker_count(str(bad), None, 1)
+    assert info.value.key == "mesh.data"
+
+
+def test_cli_dry_run_prints_command(tmp_path, capsys):
+    s = tmp_path / "s.yaml"
+    s.write_text("mesh: {data: 2}\n")
+    code = main(["launch", "r.yaml", "train.steps=2", "--strategy", str(s), "--log-dir", "L",
+                 "--node-time-out", "7", "--dry-run"])
+    out = capsys.readouterr().out.strip()
+    assert code == 0
+    assert out == ("MS_NODE_TIMEOUT=7 msrun --worker_num 2 --local_worker_num 2 --master_addr 127.0.0.1 "
+                   "--master_port 8118 --node_rank 0 --log_dir L --join True --cluster_time_out 600 "
+                   f"python -m naohai.cli train r.yaml --strategy {s} train.steps=2")
+
+
+def test_cli_bad_flag_is_exit_2(capsys):
+    assert main(["launch", "r.yaml", "--nodes", "2", "--devices-per-node", "2", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "master address is required" in err and "Traceback" not in err
+
+
+def test_diagnose_maps_pid_to_rank(tmp_path):
+    (tmp_path / "worker_0.log").write_text("[WARNING] DISTRIBUTED(100,7f,python):x rank 0\nstep 1\n")
+    (tmp_path / "worker_1.log").write_text("[WARNING] DISTRIBUTED(101,7f,python):x rank 1\nboom\n")
+    out = "[ERROR] ME(99:1,MainProcess):t [x] Worker process 101 exit with exception. Error code: -9.\n"
+    dead = diagnose(str(tmp_path), out)
+    assert [(r, why) for r, why, _ in dead] == [(1, "killed by signal SIGKILL")]
+    assert dead[0][2].endswith("boom")
+    # no msrun output: fall back to logs holding a traceback
+    (tmp_path / "worker_0.log").write_text("Traceback (most recent call last):\nValueError: x\n")
+    assert [r for r, _, _ in diagnose(str(tmp_path), "")] == [0]

@@ -1,0 +1,39 @@
+"""A real 2-worker msrun job on CPU where rank 1 dies: non-zero exit, dead rank named."""
+import io
+import os
+import socket
+import time
+
+import pytest
+
+from naohai.launch.msrun import MsrunPlan, run_msrun
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how, reason", [("exit", "exited with code 1"), ("kill", "killed by signal SIGKILL")])
+def test_dead_rank_is_reported(tmp_path, monkeypatch, how, reason):
+    monkeypatch.setenv("DIE", how)
+    monkeypatch.setenv("GLOG_v", "2")
+    plan = MsrunPlan(recipe="", strategy=None, workers=2, master_port=free_port(),
+                     log_dir=str(tmp_path / "logs"), cluster_time_out=60, node_time_out=5,
+                     entry=[os.path.join(HERE, "dying_worker.py")])
+    out, err = io.StringIO(), io.StringIO()
+    start = time.monotonic()
+    code = run_msrun(plan, out=out, err=err)
+    elapsed = time.monotonic() - start
+    report = err.getvalue()
+    assert code != 0
+    # rank 0 would sleep 300 s; the job must end on the heartbeat timeout instead
+    assert elapsed < 120, elapsed
+    assert "Dead rank(s): 1." in report, report
+    assert f"rank 1 {reason}" in report
+    assert "rank 1 is about to die" in report  # the tail of worker_1.log
+    assert out.getvalue().startswith("MS_NODE_TIMEOUT=5 msrun --worker_num 2")
