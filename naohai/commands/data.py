@@ -1,0 +1,106 @@
+"""`naohai data ...`: train a tokenizer, prepare packed shards, show a prepared dir."""
+from __future__ import annotations
+
+import os
+import sys
+
+from naohai.errors import UserError
+
+
+def _log(msg: str) -> None:
+    print(f"naohai data: {msg}", file=sys.stderr)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("data", help="train a tokenizer and prepare packed token shards")
+    sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(p))
+
+    t = sub.add_parser("tokenizer", help="train a sentencepiece BPE tokenizer")
+    t.add_argument("recipe", nargs="?", help="recipe file or name (corpus, vocab size, jieba, output_dir)")
+    t.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. model.vocab_size=1024")
+    t.add_argument("--corpus", nargs="+", metavar="SOURCE", help="corpus sources (instead of the recipe's)")
+    t.add_argument("--jsonl-key", default=None, help="key of the text in .jsonl files (default 'text')")
+    t.add_argument("--vocab-size", type=int, default=None, help="number of pieces (default model.vocab_size)")
+    t.add_argument("--out", default=None, help="output prefix; writes PREFIX.model "
+                                              "(default <train.output_dir>/tokenizer)")
+    t.add_argument("--jieba", action="store_true", default=None, help="PanGu-style jieba pre-splitting")
+    t.add_argument("--force", action="store_true", help="replace an existing PREFIX.model")
+    t.set_defaults(run=run_tokenizer)
+
+    q = sub.add_parser("prepare", help="tokenize the recipe's corpus into packed train/valid shards")
+    q.add_argument("recipe", help="recipe file or name")
+    q.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. model.seq_length=256")
+    q.add_argument("--out", default=None, help="directory (default data.prepared_dir or <output_dir>/data)")
+    q.add_argument("--overwrite", action="store_true", help="rebuild, replacing shards made with another "
+                                                            "tokenizer or seq_length")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.set_defaults(run=run_prepare)
+
+    i = sub.add_parser("info", help="show a prepared directory and its first window, decoded")
+    i.add_argument("dir", help="prepared data directory")
+    i.set_defaults(run=run_info)
+
+    p.set_defaults(run=lambda args: (p.print_help(), 2)[1])
+
+
+def run_tokenizer(args) -> int:
+    from naohai.config import load_recipe
+    from naohai.data.corpus import iter_documents
+    from naohai.data.tokenizer import train_tokenizer
+
+    recipe = load_recipe(args.recipe, args.overrides) if args.recipe else None
+    if recipe is None and args.overrides:
+        raise UserError("overrides need a recipe", where="command line")
+    corpus = args.corpus or (recipe.data.corpus if recipe else None)
+    vocab = args.vocab_size or (recipe.model.vocab_size if recipe else None)
+    out = args.out or (os.path.join(recipe.train.output_dir, "tokenizer") if recipe else None)
+    jieba = bool(args.jieba) if args.jieba is not None else bool(recipe and recipe.data.jieba)
+    key = args.jsonl_key or (recipe.data.jsonl_key if recipe else "text")
+    missing = [flag for flag, v in (("--corpus", corpus), ("--vocab-size", vocab), ("--out", out)) if not v]
+    if missing:
+        raise UserError(f"without a recipe, give {', '.join(missing)}", where="command line")
+    path = out if out.endswith(".model") else out + ".model"
+    if os.path.exists(path) and not args.force:
+        raise UserError("exists; pass --force to replace it (shards prepared with it would need "
+                        "preparing again)", where=path)
+    tok = train_tokenizer(iter_documents(corpus, key), vocab, path, jieba=jieba)
+    print(f"wrote {tok.path}: {tok.vocab_size} pieces, scheme {tok.scheme}, eod id {tok.eod_id}, "
+          f"pad id {tok.pad_id}")
+    return 0
+
+
+def run_prepare(args) -> int:
+    from naohai.config import load_recipe
+    from naohai.data.pipeline import ensure_prepared
+    from naohai.data.prepare import load_prepared
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    out_dir, tok = ensure_prepared(recipe, progress=not args.no_progress, out_dir=args.out,
+                                   overwrite=args.overwrite, log=_log)
+    prep = load_prepared(out_dir)
+    print(_summary(prep))
+    return 0
+
+
+def _summary(prep) -> str:
+    m = prep.meta
+    lines = [f"{prep.path}: seq_length {m['seq_length']}, dtype {m['dtype']}, "
+             f"tokenizer {m['tokenizer']['path']} ({m['tokenizer']['vocab_size']} pieces)"]
+    for split, info in m["splits"].items():
+        lines.append(f"  {split}: {info['documents']} documents, {info['tokens']} tokens, "
+                     f"{info['windows']} windows")
+    return "\n".join(lines)
+
+
+def run_info(args) -> int:
+    from naohai.data.prepare import load_prepared
+    from naohai.data.tokenizer import Tokenizer
+
+    prep = load_prepared(args.dir)
+    print(_summary(prep))
+    path = prep.meta["tokenizer"]["path"]
+    if path and os.path.exists(path):
+        tok = Tokenizer.load(path)
+        print("first training window, decoded:")
+        print(repr(tok.decode(prep.window("train", 0))))
+    return 0

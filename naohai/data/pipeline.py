@@ -1,0 +1,91 @@
+"""Recipe -> ready data: the tokenizer and the prepared shards a training run needs.
+
+:func:`ensure_tokenizer` loads ``data.tokenizer`` or, when that is None, uses
+``<train.output_dir>/tokenizer.model``, training it on the corpus first if it does
+not exist yet (vocabulary ``model.vocab_size``, jieba per ``data.jieba``).
+
+:func:`ensure_prepared` prepares shards in ``data.prepared_dir`` (default
+``<train.output_dir>/data``) unless they are already up to date: same tokenizer
+(sha256), seq_length, corpus fingerprint, holdout fraction and seed.  Shards made
+with a different tokenizer or seq_length are never replaced silently.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Tuple
+
+from naohai.data.corpus import fingerprint, iter_documents
+from naohai.data.prepare import check_compatible, load_prepared, prepare, read_meta
+from naohai.data.tokenizer import Tokenizer, train_tokenizer
+from naohai.errors import UserError
+
+Log = Optional[Callable[[str], None]]
+
+
+def default_tokenizer_path(recipe) -> str:
+    return recipe.data.tokenizer or os.path.join(recipe.train.output_dir, "tokenizer.model")
+
+
+def default_prepared_dir(recipe) -> str:
+    return recipe.data.prepared_dir or os.path.join(recipe.train.output_dir, "data")
+
+
+def _check_tokenizer(tok: Tokenizer, recipe, path: str) -> None:
+    where = recipe.source or "recipe"
+    if tok.vocab_size != recipe.model.vocab_size:
+        raise UserError(f"is {recipe.model.vocab_size}, but the tokenizer {path} has {tok.vocab_size} pieces; "
+                        f"set model.vocab_size={tok.vocab_size}" +
+                        ("" if recipe.data.tokenizer else " or delete that file to train a new tokenizer"),
+                        where=where, key="model.vocab_size", rule="model.vocab_size == tokenizer vocab size")
+    if tok.scheme != "raw" and tok.jieba != recipe.data.jieba:
+        raise UserError(f"is {str(recipe.data.jieba).lower()}, but the tokenizer {path} was trained with "
+                        f"jieba={str(tok.jieba).lower()}", where=where, key="data.jieba")
+
+
+def ensure_tokenizer(recipe, log: Log = None) -> Tokenizer:
+    """The recipe's tokenizer, trained into ``<output_dir>/tokenizer.model`` if needed."""
+    path = default_tokenizer_path(recipe)
+    if recipe.data.tokenizer or os.path.exists(path):
+        tok = Tokenizer.load(path)
+        _check_tokenizer(tok, recipe, path)
+        return tok
+    if log:
+        log(f"training a {recipe.model.vocab_size}-piece tokenizer on {', '.join(recipe.data.corpus)} -> {path}")
+    docs = iter_documents(recipe.data.corpus, recipe.data.jsonl_key)
+    return train_tokenizer(docs, recipe.model.vocab_size, path, jieba=recipe.data.jieba)
+
+
+def _source(recipe) -> dict:
+    return fingerprint(recipe.data.corpus, recipe.data.jsonl_key)
+
+
+def is_up_to_date(prepared_dir: str, tokenizer: Tokenizer, recipe) -> bool:
+    meta = read_meta(prepared_dir)
+    return bool(meta) and (
+        meta.get("tokenizer", {}).get("sha256") == tokenizer.sha256
+        and meta.get("seq_length") == recipe.model.seq_length
+        and meta.get("holdout_fraction") == float(recipe.data.holdout_fraction)
+        and meta.get("seed") == int(recipe.data.shuffle_seed)
+        and meta.get("source") == _source(recipe))
+
+
+def ensure_prepared(recipe, progress: bool = True, *, out_dir: Optional[str] = None, overwrite: bool = False,
+                    rebuild: bool = False, log: Log = None) -> Tuple[str, Tokenizer]:
+    """Make sure tokenizer and shards exist and fit the recipe; returns (prepared_dir, tokenizer)."""
+    tok = ensure_tokenizer(recipe, log)
+    out_dir = os.path.abspath(out_dir or default_prepared_dir(recipe))
+    if rebuild or overwrite or not is_up_to_date(out_dir, tok, recipe):
+        if log:
+            log(f"preparing {', '.join(recipe.data.corpus)} with seq_length {recipe.model.seq_length} -> {out_dir}")
+        prepare(iter_documents(recipe.data.corpus, recipe.data.jsonl_key), tok, out_dir, recipe.model.seq_length,
+                recipe.data.holdout_fraction, recipe.data.shuffle_seed, overwrite=overwrite, progress=progress,
+                source=_source(recipe), min_train_windows=recipe.train.global_batch_size)
+    elif log:
+        log(f"prepared data in {out_dir} is up to date")
+    prep = load_prepared(out_dir, verify=False)
+    check_compatible(prep.meta, recipe.model.vocab_size, recipe.model.seq_length, where=recipe.source)
+    if prep.num_windows("train") < recipe.train.global_batch_size:
+        raise UserError(f"the corpus is too small: {prep.num_windows('train')} training windows, fewer than "
+                        f"one global batch of {recipe.train.global_batch_size}", where=recipe.source,
+                        key="data.corpus")
+    return out_dir, tok
