@@ -56,6 +56,15 @@ def pydoc_documents() -> Iterator[str]:
         yield topics[name]
 
 
+def strip_ansi(text: str) -> str:
+    """Remove terminal colour escapes (also the malformed, nested ones fortunes-zh holds)."""
+    while True:
+        cleaned = _ANSI.sub("", text)
+        if cleaned == text:
+            return cleaned.replace("\x1b", "")
+        text = cleaned
+
+
 def fortunes_documents(directory: str = FORTUNES_DIR) -> Iterator[str]:
     """Entries of Debian's fortunes-zh files (UTF-8), colour escapes removed."""
     paths = [os.path.join(directory, f) for f in FORTUNES_FILES]
@@ -68,12 +77,12 @@ def fortunes_documents(directory: str = FORTUNES_DIR) -> Iterator[str]:
         entry: List[str] = []
         for line in text.split("\n"):
             if line.strip() == "%":
-                yield _ANSI.sub("", "\n".join(entry))
+                yield strip_ansi("\n".join(entry))
                 entry = []
             else:
                 entry.append(line)
         if entry:
-            yield _ANSI.sub("", "\n".join(entry))
+            yield strip_ansi("\n".join(entry))
 
 
 # --------------------------------------------------------------------------- files

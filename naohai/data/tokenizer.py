@@ -36,7 +36,7 @@ import hashlib
 import io
 import logging
 import os
-import math
+import re
 import random
 from collections import Counter
 from typing import Iterable, Iterator, List, Optional, Sequence
@@ -236,23 +236,27 @@ def _training_lines(documents: Iterable[str], jieba_mode: bool, max_lines: int, 
     return sample
 
 
-def auto_character_coverage(lines: Sequence[str], vocab_size: int, target: float = 0.9995) -> float:
-    """``target``, lowered if keeping it would give single characters over half the vocabulary.
+def limit_alphabet(lines: List[str], vocab_size: int) -> List[str]:
+    """Keep at most half the learnable vocabulary as single characters.
 
-    Characters left out are still encoded exactly, through byte-fallback pieces.
+    If the lines hold more distinct characters than ``(vocab_size - 262) // 2``,
+    the rarer ones are cut out of the training lines (each line is split at them),
+    so sentencepiece can reach its coverage target with the vocabulary it has.
+    Such characters are still encoded exactly later, through byte-fallback pieces.
     """
-    counts = Counter()
+    counts: Counter = Counter()
     for line in lines:
         counts.update(line)
-    total = sum(counts.values())
     budget = max(1, (vocab_size - RESERVED_PIECES) // 2)
-    freqs = sorted(counts.values(), reverse=True)
-    if total == 0 or len(freqs) <= budget:
-        return target
-    covered = sum(freqs[:budget]) / total
-    if covered >= target:
-        return target
-    return max(0.5, math.floor(covered * 1e4) / 1e4)
+    if len(counts) <= budget:
+        return lines
+    ranked = sorted(counts, key=lambda c: (c != " ", -counts[c], c))
+    keep = "".join(re.escape(c) for c in ranked[:budget])
+    rare = re.compile(f"[^{keep}]+")
+    out = []
+    for line in lines:
+        out.extend(part for part in rare.split(line) if part.strip())
+    return out
 
 
 def train_tokenizer(documents: Iterable[str], vocab_size: int, out_prefix: Optional[str] = None, *,
@@ -263,8 +267,9 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int, out_prefix: Optio
 
     Writes ``<out_prefix>.model`` (atomically) when ``out_prefix`` is given.  At
     most ``max_sentences`` lines (a reservoir sample seeded by ``seed``) are used.
-    ``character_coverage`` None means 0.9995 (suits Chinese), lowered for small
-    vocabularies by :func:`auto_character_coverage`.
+    ``character_coverage`` None means 0.9995 (suits Chinese) after
+    :func:`limit_alphabet` has dropped rare characters that a small vocabulary
+    could not hold anyway.
     The result is deterministic for the same documents and arguments.
     """
     vocab_size = int(vocab_size)
@@ -275,7 +280,8 @@ def train_tokenizer(documents: Iterable[str], vocab_size: int, out_prefix: Optio
     if not lines:
         raise UserError("the corpus holds no text to train a tokenizer on", key="data.corpus")
     if character_coverage is None:
-        character_coverage = auto_character_coverage(lines, vocab_size)
+        lines = limit_alphabet(lines, vocab_size)
+        character_coverage = 0.9995
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
