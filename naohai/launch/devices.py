@@ -1,8 +1,9 @@
 """How many worker processes a strategy file asks for.
 
-Placeholder for the real strategy loader (naohai.strategy.schema): reads the
-YAML's ``mesh:`` mapping and multiplies its sizes.  Without a mesh the count comes
-from the command line (devices per node x nodes).
+A strategy file with a ``mesh:`` is parsed (and so fully checked) by
+:func:`naohai.strategy.schema.load_strategy`; its device count is the product of
+the mesh sizes.  Without a mesh the count comes from the command line (devices per
+node x nodes).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Optional
 
 from naohai.config import read_yaml
 from naohai.errors import UserError
+from naohai.strategy.schema import is_strategy_mapping, parse_strategy
 
 
 def mesh_device_count(strategy_path: Optional[str]) -> Optional[int]:
@@ -17,19 +19,9 @@ def mesh_device_count(strategy_path: Optional[str]) -> Optional[int]:
     if not strategy_path:
         return None
     data = read_yaml(strategy_path, "strategy file")
-    mesh = data.get("mesh")
-    if mesh is None:
+    if not is_strategy_mapping(data):
         return None
-    if not isinstance(mesh, dict) or not mesh:
-        raise UserError("must be a mapping of axis name to size, e.g. {data: 2, model: 4}",
-                        where=strategy_path, key="mesh")
-    total = 1
-    for axis, size in mesh.items():
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise UserError(f"must be a positive integer, got {size!r}", where=strategy_path,
-                            key=f"mesh.{axis}")
-        total *= size
-    return total
+    return parse_strategy(data, where=strategy_path).device_count
 
 
 def worker_count(strategy_path: Optional[str], devices_per_node: Optional[int], nodes: int) -> int:
