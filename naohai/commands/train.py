@@ -1,0 +1,33 @@
+"""`naohai train RECIPE [--strategy FILE] [key=value ...]`: run a training job."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a recipe (single device, data parallel under msrun, or a strategy)")
+    p.add_argument("recipe", help="recipe YAML file, or a name in recipes/ (e.g. tiny)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 train.lr=1e-3")
+    p.add_argument("--strategy", help="strategy YAML file (default: one device)")
+    p.add_argument("--no-resume", action="store_true", help="start from step 0 even if checkpoints exist")
+    p.add_argument("--max-steps", type=int, help="stop after this many steps in this invocation")
+    p.add_argument("--output-dir", help="same as train.output_dir=...")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from naohai.config import load_recipe
+    from naohai.train.loop import train
+
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"train.output_dir={args.output_dir}")
+    recipe = load_recipe(args.recipe, overrides)
+    resolved = None
+    if args.strategy:
+        from naohai.strategy.resolve import check_strategy, load_strategy
+        resolved = check_strategy(load_strategy(args.strategy), recipe)
+    result = train(recipe, resolved, resume=not args.no_resume, max_steps=args.max_steps)
+    if result.evals:
+        first, last = min(result.evals), max(result.evals)
+        print(f"done: {result.steps_done} steps; held-out loss {result.evals[first]:.4f} (step {first}) -> "
+              f"{result.evals[last]:.4f} (step {last}); output in {result.output_dir}")
+    return 0
