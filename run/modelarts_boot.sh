@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # ModelArts training-job entry (boot file): runs once per node.
 #
-# Usage (set by `naohai submit`): run/modelarts_boot.sh RECIPE STRATEGY [key=value ...]
+# Usage: run/modelarts_boot.sh RECIPE STRATEGY [key=value ...] [naohai launch flags]
+#    or (as `naohai submit` sets it up; ModelArts passes job parameters and the
+#    local paths of inputs/outputs as --name=value):
+#        run/modelarts_boot.sh --recipe=R [--strategy=S] [--overrides="k=v k=v"]
+#                              [--data=LOCAL_DIR] [--output=LOCAL_DIR]
+#    --data becomes data.prepared_dir=..., --output becomes train.output_dir=...;
+#    other --name=value arguments are ignored with a note.
 #
 # Reads the platform's variables through `python -m naohai.launch.modelarts_env`:
 #   MA_NUM_HOSTS or VC_WORKER_NUM  node count
@@ -14,11 +20,27 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-if [ $# -lt 2 ]; then
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
-  exit 2
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+if [ "${1:-}" != "${1#--}" ]; then
+  # --name=value form (ModelArts boot file)
+  recipe=""; strategy=""; pairs=()
+  for a in "$@"; do
+    case $a in
+      --recipe=*) recipe=${a#--recipe=} ;;
+      --strategy=*) strategy=${a#--strategy=} ;;
+      # shellcheck disable=SC2206
+      --overrides=*) pairs+=(${a#--overrides=}) ;;
+      --data=*) pairs+=("data.prepared_dir=${a#--data=}") ;;
+      --output=*) pairs+=("train.output_dir=${a#--output=}") ;;
+      *) echo "modelarts_boot: ignoring argument $a" >&2 ;;
+    esac
+  done
+  [ -n "$recipe" ] || usage
+  set -- "${pairs[@]}"
+else
+  [ $# -ge 2 ] || usage
+  recipe=$1; strategy=$2; shift 2
 fi
-recipe=$1; strategy=$2; shift 2
 # key=value recipe overrides go right after the recipe; anything else is a naohai launch flag
 overrides=(); flags=()
 for a in "$@"; do
@@ -31,7 +53,7 @@ unset RANK_TABLE_FILE
 env_flags=$(python -m naohai.launch.modelarts_env) || exit 2
 mapfile -t node_flags <<<"$env_flags"
 log_dir=${LOG_DIR:-${MA_JOB_DIR:+$MA_JOB_DIR/msrun_logs}}
-args=(launch "$recipe" "${overrides[@]}" --strategy "$strategy" "${node_flags[@]}"
+args=(launch "$recipe" "${overrides[@]}" ${strategy:+--strategy "$strategy"} "${node_flags[@]}"
       --master-port "${MASTER_PORT:-8118}" --log-dir "${log_dir:-runs/msrun_logs}")
 # shellcheck disable=SC2206
 [ -n "${NAOHAI_LAUNCH_FLAGS:-}" ] && args+=(${NAOHAI_LAUNCH_FLAGS})

@@ -1,0 +1,169 @@
+"""ModelArts training jobs: the v2 job body and the calls that create, show, list,
+stop and read logs of jobs through the official SDK (``huaweicloudsdkmodelarts``).
+
+The job runs ``run/modelarts_boot.sh`` from the uploaded code directory once per
+node.  ModelArts hands the boot file its parameters and the local paths of the
+inputs/outputs as ``--name=value`` arguments: ``--recipe``, ``--strategy``,
+``--overrides`` (space separated), ``--data`` (local copy of ``data_obs``, used as
+``data.prepared_dir``) and ``--output`` (synced to ``output_obs``, used as
+``train.output_dir``).
+
+Platform errors (4xx/5xx) become UserErrors with the platform's error_code,
+error_msg and request_id; a refused connection says which endpoint refused.  The
+secret key never appears in a message.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from naohai.errors import UserError
+from naohai.launch.credentials import Credentials, require
+from naohai.launch.obs_upload import ObsPath
+
+BOOT_FILE = "run/modelarts_boot.sh"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+@dataclass
+class JobRequest:
+    """Everything `naohai submit` needs to describe one training job."""
+
+    name: str
+    recipe: str                      # path relative to the code directory
+    strategy: Optional[str]          # path relative to the code directory
+    flavor: str
+    code_obs: ObsPath
+    output_obs: ObsPath
+    nodes: int = 1
+    overrides: List[str] = field(default_factory=list)
+    log_obs: Optional[ObsPath] = None
+    data_obs: Optional[ObsPath] = None
+    image_url: Optional[str] = None
+    engine_name: Optional[str] = None
+    engine_version: Optional[str] = None
+    pool_id: Optional[str] = None
+    workspace_id: Optional[str] = None
+    description: str = "naohai training job"
+    environments: Dict[str, str] = field(default_factory=dict)
+
+
+def validate_request(req: JobRequest) -> None:
+    if not _NAME_RE.match(req.name or ""):
+        raise UserError(f"job name '{req.name}' must be 1-64 letters, digits, '-' or '_', starting with a "
+                        "letter or digit", where="command line", key="--name")
+    if isinstance(req.nodes, bool) or not isinstance(req.nodes, int) or req.nodes < 1:
+        raise UserError(f"must be a positive integer, got {req.nodes!r}", where="command line", key="--nodes")
+    if not req.flavor:
+        raise UserError("a resource flavor is required (e.g. modelarts.pool.visual.xlarge)",
+                        where="command line", key="--flavor")
+    has_engine = bool(req.engine_name or req.engine_version)
+    if bool(req.image_url) == has_engine:
+        raise UserError("give either --image-url or --engine-name with --engine-version (exactly one)",
+                        where="command line", key="--image-url")
+    if has_engine and not (req.engine_name and req.engine_version):
+        raise UserError("--engine-name and --engine-version go together", where="command line",
+                        key="--engine-version")
+
+
+def _obs_io(name: str, path: ObsPath) -> Dict[str, Any]:
+    return {"name": name, "remote": {"obs": {"obs_url": path.api_form}}}
+
+
+def build_job_body(req: JobRequest) -> Dict[str, Any]:
+    """The JSON body of POST /v2/{project_id}/training-jobs."""
+    validate_request(req)
+    params = [{"name": "recipe", "value": req.recipe}]
+    if req.strategy:
+        params.append({"name": "strategy", "value": req.strategy})
+    if req.overrides:
+        params.append({"name": "overrides", "value": " ".join(req.overrides)})
+    algorithm: Dict[str, Any] = {
+        "code_dir": req.code_obs.api_form,
+        "boot_file": req.code_obs.child(BOOT_FILE).api_form,
+        "parameters": params,
+        "inputs": [_obs_io("data", req.data_obs)] if req.data_obs else [],
+        "outputs": [_obs_io("output", req.output_obs)],
+        "environments": dict({"PYTHONUNBUFFERED": "1"}, **req.environments),
+    }
+    if req.image_url:
+        algorithm["engine"] = {"image_url": req.image_url}
+    else:
+        algorithm["engine"] = {"engine_name": req.engine_name, "engine_version": req.engine_version}
+    metadata: Dict[str, Any] = {"name": req.name, "description": req.description}
+    if req.workspace_id:
+        metadata["workspace_id"] = req.workspace_id
+    resource: Dict[str, Any] = {"flavor_id": req.flavor, "node_count": req.nodes}
+    if req.pool_id:
+        resource["pool_id"] = req.pool_id
+    spec: Dict[str, Any] = {"resource": resource}
+    if req.log_obs:
+        spec["log_export_path"] = {"obs_url": req.log_obs.api_form}
+    return {"kind": "job", "metadata": metadata, "algorithm": algorithm, "spec": spec}
+
+
+class TrainingJobs:
+    """The five job calls, with platform errors turned into UserErrors."""
+
+    def __init__(self, creds: Credentials, endpoint: str, timeout: float = 30.0, retries: int = 0):
+        self.creds = creds
+        self.endpoint = endpoint
+        core_auth = require("huaweicloudsdkcore.auth.credentials")
+        core_http = require("huaweicloudsdkcore.http.http_config")
+        self._m = require("huaweicloudsdkmodelarts.v1")
+        cfg = core_http.HttpConfig.get_default_config()
+        cfg.timeout = (min(10.0, timeout), timeout)
+        cfg.retry_times = retries
+        cfg.ignore_ssl_verification = False
+        basic = core_auth.BasicCredentials(creds.access_key, creds.secret_key, creds.project_id)
+        self.client = (self._m.ModelArtsClient.new_builder().with_credentials(basic)
+                       .with_endpoint(endpoint).with_http_config(cfg).build())
+
+    # ------------------------------------------------------------------ calls
+    def create(self, body: Dict[str, Any]) -> Dict[str, Any]:
+        return self._call("create the training job",
+                          lambda: self.client.create_training_job(self._m.CreateTrainingJobRequest(body=body)))
+
+    def show(self, job_id: str) -> Dict[str, Any]:
+        return self._call(f"show job {job_id}", lambda: self.client.show_training_job_details(
+            self._m.ShowTrainingJobDetailsRequest(training_job_id=job_id)))
+
+    def list(self, limit: int = 20, offset: int = 0) -> Dict[str, Any]:
+        body = {"limit": limit, "offset": offset, "sort_by": "create_time", "order": "desc"}
+        return self._call("list training jobs", lambda: self.client.list_training_jobs(
+            self._m.ListTrainingJobsRequest(body=body)))
+
+    def stop(self, job_id: str) -> Dict[str, Any]:
+        return self._call(f"stop job {job_id}", lambda: self.client.stop_training_job(
+            self._m.StopTrainingJobRequest(training_job_id=job_id, body={"action_type": "terminate"})))
+
+    def logs(self, job_id: str, task_id: str = "worker-0") -> str:
+        data = self._call(f"read the log of job {job_id} task {task_id}",
+                          lambda: self.client.show_training_job_logs_preview(
+                              self._m.ShowTrainingJobLogsPreviewRequest(training_job_id=job_id,
+                                                                       task_id=task_id)))
+        return str(data.get("content") or "")
+
+    # ------------------------------------------------------------------ errors
+    def _call(self, what: str, fn) -> Dict[str, Any]:
+        exc_mod = require("huaweicloudsdkcore.exceptions.exceptions")
+        try:
+            resp = fn()
+        except exc_mod.ServiceResponseException as exc:
+            parts = [f"status {exc.status_code}"]
+            for label, value in (("error_code", exc.error_code), ("error_msg", exc.error_msg),
+                                 ("request_id", exc.request_id)):
+                if value:
+                    parts.append(f"{label} {value}")
+            kind = "refused" if 400 <= int(exc.status_code or 0) < 500 else "failed on the platform side"
+            raise UserError(self.creds.redact(f"ModelArts {kind} the request to {what}: " + ", ".join(parts)),
+                            where=self.endpoint) from None
+        except exc_mod.ConnectionException as exc:
+            raise UserError(self.creds.redact(f"cannot connect to ModelArts to {what} "
+                                              f"({exc.error_msg or exc}); check --endpoint/--region and the "
+                                              "network"), where=self.endpoint) from None
+        except exc_mod.SdkException as exc:
+            raise UserError(self.creds.redact(f"ModelArts request to {what} failed: {exc}"),
+                            where=self.endpoint) from None
+        return resp.to_json_object() or {}
