@@ -1,0 +1,73 @@
+import os
+
+import pytest
+import yaml
+
+from naohai.cli import main
+from naohai.config import load_recipe
+from naohai.data.pipeline import ensure_prepared
+from naohai.data.prepare import load_prepared
+from naohai.errors import UserError
+
+
+def _recipe_file(tmp_path, **data):
+    raw = {"name": "t", "model": {"preset": "tiny", "vocab_size": 512, "seq_length": 64},
+           "data": {"corpus": ["builtin:pydoc"], **data},
+           "train": {"output_dir": str(tmp_path / "run"), "global_batch_size": 4, "micro_batch_size": 4}}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def test_ensure_prepared_trains_prepares_and_reuses(tmp_path):
+    path = _recipe_file(tmp_path)
+    recipe = load_recipe(path)
+    out, tok = ensure_prepared(recipe, progress=False)
+    assert out == str(tmp_path / "run" / "data")
+    assert tok.path == str(tmp_path / "run" / "tokenizer.model") and tok.vocab_size == 512
+    prep = load_prepared(out)
+    assert prep.seq_length == 64 and prep.meta["tokenizer"]["sha256"] == tok.sha256
+    stamp = os.stat(os.path.join(out, "meta.json")).st_mtime_ns
+    out2, tok2 = ensure_prepared(load_recipe(path), progress=False)
+    assert out2 == out and tok2.sha256 == tok.sha256
+    assert os.stat(os.path.join(out, "meta.json")).st_mtime_ns == stamp  # reused, not rebuilt
+    # a corpus setting changed: rebuilt with the same tokenizer
+    ensure_prepared(load_recipe(path, ["data.holdout_fraction=0.2"]), progress=False)
+    assert load_prepared(out).meta["holdout_fraction"] == 0.2
+    # the tokenizer in output_dir has 512 pieces: another vocab size is an error naming the key
+    with pytest.raises(UserError) as err:
+        ensure_prepared(load_recipe(path, ["model.vocab_size=1024"]), progress=False)
+    assert err.value.key == "model.vocab_size"
+    # other seq_length: the existing shards are not replaced silently
+    with pytest.raises(UserError) as err:
+        ensure_prepared(load_recipe(path, ["model.seq_length=32"]), progress=False)
+    assert err.value.key == "data.prepared_dir"
+    out3, _ = ensure_prepared(load_recipe(path, ["model.seq_length=32"]), progress=False, overwrite=True)
+    assert load_prepared(out3).seq_length == 32
+
+
+def test_jieba_flag_must_match_tokenizer(tmp_path):
+    path = _recipe_file(tmp_path)
+    ensure_prepared(load_recipe(path), progress=False)
+    with pytest.raises(UserError) as err:
+        ensure_prepared(load_recipe(path, ["data.jieba=true"]), progress=False)
+    assert err.value.key == "data.jieba"
+
+
+def test_cli_prepare_and_errors(tmp_path, capsys):
+    path = _recipe_file(tmp_path)
+    assert main(["data", "prepare", path, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "train:" in out and "valid:" in out
+    assert main(["data", "info", str(tmp_path / "run" / "data")]) == 0
+    assert main(["data", "prepare", path, "train.global_batch_size=100000", "train.micro_batch_size=100000"]) == 2
+    assert "too small" in capsys.readouterr().err
+    assert main(["data", "tokenizer", "--corpus", str(tmp_path / "missing.txt"), "--vocab-size", "512",
+                 "--out", str(tmp_path / "tk")]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and "Traceback" not in err
+    assert main(["data", "tokenizer", "--corpus", "builtin:pydoc", "--vocab-size", "600",
+                 "--out", str(tmp_path / "tk")]) == 0
+    assert os.path.exists(tmp_path / "tk.model")
+    assert main(["data", "tokenizer", "--corpus", "builtin:pydoc", "--vocab-size", "600",
+                 "--out", str(tmp_path / "tk")]) == 2  # refuses to replace without --force
