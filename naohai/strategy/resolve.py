@@ -25,8 +25,8 @@ from naohai.config import MODEL_PRESETS, ModelConfig, Recipe
 from naohai.errors import UserError, did_you_mean
 from naohai.model.catalog import OpSpec, layer_op_names, op_catalog
 from naohai.strategy import checks
-from naohai.strategy.schema import (LayerEntry, OpTuple, RecomputeEntry, RuleValue, Strategy,
-                                    parse_strategy)
+from naohai.strategy.schema import (LayerEntry, OpTuple, RecomputeEntry, RuleValue, Strategy,  # noqa: F401
+                                    load_strategy, parse_strategy)
 from naohai.strategy.stages import layer_placement, stage_split
 
 SEQUENCE_PARALLEL_OPS = ("input_norm", "post_attention_norm", "final_norm", "attention.residual",
@@ -200,20 +200,32 @@ def _op_strategies(s: Strategy, cfg: ModelConfig, catalog: Dict[str, OpSpec],
     n = cfg.num_layers
     stage_devices = s.device_count // s.pp
     out: Dict[str, OpTuple] = {}
+    signature = [tuple(sorted(r.items())) for r in layer_rules]
+    memo: Dict[tuple, OpTuple] = {}
     for name, spec in catalog.items():
         i = _layer_index(name)
-        rules = layer_rules[i] if i is not None else grules
-        out[name] = _from_rules(s, name, spec, rules, n)
+        if i is None:
+            out[name] = _from_rules(s, name, spec, grules, n)
+            continue
+        key = (_rel(name), signature[i], spec.shapes)   # layers with equal rules share tuples
+        if key not in memo:
+            memo[key] = _from_rules(s, name, spec, layer_rules[i], n)
+        out[name] = memo[key]
     # logical-axis divisibility with named rules first (clearer messages)
     sharded: Dict[str, int] = {}
-    for name, strat in out.items():
+    for name, strat in {(_rel(k), v): k for k, v in out.items()}.items():
+        name, strat = strat, out[strat]
         for dims, axes in zip(strat, catalog[name].inputs):
             for d, axis in zip(dims, axes):
                 if axis:
                     sharded[axis] = max(sharded.get(axis, 1), d)
     checks.check_model_dims(s, cfg, sharded)
+    checked = set()
     for name, strat in out.items():
         i = _layer_index(name)
+        if (_rel(name), strat, catalog[name].shapes) in checked:
+            continue
+        checked.add((_rel(name), strat, catalog[name].shapes))
         for k, axes in enumerate(catalog[name].inputs):
             for j, axis in enumerate(axes):
                 if catalog[name].shapes[k][j] % strat[k][j]:

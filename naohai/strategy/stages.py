@@ -14,6 +14,7 @@ PengCheng-Mind 7B on 4 stages this gives the published 7/9/9/7 split.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
 from naohai.config import ModelConfig
@@ -29,10 +30,15 @@ def vocab_table_cost(cfg: ModelConfig) -> float:
 
 def balance(num_layers: int, stages: int, first_extra: float, last_extra: float) -> List[int]:
     """Contiguous split of ``num_layers`` into ``stages`` non-empty groups (see module docstring)."""
+    return list(_balance(num_layers, stages, float(first_extra), float(last_extra)))
+
+
+@lru_cache(maxsize=256)
+def _balance(num_layers: int, stages: int, first_extra: float, last_extra: float) -> Tuple[int, ...]:
     if stages < 1 or num_layers < stages:
         raise ValueError(f"cannot split {num_layers} layers into {stages} stages")
     if stages == 1:
-        return [num_layers]
+        return (num_layers,)
 
     def load(stage: int, n: int) -> float:
         return n + (first_extra if stage == 0 else 0.0) + (last_extra if stage == stages - 1 else 0.0)
@@ -54,7 +60,7 @@ def balance(num_layers: int, stages: int, first_extra: float, last_extra: float)
                 if key[:2] < cand[:2] or (key[:2] == cand[:2] and key[2] < cand[2]):
                     cand = key
             best[k][i] = cand
-    return list(best[stages][num_layers][2])
+    return best[stages][num_layers][2]
 
 
 def layer_placement(split: Sequence[int], pp: int, chunks: int) -> Tuple[List[int], List[int], List[int]]:

@@ -1,0 +1,290 @@
+"""The plan of a resolved strategy: memory, bubble, communication, step time, MFU.
+
+``build_plan(cfg, resolved, profile)`` returns a :class:`Plan` (plain data, JSON
+ready); ``render_text(plan)`` prints it.  Memory figures come from
+``naohai.strategy.memory``.  The time model:
+
+* per micro-batch, stage k computes its layers' forward matmul FLOPs x3
+  (forward + backward), +1 forward for fully recomputed layers, + the forward
+  FLOPs of selected matmuls; the last stage adds the head (2*tokens*h*V x3).
+  Time = FLOPs / (devices per stage * peak * matmul_efficiency), plus the
+  tensor-parallel all-reduces of that micro-batch (not overlapped).
+* step = (m + p - 1) * slowest micro-batch (interleaved: (m + (p-1)/v) * ...),
+  times gradient accumulation, + the exposed part of the data-parallel sync.
+* ring collectives: all-reduce moves 2(n-1)/n of the buffer per device;
+  reduce-scatter and all-gather (n-1)/n.  Groups that fit in one node use the
+  intra-node bandwidth, others the inter-node one.
+* model FLOPs per token 6N + 12*L*h*s (PaLM, appendix B; N all parameters, the
+  tied table counted once = the head matmul); MFU = model FLOPs per second /
+  (devices * peak).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from naohai.config import ModelConfig
+from naohai.model.params import count_params
+from naohai.strategy.memory import (ParamPlacement, dtype_bytes, layer_activation_bytes, layer_forward_flops,
+                                    place_params, stage_activations, stage_states)
+from naohai.strategy.profiles import DeviceProfile
+from naohai.strategy.resolve import ResolvedStrategy
+
+GB = 1024.0 ** 3
+
+
+@dataclass
+class StagePlan:
+    stage: int
+    layers: str                      # "0-3" (several ranges when interleaved)
+    num_layers: int
+    params_per_device: int
+    weight_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+    activation_bytes: float
+    activation_per_micro_batch: float
+    micro_batches_in_flight: float
+    recompute_working_set: float
+    total_bytes: float
+    limit_bytes: float
+    fits: bool
+    micro_batch_seconds: float
+
+
+@dataclass
+class CommPlan:
+    axis: str
+    group_size: int
+    bytes_per_step: float            # per device, busiest stage
+    seconds_per_step: float
+    what: str
+
+
+@dataclass
+class Plan:
+    strategy: str
+    source: str
+    model: str
+    devices: int
+    mesh: Dict[str, int]
+    micro_batches: int
+    micro_batch_size: int
+    gradient_accumulation: int
+    global_batch: int
+    scheduler: str
+    virtual_chunks: int
+    profile: str
+    stages: List[StagePlan]
+    comm: List[CommPlan]
+    bubble_fraction: float
+    step_seconds: float
+    tokens_per_second_per_device: float
+    model_flops_per_token: float
+    mfu: float
+    fits: bool
+    params_total: int
+    param_sharding: List[Dict]
+    warnings: List[str] = field(default_factory=list)
+    assumptions: List[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+
+def _ranges(idx: List[int]) -> str:
+    out, start = [], None
+    for j, i in enumerate(idx):
+        start = i if start is None else start
+        if j + 1 == len(idx) or idx[j + 1] != i + 1:
+            out.append(str(start) if start == i else f"{start}-{i}")
+            start = None
+    return ",".join(out)
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    return (p - 1) / (v * m + p - 1)
+
+
+def _ring(kind: str, n: int) -> float:
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n if kind == "allreduce" else (n - 1) / n
+
+
+def _bw(profile: DeviceProfile, span_devices: int) -> float:
+    gbs = profile.intra_node_gbs if span_devices <= profile.devices_per_node else profile.inter_node_gbs
+    return gbs * 1e9
+
+
+def model_flops_per_token(cfg: ModelConfig) -> float:
+    return 6.0 * count_params(cfg) + 12.0 * cfg.num_layers * cfg.hidden_size * cfg.seq_length
+
+
+def _sharding_table(placements: List[ParamPlacement], r: ResolvedStrategy) -> List[Dict]:
+    """One row per distinct (relative name, slices) pair, with the layers it covers."""
+    rows: Dict = {}
+    for pl in placements:
+        parts = pl.name.split(".")
+        rel, layer = (".".join(parts[2:]), int(parts[1])) if parts[0] == "layers" else (pl.name, None)
+        key = (rel, pl.slices, pl.opt_sharded)
+        row = rows.setdefault(key, {"param": rel, "shape": list(pl.shape), "axes": list(pl.axes),
+                                    "slices": list(pl.slices), "per_device": pl.per_device,
+                                    "optimizer_sharded": pl.opt_sharded, "stages": sorted(set(pl.stages)),
+                                    "layers": []})
+        if layer is not None:
+            row["layers"].append(layer)
+        row["stages"] = sorted(set(row["stages"]) | set(pl.stages))
+    out = []
+    for row in rows.values():
+        row["layers"] = _ranges(row["layers"]) if row["layers"] else ""
+        out.append(row)
+    return out
+
+
+def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, model_name: str = "") -> Plan:
+    p, m, v, acc = r.stages, r.micro_batches, r.virtual_chunks, r.gradient_accumulation
+    dp, mp = r.data, r.model_parallel
+    per_stage_devices = r.devices_per_stage
+    placements = place_params(cfg, r)
+    states = stage_states(cfg, r, placements)
+    acts = stage_activations(cfg, r)
+    limit = (profile.memory_gb - profile.reserve_gb) * GB
+    peak = profile.peak_tflops(cfg.compute_dtype) * 1e12 * profile.matmul_efficiency
+    act_b = dtype_bytes(cfg.compute_dtype)
+    gmb = r.micro_batch_size * dp                      # global micro-batch (sequences)
+    s, h = cfg.seq_length, cfg.hidden_size
+    fwd = layer_forward_flops(cfg, gmb)
+    layer_fwd = sum(fwd.values())
+    head_fwd = 2.0 * gmb * s * h * cfg.padded_vocab_size
+    mp_bw = _bw(profile, mp)
+    row_bytes = r.micro_batch_size * s * h * act_b      # one micro-batch's hidden states per dp rank
+
+    stages: List[StagePlan] = []
+    tp_bytes_stage: List[float] = []
+    for k in range(p):
+        layers = [i for i, st in enumerate(r.stage_of_layer) if st == k]
+        flops = 0.0
+        tp_ar = 0
+        for i in layers:
+            spec = r.recompute[i]
+            flops += 3 * layer_fwd
+            tp_ar += 4
+            if spec.mode == "full":
+                flops += layer_fwd
+                tp_ar += 2 if spec.comm else 0
+            elif spec.mode == "select":
+                flops += sum(fwd.get(op, 0.0) for op in spec.ops)
+        if k == p - 1:
+            flops += 3 * head_fwd
+            tp_ar += 1 if r.vocab_parallel else 0
+        if k == 0 and r.vocab_parallel:
+            tp_ar += 1
+        tp_bytes = tp_ar * _ring("allreduce", mp) * row_bytes
+        tp_bytes_stage.append(tp_bytes)
+        mb_seconds = flops / (per_stage_devices * peak) + tp_bytes / mp_bw
+        st, ac = states[k], acts[k]
+        total = st.total + ac.total
+        stages.append(StagePlan(
+            stage=k, layers=_ranges(layers), num_layers=len(layers), params_per_device=st.params,
+            weight_bytes=st.weights, grad_bytes=st.grads, optimizer_bytes=st.optimizer,
+            activation_bytes=ac.total, activation_per_micro_batch=ac.per_micro_batch,
+            micro_batches_in_flight=ac.in_flight, recompute_working_set=ac.working_set, total_bytes=total,
+            limit_bytes=limit, fits=total <= limit, micro_batch_seconds=mb_seconds))
+
+    slowest = max(st.micro_batch_seconds for st in stages)
+    pipe_seconds = (m + (p - 1) / v) * slowest * acc
+    # data-parallel gradient sync (busiest stage), once per step
+    opt = r.optimizer_parallel
+    wb, gb = (4, 4) if cfg.compute_dtype == "float32" else (2, 2)
+    g = opt.shard_size if opt.enabled else 1
+    dp_bytes = 0.0
+    sums = [[0, 0] for _ in range(p)]                  # per stage: [optimizer-sharded, whole] elements
+    for pl in placements:
+        for k in pl.stages:
+            sums[k][0 if pl.opt_sharded else 1] += pl.per_device
+    for k in range(p):
+        sharded, whole = sums[k]
+        vol = whole * gb * _ring("allreduce", dp)
+        if g > 1:
+            vol += sharded * gb * _ring("reducescatter", g)              # gradients to their owners
+            vol += sharded / g * gb * _ring("allreduce", dp // g)        # across the replicas of a shard
+            vol += sharded * wb * _ring("allgather", g)                  # updated weights back
+            if opt.level == "level3":
+                vol += 2 * m * acc * sharded * wb * _ring("allgather", g)  # re-gather fwd + bwd per micro-batch
+        else:
+            vol += sharded * gb * _ring("allreduce", dp)
+        dp_bytes = max(dp_bytes, vol)
+    dp_seconds = dp_bytes / _bw(profile, dp * mp)
+    pp_bytes = 0.0 if p == 1 else 2 * m * acc * v * row_bytes / (mp if r.sequence_parallel else 1)
+    pp_seconds = pp_bytes / _bw(profile, per_stage_devices * 2)
+    step = pipe_seconds + (1 - profile.dp_overlap) * dp_seconds + pp_seconds
+    comm = [CommPlan("model", mp, max(tp_bytes_stage) * m * acc, max(tp_bytes_stage) * m * acc / mp_bw,
+                     "tensor-parallel all-reduce of b*s*h per layer: 2 forward + 2 backward (+2 with comm "
+                     "recompute), + vocab-parallel embedding/head"),
+            CommPlan("data", dp, dp_bytes, dp_seconds,
+                     "gradient all-reduce; with optimizer parallel reduce-scatter + all-gather of weights"),
+            CommPlan("pipeline", p, pp_bytes, pp_seconds, "send/recv of b*s*h activations and their gradients")]
+    tokens = gmb * m * acc * s
+    mft = model_flops_per_token(cfg)
+    mfu = mft * tokens / step / (r.device_num * profile.peak_tflops(cfg.compute_dtype) * 1e12)
+    return Plan(
+        strategy=r.name, source=r.source, model=model_name, devices=r.device_num, mesh=dict(r.mesh),
+        micro_batches=m, micro_batch_size=r.micro_batch_size, gradient_accumulation=acc,
+        global_batch=gmb * m * acc, scheduler=r.scheduler, virtual_chunks=v, profile=profile.name, stages=stages,
+        comm=comm, bubble_fraction=bubble_fraction(p, m, v) if p > 1 else 0.0, step_seconds=step,
+        tokens_per_second_per_device=tokens / step / r.device_num, model_flops_per_token=mft, mfu=mfu,
+        fits=all(st.fits for st in stages), params_total=count_params(cfg),
+        param_sharding=_sharding_table(placements, r), warnings=list(r.warnings),
+        assumptions=[profile.source, f"matmul efficiency {profile.matmul_efficiency:.0%}, data-parallel overlap "
+                                     f"{profile.dp_overlap:.0%}, reserve {profile.reserve_gb} GB"])
+
+
+# --------------------------------------------------------------------------- text
+def _gb(x: float) -> str:
+    return f"{x / GB:.2f}"
+
+
+def render_text(plan: Plan, sharding_rows: int = 40) -> str:
+    L = []
+    mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
+    L.append(f"plan: {plan.strategy} ({plan.source}) for {plan.model or 'model'}; {plan.params_total / 1e9:.2f}B params")
+    L.append(f"mesh: {mesh} = {plan.devices} devices; profile {plan.profile}")
+    L.append(f"batch: {plan.micro_batch_size} seq/rank/micro-batch x data {plan.mesh.get('data', 1)} x "
+             f"{plan.micro_batches} micro-batches x {plan.gradient_accumulation} accumulation = "
+             f"{plan.global_batch} sequences/step; scheduler {plan.scheduler}"
+             + (f" ({plan.virtual_chunks} chunks)" if plan.virtual_chunks > 1 else ""))
+    L.append("")
+    L.append("stage  layers     n  params/dev  weights  grads  optim  activ (per-mb x in-flight)  total GB  "
+             "limit  verdict")
+    for st in plan.stages:
+        act = f"{_gb(st.activation_bytes)} ({_gb(st.activation_per_micro_batch)} x {st.micro_batches_in_flight:g})"
+        L.append(f"{st.stage:>5}  {st.layers:<9} {st.num_layers:>2}  {st.params_per_device / 1e6:>9.1f}M  "
+                 f"{_gb(st.weight_bytes):>7}  {_gb(st.grad_bytes):>5}  {_gb(st.optimizer_bytes):>5}  "
+                 f"{act:<27}  {_gb(st.total_bytes):>8}  {_gb(st.limit_bytes):>5}  "
+                 f"{'FITS' if st.fits else 'DOES NOT FIT'}")
+    L.append("")
+    L.append(f"pipeline bubble: {plan.bubble_fraction:.1%}")
+    for c in plan.comm:
+        L.append(f"comm {c.axis:<8} group {c.group_size:>4}: {c.bytes_per_step / GB:9.2f} GB/step/device, "
+                 f"{c.seconds_per_step:8.3f} s  ({c.what})")
+    L.append(f"predicted step: {plan.step_seconds:.3f} s, {plan.tokens_per_second_per_device:.0f} tokens/s/device, "
+             f"MFU {plan.mfu:.1%} (model FLOPs/token {plan.model_flops_per_token:.3g})")
+    L.append(f"verdict: {'FITS' if plan.fits else 'DOES NOT FIT'} on every stage" if plan.fits else
+             f"verdict: DOES NOT FIT on stage(s) {', '.join(str(s.stage) for s in plan.stages if not s.fits)}")
+    L.append("")
+    L.append("parameter sharding (slices per dim; per-device elements; opt = split over optimizer group):")
+    rows = plan.param_sharding
+    for row in rows[:sharding_rows]:
+        where = f"layers {row['layers']}" if row["layers"] else f"stage {','.join(map(str, row['stages']))}"
+        axes = ",".join(a or "-" for a in row["axes"])
+        L.append(f"  {row['param']:<28} {str(tuple(row['shape'])):<16} ({axes}) -> {tuple(row['slices'])} "
+                 f"{row['per_device']:>11,}{' opt' if row['optimizer_sharded'] else ''}  [{where}]")
+    if len(rows) > sharding_rows:
+        L.append(f"  ... {len(rows) - sharding_rows} more rows (use --json for all)")
+    for w in plan.warnings:
+        L.append(f"warning: {w}")
+    L.append("assumptions: " + " | ".join(plan.assumptions))
+    return "\n".join(L)
