@@ -7,6 +7,23 @@ from naohai.launch.devices import worker_count
 from naohai.launch.msrun import DEFAULT_PORT, MsrunPlan, run_msrun
 
 
+def allow_intermixed(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Let ``key=value`` positionals come after options (``RECIPE --flag x k=v``).
+
+    Plain argparse fills every positional from the first run of positional words,
+    so words after an option are "unrecognized".  The subcommand's parser is
+    switched to argparse's intermixed parsing for this one parser only.
+    """
+    def parse_known_args(args=None, namespace=None):
+        del parser.parse_known_args          # the intermixed parser calls the plain one
+        try:
+            return parser.parse_known_intermixed_args(args, namespace)
+        finally:
+            parser.parse_known_args = parse_known_args
+    parser.parse_known_args = parse_known_args
+    return parser
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "launch", help="run `naohai train` on this node with msrun (one command per node)",
@@ -36,6 +53,7 @@ def register(subparsers) -> None:
                         "RANK_ID, DEVICE_ID")
     p.add_argument("--dry-run", action="store_true", help="print the command only")
     p.set_defaults(run=run)
+    allow_intermixed(p)
 
 
 def run(args) -> int:

@@ -105,7 +105,10 @@ class Uploader:
                 resp = self.client.uploadFile(dest.bucket, dest.key, path, partSize=self.part_size, taskNum=2)
             else:
                 resp = self.client.putFile(dest.bucket, dest.key, path)
-        except Exception as exc:  # the SDK raises plain Exceptions for transport failures
+        except OSError as exc:    # refused / unreachable: the SDK lets socket errors through
+            raise UserError(f"cannot connect to OBS to upload {path} ({self.creds.redact(str(exc))}); "
+                            "check --obs-endpoint/--region and the network", where="OBS") from None
+        except Exception as exc:  # the SDK raises plain Exceptions for other transport failures
             raise UserError(f"upload of {path} to obs:/{dest.api_form} failed: "
                             f"{self.creds.redact(str(exc))}", where="OBS") from None
         self._check(resp, path, dest)

@@ -1,0 +1,152 @@
+"""The `naohai submit` flow: check inputs, upload code (and data), create the job.
+
+Owns the order of operations and what is printed; the job body lives in
+:mod:`naohai.launch.modelarts`, uploads in :mod:`naohai.launch.obs_upload`.
+The recipe and strategy travel inside the uploaded code directory, so they must
+live under it; the job refers to them by their relative paths.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import List, Mapping, Optional, TextIO
+
+from naohai.config import load_recipe, resolve_recipe_path
+from naohai.errors import UserError
+from naohai.launch.credentials import (AK_VAR, PROJECT_VAR, SK_VAR, credentials_from_env, mask,
+                                       modelarts_endpoint, obs_endpoint)
+from naohai.launch.devices import mesh_device_count
+from naohai.launch.modelarts import JobRequest, TrainingJobs, build_job_body
+from naohai.launch.obs_upload import (DEFAULT_EXCLUDES, MULTIPART_THRESHOLD, PART_SIZE, Uploader,
+                                      collect_files, obs_client, parse_obs_path, plan_summary)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass
+class SubmitOptions:
+    recipe: str
+    name: str
+    flavor: str
+    code_obs: str
+    output_obs: str
+    strategy: Optional[str] = None
+    overrides: List[str] = field(default_factory=list)
+    nodes: int = 1
+    log_obs: Optional[str] = None
+    data: Optional[str] = None
+    data_obs: Optional[str] = None
+    image_url: Optional[str] = None
+    engine_name: Optional[str] = None
+    engine_version: Optional[str] = None
+    pool_id: Optional[str] = None
+    workspace_id: Optional[str] = None
+    endpoint: Optional[str] = None
+    obs_endpoint: Optional[str] = None
+    region: Optional[str] = None
+    code_dir: str = REPO_ROOT
+    excludes: tuple = DEFAULT_EXCLUDES
+    multipart_threshold: int = MULTIPART_THRESHOLD
+    part_size: int = PART_SIZE
+
+
+def _inside(path: str, root: str, flag: str) -> str:
+    """``path`` relative to ``root`` (posix form), or a UserError if it lies outside."""
+    full = os.path.realpath(path)
+    base = os.path.realpath(root)
+    if os.path.commonpath([full, base]) != base:
+        raise UserError(f"must be inside the uploaded code directory {base} (it travels with the code)",
+                        where=path, key=flag)
+    return os.path.relpath(full, base).replace(os.sep, "/")
+
+
+def build_request(opts: SubmitOptions) -> JobRequest:
+    """Check the recipe, strategy and OBS paths locally; return the job request."""
+    recipe_path = resolve_recipe_path(opts.recipe)
+    load_recipe(recipe_path, opts.overrides)          # fail here, not after an upload and a queue
+    strategy_rel = None
+    if opts.strategy:
+        mesh_device_count(opts.strategy)              # parses and checks the strategy file
+        strategy_rel = _inside(opts.strategy, opts.code_dir, "--strategy")
+    if opts.data and not opts.data_obs:
+        raise UserError("--data needs --data-obs /bucket/path/ to upload it to", where="command line",
+                        key="--data-obs")
+    if opts.data and not os.path.exists(opts.data):
+        raise UserError("does not exist", where=opts.data, key="--data")
+    return JobRequest(
+        name=opts.name, recipe=_inside(recipe_path, opts.code_dir, "recipe"), strategy=strategy_rel,
+        flavor=opts.flavor, nodes=opts.nodes, overrides=list(opts.overrides),
+        code_obs=parse_obs_path(opts.code_obs, "--code-obs"),
+        output_obs=parse_obs_path(opts.output_obs, "--output-obs"),
+        log_obs=parse_obs_path(opts.log_obs, "--log-obs") if opts.log_obs else None,
+        data_obs=parse_obs_path(opts.data_obs, "--data-obs") if opts.data_obs else None,
+        image_url=opts.image_url, engine_name=opts.engine_name, engine_version=opts.engine_version,
+        pool_id=opts.pool_id, workspace_id=opts.workspace_id)
+
+
+def describe_credentials(environ: Mapping[str, str]) -> str:
+    ak = environ.get(AK_VAR, "")
+    return (f"credentials: {AK_VAR}={mask(ak) or '(unset)'} {SK_VAR}="
+            f"{'<redacted>' if environ.get(SK_VAR) else '(unset)'} {PROJECT_VAR}="
+            f"{environ.get(PROJECT_VAR) or '(unset)'}")
+
+
+def submit(opts: SubmitOptions, environ: Mapping[str, str], dry_run: bool = False,
+           out: Optional[TextIO] = None) -> Optional[str]:
+    """Upload and create the job; returns its id (None for a dry run)."""
+    out = out or sys.stdout
+    req = build_request(opts)
+    body = build_job_body(req)
+    files = collect_files(opts.code_dir, opts.excludes)
+    count, size = plan_summary(files)
+    print(f"code: {opts.code_dir} -> obs:/{req.code_obs.api_form} ({count} files, {size} bytes)", file=out)
+    if opts.data:
+        print(f"data: {opts.data} -> obs:/{req.data_obs.api_form}", file=out)
+    if dry_run:
+        print(describe_credentials(environ), file=out)
+        print("job body (dry run, nothing uploaded or created):", file=out)
+        print(json.dumps(body, indent=2, ensure_ascii=False), file=out)
+        return None
+    creds = credentials_from_env(environ)
+    jobs = TrainingJobs(creds, modelarts_endpoint(opts.endpoint, opts.region))
+    uploader = Uploader(obs_client(creds, obs_endpoint(opts.obs_endpoint, opts.region)), creds,
+                        threshold=opts.multipart_threshold, part_size=opts.part_size)
+    n, b = uploader.upload_tree(opts.code_dir, req.code_obs, opts.excludes)
+    print(f"uploaded code: {n} files, {b} bytes", file=out)
+    if opts.data:
+        n, b = uploader.upload_path(opts.data, req.data_obs, opts.excludes)
+        print(f"uploaded data: {n} files, {b} bytes", file=out)
+    created = jobs.create(body)
+    meta = created.get("metadata") or {}
+    job_id = meta.get("id")
+    phase = (created.get("status") or {}).get("phase", "?")
+    print(f"created job {meta.get('name', opts.name)}: id {job_id}, phase {phase}", file=out)
+    return job_id
+
+
+def jobs_client(environ: Mapping[str, str], endpoint: Optional[str], region: Optional[str]) -> TrainingJobs:
+    return TrainingJobs(credentials_from_env(environ), modelarts_endpoint(endpoint, region))
+
+
+def format_status(job: dict) -> str:
+    meta, status = job.get("metadata") or {}, job.get("status") or {}
+    spec = ((job.get("spec") or {}).get("resource") or {})
+    lines = [f"job {meta.get('id')} ({meta.get('name')})",
+             f"  phase: {status.get('phase')} / {status.get('secondary_phase')}",
+             f"  duration: {int(status.get('duration') or 0) // 1000} s"]
+    if spec:
+        lines.append(f"  resource: {spec.get('flavor_id')} x {spec.get('node_count')}")
+    if status.get("tasks"):
+        lines.append(f"  tasks: {', '.join(status['tasks'])}")
+    return "\n".join(lines)
+
+
+def format_list(listing: dict) -> str:
+    rows = [("ID", "NAME", "PHASE")]
+    for item in listing.get("items") or []:
+        meta, status = item.get("metadata") or {}, item.get("status") or {}
+        rows.append((str(meta.get("id")), str(meta.get("name")), str(status.get("phase"))))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -1,0 +1,254 @@
+"""`naohai submit` against a local recording ModelArts + OBS server (the real SDKs talk to it)."""
+import logging
+import os
+import re
+import shutil
+import socket
+import sys
+
+import pytest
+
+from naohai.cli import main
+from naohai.errors import UserError
+from naohai.launch import submission
+from naohai.launch.obs_upload import parse_obs_path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fake_cloud import FakeCloud  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+AK, SK, PID = "AKFAKE0123456789", "sk-Very-Secret-9f8e7d6c5b4a", "proj-0a1b2c3d"
+AUTH_RE = re.compile(r"^SDK-HMAC-SHA256 Access=AKFAKE0123456789, SignedHeaders=[a-z0-9;-]+, "
+                     r"Signature=[0-9a-f]{64}$")
+
+
+@pytest.fixture
+def cloud():
+    with FakeCloud() as fc:
+        yield fc
+
+
+@pytest.fixture
+def creds(monkeypatch):
+    monkeypatch.setenv("HUAWEICLOUD_SDK_AK", AK)
+    monkeypatch.setenv("HUAWEICLOUD_SDK_SK", SK)
+    monkeypatch.setenv("HUAWEICLOUD_SDK_PROJECT_ID", PID)
+
+
+@pytest.fixture
+def code(tmp_path):
+    """A code tree with files to keep and files the excludes must drop."""
+    root = tmp_path / "code"
+    (root / "recipes").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "recipes", "tiny.yaml"), root / "recipes" / "tiny.yaml")
+    (root / "strategies").mkdir()
+    (root / "strategies" / "dp2.yaml").write_text("name: dp2\nmesh: {data: 2}\n")
+    (root / "run").mkdir()
+    (root / "run" / "modelarts_boot.sh").write_text("#!/bin/sh\n")
+    (root / "pkg").mkdir()
+    (root / "pkg" / "mod.py").write_text("x = 1\n")
+    for junk in (".git/HEAD", "runs/a/log.txt", "pkg/__pycache__/mod.cpython-311.pyc", "ckpt/step1.ckpt",
+                 "data/train.npy", "naohai.egg-info/PKG-INFO", ".pytest_cache/v/x"):
+        p = root / junk
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("junk")
+    return root
+
+
+def create_args(cloud, code, *extra):
+    return ["submit", str(code / "recipes" / "tiny.yaml"), "train.steps=7", "--strategy",
+            str(code / "strategies" / "dp2.yaml"), "--name", "naohai-tiny", "--flavor", "modelarts.p3.large.8",
+            "--nodes", "2", "--engine-name", "MindSpore", "--engine-version", "2.10.0",
+            "--code-obs", "/naohai-bkt/code/", "--output-obs", "/naohai-bkt/out/", "--log-obs",
+            "obs://naohai-bkt/logs", "--pool-id", "pool-9", "--workspace-id", "ws-1",
+            "--endpoint", cloud.url, "--obs-endpoint", cloud.url, "--code-dir", str(code), *extra]
+
+
+EXPECTED_BODY = {
+    "kind": "job",
+    "metadata": {"name": "naohai-tiny", "description": "naohai training job", "workspace_id": "ws-1"},
+    "algorithm": {
+        "code_dir": "/naohai-bkt/code/",
+        "boot_file": "/naohai-bkt/code/run/modelarts_boot.sh",
+        "parameters": [{"name": "recipe", "value": "recipes/tiny.yaml"},
+                       {"name": "strategy", "value": "strategies/dp2.yaml"},
+                       {"name": "overrides", "value": "train.steps=7"}],
+        "inputs": [],
+        "outputs": [{"name": "output", "remote": {"obs": {"obs_url": "/naohai-bkt/out/"}}}],
+        "environments": {"PYTHONUNBUFFERED": "1"},
+        "engine": {"engine_name": "MindSpore", "engine_version": "2.10.0"},
+    },
+    "spec": {"resource": {"flavor_id": "modelarts.p3.large.8", "node_count": 2, "pool_id": "pool-9"},
+             "log_export_path": {"obs_url": "/naohai-bkt/logs/"}},
+}
+
+
+def assert_no_secret(capsys, caplog):
+    captured = capsys.readouterr()
+    for text in (captured.out, captured.err, caplog.text):
+        assert SK not in text
+    return captured
+
+
+def test_create_uploads_code_and_posts_body(cloud, creds, code, capsys, caplog):
+    caplog.set_level(logging.DEBUG)
+    assert main(create_args(cloud, code)) == 0
+    out = assert_no_secret(capsys, caplog).out
+    uploaded = sorted(k for k in cloud.objects)
+    assert uploaded == ["naohai-bkt/code/pkg/mod.py", "naohai-bkt/code/recipes/tiny.yaml",
+                        "naohai-bkt/code/run/modelarts_boot.sh", "naohai-bkt/code/strategies/dp2.yaml"]
+    assert cloud.objects["naohai-bkt/code/strategies/dp2.yaml"] == b"name: dp2\nmesh: {data: 2}\n"
+    for put in cloud.find("PUT", "/naohai-bkt/"):
+        assert put.headers["Authorization"].startswith(f"AWS {AK}:")   # OBS v2 signature at a local server
+    [create] = cloud.find("POST", "/training-jobs")
+    assert create.path == f"/v2/{PID}/training-jobs"
+    assert AUTH_RE.match(create.headers["Authorization"]), create.headers["Authorization"]
+    assert create.headers["X-Project-Id"] == PID and create.headers["X-Sdk-Date"]
+    assert create.json() == EXPECTED_BODY
+    job_id = next(iter(cloud.jobs))
+    assert f"id {job_id}" in out
+
+
+def test_multipart_upload_of_large_data(cloud, creds, code, tmp_path, capsys, caplog):
+    data = tmp_path / "shards"
+    data.mkdir()
+    blob = os.urandom(250 * 1024) * 12            # 3000 KiB -> 3 parts of 1 MiB
+    (data / "train.bin").write_bytes(blob)
+    (data / "meta.json").write_text("{}")
+    opts = submission.SubmitOptions(
+        recipe=str(code / "recipes" / "tiny.yaml"), name="j", flavor="f", code_obs="/naohai-bkt/code/",
+        output_obs="/naohai-bkt/out/", image_url="swr.example/ns/img:1", data=str(data),
+        data_obs="/naohai-bkt/data/", endpoint=cloud.url, obs_endpoint=cloud.url, code_dir=str(code),
+        excludes=(".git",), multipart_threshold=1024 * 1024, part_size=1024 * 1024)
+    submission.submit(opts, os.environ)
+    assert_no_secret(capsys, caplog)
+    key = "/naohai-bkt/data/train.bin"
+    [init] = [r for r in cloud.find("POST", key) if "uploads" in r.query]
+    parts = [r for r in cloud.find("PUT", key) if "partNumber" in r.query]
+    [done] = [r for r in cloud.find("POST", key) if "uploadId" in r.query]
+    upload_id = parts[0].query["uploadId"][0]
+    assert sorted(int(p.query["partNumber"][0]) for p in parts) == [1, 2, 3]
+    assert all(p.query["uploadId"] == [upload_id] for p in parts) and done.query["uploadId"] == [upload_id]
+    for n in (1, 2, 3):
+        assert f"<PartNumber>{n}</PartNumber>" in done.body.decode() and f"etag-{n}" in done.body.decode()
+    assert cloud.objects["naohai-bkt/data/train.bin"] == blob
+    assert cloud.objects["naohai-bkt/data/meta.json"] == b"{}"
+    assert init.headers["Authorization"].startswith(f"AWS {AK}:")
+    body = cloud.find("POST", "/training-jobs")[0].json()
+    assert body["algorithm"]["inputs"] == [{"name": "data", "remote": {"obs": {"obs_url": "/naohai-bkt/data/"}}}]
+    assert body["algorithm"]["engine"] == {"image_url": "swr.example/ns/img:1"}
+
+
+def test_status_list_logs_stop(cloud, creds, code, capsys, caplog):
+    caplog.set_level(logging.DEBUG)
+    assert main(create_args(cloud, code)) == 0
+    job_id = next(iter(cloud.jobs))
+    ep = ["--endpoint", cloud.url]
+    capsys.readouterr()
+    assert main(["submit", "status", job_id, *ep]) == 0
+    assert "phase: Running / Running" in capsys.readouterr().out
+    assert main(["submit", "list", *ep, "--limit", "5"]) == 0
+    listing = capsys.readouterr().out
+    assert job_id in listing and "naohai-tiny" in listing
+    assert main(["submit", "logs", job_id, "--task", "worker-1", *ep]) == 0
+    assert capsys.readouterr().out == f"log of {job_id} task worker-1\nstep 1 loss 10.4\n"
+    assert main(["submit", "stop", job_id, *ep]) == 0
+    assert "Terminating" in capsys.readouterr().out
+    assert_no_secret(capsys, caplog)
+    pid_path = f"/v2/{PID}/training-jobs/{job_id}"
+    [show] = [r for r in cloud.find("GET") if r.path == pid_path]
+    [search] = cloud.find("POST", "/training-job-searches")
+    assert search.path == f"/v2/{PID}/training-job-searches"
+    assert search.json() == {"limit": 5, "offset": 0, "sort_by": "create_time", "order": "desc"}
+    [logs] = cloud.find("GET", "/logs/preview")
+    assert logs.path == f"{pid_path}/tasks/worker-1/logs/preview"
+    [stop] = cloud.find("POST", "/actions")
+    assert stop.path == f"{pid_path}/actions" and stop.json() == {"action_type": "terminate"}
+    for rec in (show, search, logs, stop):
+        assert AUTH_RE.match(rec.headers["Authorization"])
+
+
+def test_4xx_names_platform_error(cloud, creds, code, capsys, caplog):
+    caplog.set_level(logging.DEBUG)
+    cloud.fail[("POST", f"/v2/{PID}/training-jobs")] = (
+        400, {"error_code": "ModelArts.2601", "error_msg": f"flavor not found (key {SK})"})
+    assert main(create_args(cloud, code)) == 2
+    err = assert_no_secret(capsys, caplog).err
+    assert "ModelArts.2601" in err and "flavor not found" in err and "req-fake-4xx" in err
+    assert "status 400" in err and "Traceback" not in err
+    assert main(["submit", "status", "job-missing", "--endpoint", cloud.url]) == 2
+    err = assert_no_secret(capsys, caplog).err
+    assert "ModelArts.2762" in err and "req-fake-404" in err
+
+
+def test_refused_connection_is_clear(creds, code, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert main(["submit", "status", "job-1", "--endpoint", dead]) == 2
+    err = capsys.readouterr().err
+    assert "cannot connect to ModelArts" in err and SK not in err
+    with pytest.raises(UserError, match="cannot connect to OBS"):
+        submission.submit(submission.SubmitOptions(
+            recipe=str(code / "recipes" / "tiny.yaml"), name="j", flavor="f", code_obs="/naohai-bkt/c/",
+            output_obs="/naohai-bkt/o/", image_url="img", endpoint=dead, obs_endpoint=dead,
+            code_dir=str(code)), os.environ)
+
+
+def test_dry_run_prints_body_and_sends_nothing(cloud, creds, code, capsys, caplog):
+    assert main(create_args(cloud, code, "--dry-run")) == 0
+    out = assert_no_secret(capsys, caplog).out
+    assert cloud.requests == []
+    assert '"boot_file": "/naohai-bkt/code/run/modelarts_boot.sh"' in out
+    assert "(4 files," in out                       # the excludes are applied to the plan too
+    assert "HUAWEICLOUD_SDK_AK=AKFA****" in out and "HUAWEICLOUD_SDK_SK=<redacted>" in out
+    assert AK not in out
+
+
+def test_missing_project_id(cloud, monkeypatch, code, capsys):
+    monkeypatch.setenv("HUAWEICLOUD_SDK_AK", AK)
+    monkeypatch.setenv("HUAWEICLOUD_SDK_SK", SK)
+    monkeypatch.delenv("HUAWEICLOUD_SDK_PROJECT_ID", raising=False)
+    assert main(create_args(cloud, code)) == 2
+    err = capsys.readouterr().err
+    assert "HUAWEICLOUD_SDK_PROJECT_ID" in err and SK not in err
+    assert cloud.requests == []
+
+
+def test_missing_sdk_says_how_to_install(cloud, creds, code, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "huaweicloudsdkmodelarts.v1", None)
+    assert main(["submit", "list", "--endpoint", cloud.url]) == 2
+    assert "pip install 'naohai[modelarts]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["--engine-name", "MindSpore", "--engine-version", "2.10.0", "--image-url", "x"], "--image-url"),
+    (["--name", "bad name!"], "--name"),
+    (["--code-obs", "bucket/path"], "--code-obs"),
+    (["--output-obs", "/B!/x/"], "--output-obs"),
+    (["--data", "/nonexistent"], "--data-obs"),
+])
+def test_bad_create_flags(cloud, creds, code, argv, key, capsys):
+    with pytest.raises(UserError) as info:
+        args = create_args(cloud, code, *argv)
+        from naohai.cli import build_parser
+        ns = build_parser().parse_args(args)
+        ns.run(ns)
+    assert info.value.key == key
+    assert cloud.requests == []
+
+
+def test_recipe_outside_code_dir(cloud, creds, code, tmp_path):
+    outside = tmp_path / "elsewhere.yaml"
+    shutil.copy(code / "recipes" / "tiny.yaml", outside)
+    with pytest.raises(UserError, match="inside the uploaded code directory"):
+        submission.build_request(submission.SubmitOptions(
+            recipe=str(outside), name="j", flavor="f", code_obs="/naohai-bkt/c/", output_obs="/naohai-bkt/o/",
+            image_url="img", code_dir=str(code)))
+
+
+def test_obs_path_forms():
+    assert parse_obs_path("/bkt/a/b", "--x").api_form == "/bkt/a/b/"
+    assert parse_obs_path("obs://bkt/a/", "--x").api_form == "/bkt/a/"
+    assert parse_obs_path("/bkt", "--x").api_form == "/bkt/"
+    assert parse_obs_path("/bkt/a/", "--x").child("run/x.sh").key == "a/run/x.sh"
