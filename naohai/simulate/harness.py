@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from naohai.errors import UserError
+from naohai.simulate.msgparse import log_errors, op_from_log
 from naohai.simulate.stubs import ensure_stubs
 
 RUN_MARKER_VAR = "NAOHAI_SIM_RUN_ID"
@@ -102,14 +103,25 @@ class CompileReport:
                  + (" (TIMED OUT)" if self.timed_out else "")]
         for row in [head] + rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-        for r in self.per_rank:
-            if r.result is None and r.log_tail:
-                lines.append(f"--- rank {r.rank} log tail ---")
+        groups: Dict[str, List[int]] = {}
+        for r in self.per_rank:  # ranks failing with the same message are listed once
+            if not r.ok:
+                key = (r.error or {}).get("message") or f"crash:{r.rank}"
+                groups.setdefault(key, []).append(r.rank)
+        for members in groups.values():
+            r = self.per_rank[members[0]]
+            names = ",".join(str(m) for m in members)
+            if r.result is None:
+                lines.append(f"--- rank {names}: no result.json; log tail:")
                 lines.extend(r.log_tail.splitlines()[-15:])
-            elif not r.ok and r.error:
-                lines.append(f"--- rank {r.rank}: {r.error.get('type')}"
-                             f" op={r.error.get('op')} parameter={r.error.get('parameter')}")
-                lines.append((r.error.get("message") or "")[:600])
+                continue
+            err = r.error or {}
+            lines.append(f"--- rank {names}: {err.get('type')} op={err.get('op')} "
+                         f"parameter={err.get('parameter')}")
+            lines.append((err.get("message") or "")[:600])
+            if err.get("source"):
+                lines.append(f"  at {err['source']}")
+            lines.extend("  log: " + e[:300] for e in (err.get("log_errors") or [])[:4])
         return "\n".join(lines)
 
 
@@ -222,6 +234,12 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
         res_path = workdir / f"rank_{r}" / "result.json"
         if res_path.exists():
             res = json.loads(res_path.read_text())
+            err = res.get("error")
+            if err is not None:  # the log often says why better than the exception does
+                log_path = log_dir / f"worker_{r}.log"
+                details = log_errors(log_path.read_text(errors="replace")) if log_path.exists() else []
+                err["log_errors"] = details
+                err["op"] = op_from_log(details) or err.get("op")
             per_rank.append(RankResult(r, bool(res.get("ok")), res))
         else:
             per_rank.append(RankResult(r, False, None, _tail(log_dir / f"worker_{r}.log")))

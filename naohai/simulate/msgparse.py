@@ -15,6 +15,7 @@ _CUT_MARKERS = ("\n- C++ Call Stack", "\n---------------------------------------
 _OP_PATTERNS = [
     re.compile(r"For '([A-Z][A-Za-z0-9_]*)'"),
     re.compile(r"For primitive\[([A-Z][A-Za-z0-9_]*)\]"),
+    re.compile(r"\bFor ([A-Z][A-Za-z0-9_]*)[,:]"),
     re.compile(r"\b([A-Z][A-Za-z0-9]*)(?:Info)?\d*\s*:\s*(?:Invalid|The|Strategy|Check|Infer)"),
     re.compile(r"\bop(?:erator)? ['\"]?([A-Z][A-Za-z0-9_]*)['\"]?"),
     re.compile(r"\b([A-Z][A-Za-z0-9]*)-op\d+"),
@@ -46,9 +47,40 @@ def _first(patterns: List[re.Pattern], text: str) -> Optional[str]:
     return None
 
 
+_SOURCE_RE = re.compile(r"^# In file (.+?):(\d+)", re.M)
+_LOG_ERROR_RE = re.compile(r"^\[ERROR\] [A-Z_]+\([^)]*\):\S+ \[([^\]]+)\] (.*)$", re.M)
+
+
+def source_location(message: str) -> Optional[str]:
+    """Innermost user-code line of MindSpore's "Traceback of Net Construct Code"."""
+    i = message.find("The Traceback of Net Construct Code")
+    hits = _SOURCE_RE.findall(message[i:] if i >= 0 else "")
+    return f"{hits[-1][0]}:{hits[-1][1]}" if hits else None
+
+
+def log_errors(log_text: str, limit: int = 8) -> List[str]:
+    """MindSpore's ``[ERROR]`` log lines as ``"<file:line> <func>] <message>"``, oldest first."""
+    out = []
+    for m in _LOG_ERROR_RE.finditer(log_text):
+        out.append(f"{m.group(1).rsplit('/', 1)[-1]} {m.group(2).strip()}")
+        if len(out) >= limit:
+            break
+    return out
+
+
+def op_from_log(errors: List[str]) -> Optional[str]:
+    """Operator named by the first ``<Op>Info<N>:`` log error (parallel op info classes)."""
+    for line in errors:
+        m = re.search(r"\b([A-Z][A-Za-z0-9]*)Info\d*\s*:", line)
+        if m:
+            return m.group(1)
+    return None
+
+
 def parse_mindspore_error(exc: BaseException) -> Dict[str, Optional[str]]:
-    """``{"type", "message", "op", "parameter"}`` for a compile exception."""
+    """``{"type", "message", "op", "parameter", "source"}`` for a compile exception."""
     text = str(exc)
     head = headline(text)
     return {"type": type(exc).__name__, "message": head,
-            "op": _first(_OP_PATTERNS, head), "parameter": _first(_PARAM_PATTERNS, head)}
+            "op": _first(_OP_PATTERNS, head), "parameter": _first(_PARAM_PATTERNS, head),
+            "source": source_location(text)}

@@ -34,3 +34,148 @@ def matmul_mp(strategy=((1, 1), (1, 2)), batch=16):
 def matmul_too_wide():
     """(c) semantically fine net, but the shard product (4) exceeds 2 devices."""
     return matmul_mp(strategy=((1, 1), (1, 4)))
+
+
+# ---------------------------------------------------------------------------
+# (b) dp2 x mp2 x pp2, tied embedding, optimizer parallel, micro_size 4, recompute
+# ---------------------------------------------------------------------------
+VOCAB, HIDDEN, FFN, SEQ = 128, 32, 64, 8
+
+
+class _Embed(nn.Cell):
+    def __init__(self, dp, mp):
+        super().__init__()
+        self.table = Parameter(Tensor(np.random.RandomState(0).normal(0, 0.02, (VOCAB, HIDDEN))
+                                      .astype(np.float32)), name="table")
+        self.gather = ops.Gather().shard(((1, 1), (dp, 1)))
+
+    def construct(self, ids):
+        return self.gather(self.table, ids, 0).reshape((-1, HIDDEN))
+
+
+class _Block(nn.Cell):
+    """Pre-norm MLP block; ``selective`` recomputes only the GeLU primitive."""
+
+    def __init__(self, idx, dp, mp, selective):
+        super().__init__()
+        rng = np.random.RandomState(idx + 1)
+        self.norm = nn.LayerNorm((HIDDEN,))
+        self.norm.layer_norm.shard(((dp, 1), (1,), (1,)))
+        self.w1 = Parameter(Tensor(rng.normal(0, 0.02, (HIDDEN, FFN)).astype(np.float32)),
+                            name=f"w1_{idx}")
+        self.w2 = Parameter(Tensor(rng.normal(0, 0.02, (FFN, HIDDEN)).astype(np.float32)),
+                            name=f"w2_{idx}")
+        self.mm1 = ops.MatMul().shard(((dp, 1), (1, mp)))
+        self.act = ops.GeLU().shard(((dp, mp),))
+        self.mm2 = ops.MatMul().shard(((dp, mp), (mp, 1)))
+        self.add = ops.Add().shard(((dp, 1), (dp, 1)))
+        if selective:
+            self.act.recompute()
+
+    def construct(self, x):
+        h = self.mm1(self.norm(x), self.w1)
+        return self.add(x, self.mm2(self.act(h), self.w2))
+
+
+class _HeadLoss(nn.Cell):
+    """Tied LM head (MatMul against the embedding table) + cross entropy, all on the last stage."""
+
+    def __init__(self, table, dp, mp):
+        super().__init__()
+        self.table = table
+        self.mm = ops.MatMul(transpose_b=True).shard(((dp, 1), (mp, 1)))
+        self.onehot = ops.OneHot().shard(((dp, 1), (), ()))
+        self.ce = ops.SoftmaxCrossEntropyWithLogits().shard(((dp, 1), (dp, 1)))
+        self.mean = ops.ReduceMean().shard(((dp,),))
+        self.on = Tensor(1.0, ms.float32)
+        self.off = Tensor(0.0, ms.float32)
+
+    def construct(self, x, labels):
+        logits = self.mm(x, self.table)
+        onehot = self.onehot(labels.reshape((-1,)), VOCAB, self.on, self.off)
+        loss, _ = self.ce(logits, onehot)
+        return self.mean(loss)
+
+
+class TiedLM(nn.Cell):
+    def __init__(self, dp, mp, selective=True, full_recompute_last=True, tied=True):
+        super().__init__()
+        self.embed = _Embed(dp, mp)
+        self.block0 = _Block(0, dp, mp, selective)
+        self.block1 = _Block(1, dp, mp, selective)
+        if full_recompute_last:
+            self.block1.recompute()
+        head_table = self.embed.table if tied else Parameter(
+            Tensor(np.zeros((VOCAB, HIDDEN), np.float32)), name="head_table")
+        self.head = _HeadLoss(head_table, dp, mp)
+
+    def construct(self, ids, labels):
+        x = self.embed(ids)
+        x = self.block1(self.block0(x))
+        return self.head(x, labels)
+
+
+STAGE_CONFIG = {"embed": 0, "block0": 0, "block1": 1, "head": 1}
+
+
+def _custom_pipeline_reducer(params):
+    """The 2.10 PipelineGradReducer(opt_shard=False) branch, without its NameError."""
+    from mindspore.parallel.nn.parallel_grad_reducer import grad_scale
+
+    class _Reducer(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.accu_grads = params.clone(prefix="accu_grads", init="zeros")
+            self.degree = Tensor(1.0, ms.float32)
+            self.hyper_map = ops.HyperMap()
+
+        def construct(self, grads):
+            return self.hyper_map(ops.partial(grad_scale, self.degree), grads, self.accu_grads)
+    return _Reducer()
+
+
+def tied_pipeline(dp=2, mp=2, stages=2, micro=4, batch=8, reducer="opt_shard_true",
+                  optimizer_level="level1", hsdp=True, tie="add_stage", stage_api="pipeline",
+                  selective=True, preset_context=False):
+    """(b) tied-embedding 2-stage pipeline train step; options select the wiring variant."""
+    from mindspore.parallel.nn import Pipeline, PipelineGradReducer
+    ms.set_seed(0)
+    net = TiedLM(dp, mp, selective=selective, tied=(tie != "untied"))
+    if tie == "add_stage":
+        net.embed.table.add_pipeline_stage(0)
+        net.embed.table.add_pipeline_stage(stages - 1)
+    if stage_api == "pipeline":
+        net_pp = Pipeline(net, micro, stage_config=STAGE_CONFIG)
+    else:  # per-cell pipeline_stage + old PipelineCell
+        for name, st in STAGE_CONFIG.items():
+            getattr(net, name).pipeline_stage = st
+        net_pp = nn.PipelineCell(net, micro)
+    if preset_context:
+        # nn.Optimizer and PipelineGradReducer read the parallel-optimizer flag when built,
+        # but AutoParallel only applies hsdp() at compile time: announce it up front.
+        ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", pipeline_stages=stages,
+                                     enable_parallel_optimizer=hsdp)
+    opt = nn.AdamWeightDecay(net.trainable_params(), 1e-3)
+    if reducer == "opt_shard_true":
+        pgr = PipelineGradReducer(opt.parameters, opt_shard=True)
+    elif reducer == "opt_shard_false":
+        pgr = PipelineGradReducer(opt.parameters, opt_shard=False)
+    elif reducer == "opt_shard_none":
+        pgr = PipelineGradReducer(opt.parameters)
+    else:
+        pgr = _custom_pipeline_reducer(opt.parameters)
+    grad_fn = ops.value_and_grad(net_pp, None, opt.parameters)
+
+    @ms.jit
+    def train_step(ids, labels):
+        loss, grads = grad_fn(ids, labels)
+        grads = pgr(grads)
+        opt(grads)
+        return loss
+
+    parallel = AutoParallel(train_step, parallel_mode="semi_auto")
+    parallel.pipeline(stages=stages, scheduler="1f1b")
+    if hsdp:
+        parallel.hsdp(optimizer_level=optimizer_level, threshold=0)
+    ids = Tensor(np.zeros((batch, SEQ), np.int32))
+    return parallel, (ids, Tensor(np.zeros((batch, SEQ), np.int32)))
