@@ -46,9 +46,8 @@ overrides=(); flags=()
 for a in "$@"; do
   case $a in -*) flags+=("$a") ;; *=*) overrides+=("$a") ;; *) flags+=("$a") ;; esac
 done
-if ! command -v naohai >/dev/null 2>&1; then
-  python -m pip install --no-deps -e "$here" >/dev/null
-fi
+# workers run `python -m naohai.cli train`: the uploaded code is importable without installing it
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 unset RANK_TABLE_FILE
 env_flags=$(python -m naohai.launch.modelarts_env) || exit 2
 mapfile -t node_flags <<<"$env_flags"
@@ -59,4 +58,4 @@ args=(launch "$recipe" "${overrides[@]}" ${strategy:+--strategy "$strategy"} "${
 [ -n "${NAOHAI_LAUNCH_FLAGS:-}" ] && args+=(${NAOHAI_LAUNCH_FLAGS})
 [ "${DRY_RUN:-0}" = 1 ] && args+=(--dry-run)
 echo "modelarts_boot: naohai ${args[*]} ${flags[*]}"
-exec naohai "${args[@]}" "${flags[@]}"
+exec python -m naohai.cli "${args[@]}" "${flags[@]}"

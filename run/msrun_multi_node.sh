@@ -13,6 +13,9 @@
 #   CLUSTER_TIME_OUT   seconds to wait for all nodes to join (default 600)
 #   DRY_RUN=1          print the msrun command only
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+# workers run `python -m naohai.cli train`: make the package importable without installing it
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 if [ $# -lt 2 ]; then
   sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
@@ -31,4 +34,4 @@ args=(launch "$recipe" "${overrides[@]}" --strategy "$strategy" --nodes "$NODES"
       --log-dir "${LOG_DIR:-runs/msrun_logs}" --cluster-time-out "${CLUSTER_TIME_OUT:-600}")
 [ -n "${DEVICES_PER_NODE:-}" ] && args+=(--devices-per-node "$DEVICES_PER_NODE")
 [ "${DRY_RUN:-0}" = 1 ] && args+=(--dry-run)
-exec naohai "${args[@]}" "${flags[@]}"
+exec python -m naohai.cli "${args[@]}" "${flags[@]}"

@@ -9,6 +9,9 @@
 #   LOG_DIR      msrun logs, one worker_<rank>.log per rank (default runs/msrun_logs)
 #   DRY_RUN=1    print the msrun command only
 set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+# workers run `python -m naohai.cli train`: make the package importable without installing it
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 if [ $# -lt 2 ]; then
   sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
@@ -23,4 +26,4 @@ args=(launch "$recipe" "${overrides[@]}" --strategy "$strategy" --nodes 1
       --master-port "${MASTER_PORT:-8118}" --log-dir "${LOG_DIR:-runs/msrun_logs}")
 [ -n "${DEVICES:-}" ] && args+=(--devices-per-node "$DEVICES")
 [ "${DRY_RUN:-0}" = 1 ] && args+=(--dry-run)
-exec naohai "${args[@]}" "${flags[@]}"
+exec python -m naohai.cli "${args[@]}" "${flags[@]}"

@@ -10,7 +10,7 @@ tests/launch/test_msrun_failure.py):
 
 * the task script is run as ``python SCRIPT ARGS``; only the literal names
   ``python``/``python3``/``pytest`` are accepted as an interpreter, so the entry is
-  ``python -m naohai.cli train RECIPE --strategy FILE ...`` (``python`` must be on
+  ``python -m naohai.cli train RECIPE [overrides] --strategy FILE`` (``python`` must be on
   PATH on every node).  The scheduler process on the master node runs the same
   command with ``MS_ROLE=MS_SCHED``: the trainer must call
   ``mindspore.communication.init()`` before doing real work.
@@ -160,13 +160,17 @@ def _looks_like_host(addr: str) -> bool:
 
 
 def entry_args(plan: MsrunPlan) -> List[str]:
-    """The arguments after ``python``: ``-m naohai.cli train RECIPE --strategy FILE [overrides]``."""
+    """The arguments after ``python``: ``-m naohai.cli train RECIPE [overrides] --strategy FILE``.
+
+    Overrides come right after the recipe: plain argparse (as `naohai train` uses)
+    does not accept positionals after an option.
+    """
     if plan.entry:
         return list(plan.entry)
-    args = ["-m", "naohai.cli", "train", plan.recipe]
+    args = ["-m", "naohai.cli", "train", plan.recipe] + list(plan.overrides)
     if plan.strategy:
         args += ["--strategy", plan.strategy]
-    return args + list(plan.overrides)
+    return args
 
 
 def build_msrun_command(plan: MsrunPlan) -> List[str]:

@@ -68,7 +68,7 @@ def test_boot_script_two_nodes(tmp_path):
     msrun = res.stdout.strip().splitlines()[-1]
     assert msrun == ("msrun --worker_num 4 --local_worker_num 2 --master_addr 127.0.0.1 --master_port 8118 "
                      "--node_rank 1 --log_dir runs/msrun_logs --join True --cluster_time_out 600 "
-                     f"python -m naohai.cli train r.yaml --strategy {strategy} train.steps=5")
+                     f"python -m naohai.cli train r.yaml train.steps=5 --strategy {strategy}")
 
 
 def test_boot_script_missing_variable_exits_2(tmp_path):

@@ -1,7 +1,7 @@
 """msrun argv building and plan validation (no processes started)."""
 import pytest
 
-from naohai.cli import main
+from naohai.cli import build_parser, main
 from naohai.errors import UserError
 from naohai.launch.devices import worker_count
 from naohai.launch.msrun import MsrunPlan, build_msrun_command, build_rank_table_processes, diagnose
@@ -14,7 +14,16 @@ def test_single_node_argv():
         "msrun", "--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
         "--master_port", "8118", "--node_rank", "0", "--log_dir", "logs", "--join", "True",
         "--cluster_time_out", "600", "python", "-m", "naohai.cli", "train", "recipes/tiny.yaml",
-        "--strategy", "strategies/dp2.yaml", "train.steps=3"]
+        "train.steps=3", "--strategy", "strategies/dp2.yaml"]
+
+
+def test_entry_is_accepted_by_the_train_parser():
+    plan = MsrunPlan(recipe="tiny", strategy="s.yaml", workers=2, overrides=["train.steps=3", "train.lr=0.1"])
+    argv = build_msrun_command(plan)
+    entry = argv[argv.index("naohai.cli") + 1:]
+    args = build_parser().parse_args(entry)
+    assert (args.command, args.recipe, args.strategy, args.overrides) == (
+        "train", "tiny", "s.yaml", ["train.steps=3", "train.lr=0.1"])
 
 
 def test_two_node_argv_second_node():
@@ -88,7 +97,7 @@ def test_cli_dry_run_prints_command(tmp_path, capsys):
     assert code == 0
     assert out == ("MS_NODE_TIMEOUT=7 msrun --worker_num 2 --local_worker_num 2 --master_addr 127.0.0.1 "
                    "--master_port 8118 --node_rank 0 --log_dir L --join True --cluster_time_out 600 "
-                   f"python -m naohai.cli train r.yaml --strategy {s} train.steps=2")
+                   f"python -m naohai.cli train r.yaml train.steps=2 --strategy {s}")
 
 
 def test_cli_bad_flag_is_exit_2(capsys):
