@@ -244,13 +244,20 @@ def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, mo
 
 # --------------------------------------------------------------------------- text
 def _gb(x: float) -> str:
-    return f"{x / GB:.2f}"
+    return f"{x / GB:.2f}" if x >= 0.01 * GB or x == 0 else f"{x / GB:.1e}"
+
+
+def _count(n: float) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(int(n))
 
 
 def render_text(plan: Plan, sharding_rows: int = 40) -> str:
     L = []
     mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
-    L.append(f"plan: {plan.strategy} ({plan.source}) for {plan.model or 'model'}; {plan.params_total / 1e9:.2f}B params")
+    L.append(f"plan: {plan.strategy} ({plan.source}) for {plan.model or 'model'}; {_count(plan.params_total)} params")
     L.append(f"mesh: {mesh} = {plan.devices} devices; profile {plan.profile}")
     L.append(f"batch: {plan.micro_batch_size} seq/rank/micro-batch x data {plan.mesh.get('data', 1)} x "
              f"{plan.micro_batches} micro-batches x {plan.gradient_accumulation} accumulation = "
@@ -261,7 +268,7 @@ def render_text(plan: Plan, sharding_rows: int = 40) -> str:
              "limit  verdict")
     for st in plan.stages:
         act = f"{_gb(st.activation_bytes)} ({_gb(st.activation_per_micro_batch)} x {st.micro_batches_in_flight:g})"
-        L.append(f"{st.stage:>5}  {st.layers:<9} {st.num_layers:>2}  {st.params_per_device / 1e6:>9.1f}M  "
+        L.append(f"{st.stage:>5}  {st.layers:<9} {st.num_layers:>2}  {_count(st.params_per_device):>10}  "
                  f"{_gb(st.weight_bytes):>7}  {_gb(st.grad_bytes):>5}  {_gb(st.optimizer_bytes):>5}  "
                  f"{act:<27}  {_gb(st.total_bytes):>8}  {_gb(st.limit_bytes):>5}  "
                  f"{'FITS' if st.fits else 'DOES NOT FIT'}")
@@ -269,8 +276,8 @@ def render_text(plan: Plan, sharding_rows: int = 40) -> str:
     L.append(f"pipeline bubble: {plan.bubble_fraction:.1%}")
     for c in plan.comm:
         L.append(f"comm {c.axis:<8} group {c.group_size:>4}: {c.bytes_per_step / GB:9.2f} GB/step/device, "
-                 f"{c.seconds_per_step:8.3f} s  ({c.what})")
-    L.append(f"predicted step: {plan.step_seconds:.3f} s, {plan.tokens_per_second_per_device:.0f} tokens/s/device, "
+                 f"{c.seconds_per_step:8.3g} s  ({c.what})")
+    L.append(f"predicted step: {plan.step_seconds:.4g} s, {plan.tokens_per_second_per_device:.0f} tokens/s/device, "
              f"MFU {plan.mfu:.1%} (model FLOPs/token {plan.model_flops_per_token:.3g})")
     L.append(f"verdict: {'FITS' if plan.fits else 'DOES NOT FIT'} on every stage" if plan.fits else
              f"verdict: DOES NOT FIT on stage(s) {', '.join(str(s.stage) for s in plan.stages if not s.fits)}")

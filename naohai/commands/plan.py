@@ -1,0 +1,134 @@
+"""`naohai plan`: check a strategy against a recipe and print its plan; search; import.
+
+  naohai plan RECIPE STRATEGY            full report (RECIPE: file, recipes/ name or preset)
+  naohai plan STRATEGY                   the recipe is the preset named by the file's `model:` key
+  naohai plan RECIPE --devices N --search [--top K] [--write FILE]
+  naohai plan --import-mindformers FILE --out strategy.yaml [--model PRESET]
+Common: --profile NAME|FILE, --json, --micro-batch-size N, --global-batch N.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Tuple
+
+from naohai.errors import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="check a strategy file and print memory / time plan; search layouts")
+    p.add_argument("targets", nargs="*", metavar="RECIPE_OR_STRATEGY",
+                   help="RECIPE STRATEGY, or STRATEGY alone (uses its model: preset), or RECIPE with --search")
+    p.add_argument("--devices", type=int, help="device count (checked against the mesh; required for --search)")
+    p.add_argument("--search", action="store_true", help="propose the fastest layouts that fit")
+    p.add_argument("--top", type=int, default=5, help="rows in the --search table")
+    p.add_argument("--write", metavar="FILE", help="with --search: write the best layout as a strategy file")
+    p.add_argument("--profile", default="ascend-910a-32g", help="ascend-910a-32g | ascend-910b-64g | a YAML file")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--micro-batch-size", type=int, help="sequences per data-parallel rank per micro-batch "
+                                                         "(default: recipe train.micro_batch_size, or 1 for a preset)")
+    p.add_argument("--global-batch", type=int, help="for --search with a preset (default: the device count)")
+    p.add_argument("--import-mindformers", metavar="FILE", help="turn a MindFormers YAML into a strategy file")
+    p.add_argument("--out", metavar="FILE", help="with --import-mindformers: where to write the strategy")
+    p.add_argument("--model", help="with --import-mindformers: preset name recorded in the strategy")
+    p.set_defaults(run=run)
+
+
+def _load_target(name: str):
+    """(recipe or None, model_cfg, model_name) for a recipe path, recipes/ name or preset."""
+    from naohai.config import MODEL_PRESETS, load_recipe, preset_recipe, resolve_recipe_path
+    if name in MODEL_PRESETS and not os.path.exists(name):
+        return None, preset_recipe(name).model, name
+    path = resolve_recipe_path(name)
+    if not os.path.exists(path):
+        from naohai.errors import did_you_mean
+        raise UserError(f"'{name}' is neither a recipe file nor a preset.{did_you_mean(name, MODEL_PRESETS)}",
+                        where="command line", key="RECIPE", rule="recipe or preset exists")
+    recipe = load_recipe(path)
+    return recipe, recipe.model, recipe.name
+
+
+def _is_strategy(path: str) -> bool:
+    from naohai.config import read_yaml
+    from naohai.strategy.schema import is_strategy_mapping
+    return os.path.exists(path) and path.endswith((".yaml", ".yml")) and is_strategy_mapping(read_yaml(path))
+
+
+def _split_targets(args) -> Tuple[Optional[str], Optional[str]]:
+    t = list(args.targets)
+    if len(t) > 2:
+        raise UserError(f"expected RECIPE [STRATEGY], got {len(t)} arguments", where="command line")
+    if len(t) == 2:
+        return t[0], t[1]
+    if len(t) == 1:
+        return (None, t[0]) if _is_strategy(t[0]) else (t[0], None)
+    return None, None
+
+
+def _run_import(args) -> int:
+    from naohai.strategy.migrate import import_mindformers, write_imported
+    swiglu = True
+    if args.model:
+        from naohai.config import MODEL_PRESETS
+        swiglu = MODEL_PRESETS.get(args.model, {}).get("activation", "swiglu") == "swiglu"
+    out, notes = import_mindformers(args.import_mindformers, args.model, swiglu)
+    if args.out:
+        write_imported(out, notes, args.import_mindformers, args.out)
+        print(f"wrote {args.out}" + "".join(f"\nnote: {n}" for n in notes))
+    else:
+        import yaml
+        print(yaml.safe_dump(out, sort_keys=False, default_flow_style=None).rstrip())
+        for n in notes:
+            print(f"# note: {n}")
+    return 0
+
+
+def _run_search(args, recipe, cfg, model_name) -> int:
+    from naohai.strategy.profiles import load_profile
+    from naohai.strategy.search import render_table, search, write_strategy
+    if not args.devices:
+        raise UserError("--search needs --devices N", where="command line", key="--devices", rule="devices given")
+    profile = load_profile(args.profile)
+    mbs = args.micro_batch_size or (recipe.train.micro_batch_size if recipe else 1)
+    gb = args.global_batch or (recipe.train.global_batch_size if recipe else args.devices * mbs)
+    cands = search(cfg, args.devices, gb, mbs, profile, args.top, model_name)
+    if args.json:
+        print(json.dumps([{"strategy": c.raw, "step_seconds": c.plan.step_seconds, "mfu": c.plan.mfu,
+                           "peak_bytes": c.peak_bytes} for c in cands], indent=1))
+    else:
+        print(f"search: {model_name} on {args.devices} devices, global batch {gb}, micro-batch size {mbs}, "
+              f"profile {profile.name}")
+        print(render_table(cands))
+    if args.write:
+        if not cands:
+            raise UserError("nothing to write: no layout fits", where="command line", key="--write")
+        write_strategy(cands[0], args.write, model_name if recipe is None else None, args.devices)
+        if not args.json:
+            print(f"wrote {args.write} (row 1)")
+    return 0
+
+
+def run(args) -> int:
+    if args.import_mindformers:
+        return _run_import(args)
+    recipe_name, strategy_path = _split_targets(args)
+    if strategy_path is None and not args.search:
+        raise UserError("give RECIPE STRATEGY, a STRATEGY with a model: key, or RECIPE --devices N --search",
+                        where="command line", rule="plan arguments")
+    from naohai.strategy.plan import build_plan, render_text
+    from naohai.strategy.profiles import load_profile
+    from naohai.strategy.resolve import check_strategy, load_strategy
+    strategy = load_strategy(strategy_path) if strategy_path else None
+    if recipe_name is None:
+        if strategy is None or not strategy.model:
+            raise UserError("no recipe given and the strategy has no model: key", where=strategy_path,
+                            key="model", rule="recipe or model key")
+        recipe_name = strategy.model
+    recipe, cfg, model_name = _load_target(recipe_name)
+    if args.search:
+        return _run_search(args, recipe, cfg, model_name)
+    resolved = check_strategy(strategy, recipe if recipe is not None else cfg, args.devices,
+                              args.micro_batch_size)
+    plan = build_plan(cfg, resolved, load_profile(args.profile), model_name)
+    print(plan.to_json() if args.json else render_text(plan))
+    return 0
