@@ -199,13 +199,13 @@ def _recompute_layers(rc: Dict[str, Any], flags: Dict[str, bool], pp: int, split
     def per_stage(counts: List[int], entry: Dict[str, Any]) -> None:
         if split is None:
             notes.append("per-stage recompute counts need num_layers; applied to all layers")
-            layers["all"] = entry
+            layers["all"] = {"recompute": entry}
             return
         start = 0
         for k, n in enumerate(counts):
             n = min(n, split[k])
             if n > 0:
-                layers[f"{start}-{start + n - 1}"] = entry
+                layers[f"{start}-{start + n - 1}"] = {"recompute": entry}
             start += split[k]
 
     if select and not (isinstance(select, bool) or isinstance(select, (list, dict))):
@@ -218,19 +218,20 @@ def _recompute_layers(rc: Dict[str, Any], flags: Dict[str, bool], pp: int, split
             counts = _per_stage_counts(c, pp, where, f"recompute_config.select_recompute.{pattern}") or counts
         if ops:
             entry = {"select": ops, **flags}
-            per_stage(counts, entry) if counts else layers.setdefault("all", entry)
+            per_stage(counts, entry) if counts else layers.setdefault("all", {"recompute": entry})
     elif select:
         counts = _per_stage_counts(select, pp, where, "recompute_config.select_recompute")
         ops = list(ATTENTION_CHAIN) if counts else _select_ops(select, swiglu, notes)
         if ops:
             entry = {"select": ops, **flags}
-            per_stage(counts, entry) if counts else layers.setdefault("all", entry)
+            per_stage(counts, entry) if counts else layers.setdefault("all", {"recompute": entry})
     counts = _per_stage_counts(full, pp, where, "recompute_config.recompute")
     entry = {"mode": "full", **flags}
     if counts:
         per_stage(counts, entry)                 # full recompute overrides select (later entries win)
     elif full is True:
-        layers["all"] = entry
+        layers.pop("all", None)
+        layers["all"] = {"recompute": entry}
     return layers
 
 
