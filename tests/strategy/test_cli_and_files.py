@@ -99,14 +99,14 @@ def test_plan_devices_mismatch(capsys):
 
 def test_search_and_write(capsys, tmp_path):
     out_file = tmp_path / "best.yaml"
-    code, out, err = run_cli(capsys, "plan", "pangu-alpha-13b", "--devices", "16", "--search", "--top", "3",
-                             "--global-batch", "64", "--write", str(out_file))
+    code, out, err = run_cli(capsys, "plan", "pangu-alpha-2.6b", "--devices", "8", "--search", "--top", "3",
+                             "--global-batch", "32", "--write", str(out_file))
     assert code == 0, err
     assert out.count("\n 1 ") + out.count("\n 2 ") + out.count("\n 3 ") == 3
     s = load_strategy(str(out_file))
-    assert s.model == "pangu-alpha-13b" and s.device_count == 16
-    r = check_strategy(s, preset_recipe("pangu-alpha-13b").model, devices=16)
-    assert build_plan(preset_recipe("pangu-alpha-13b").model, r, PROFILES["ascend-910a-32g"]).fits
+    assert s.model == "pangu-alpha-2.6b" and s.device_count == 8
+    r = check_strategy(s, preset_recipe("pangu-alpha-2.6b").model, devices=8)
+    assert build_plan(preset_recipe("pangu-alpha-2.6b").model, r, PROFILES["ascend-910a-32g"]).fits
 
 
 def test_search_ranks_by_step_time():
