@@ -23,11 +23,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from naohai.config import ModelConfig
 from naohai.model.params import count_params
-from naohai.strategy.memory import (ParamPlacement, dtype_bytes, layer_activation_bytes, layer_forward_flops,
+from naohai.strategy.memory import (ParamPlacement, dtype_bytes, layer_forward_flops,
                                     place_params, stage_activations, stage_states)
 from naohai.strategy.profiles import DeviceProfile
 from naohai.strategy.resolve import ResolvedStrategy

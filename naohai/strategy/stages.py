@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
 from naohai.config import ModelConfig
-from naohai.model.params import embedding_params, layer_params
+from naohai.model.params import layer_params
 
 
 def vocab_table_cost(cfg: ModelConfig) -> float:
@@ -86,5 +86,5 @@ def stage_split(cfg: ModelConfig, pp: int, chunks: int, explicit: Optional[Seque
         return list(explicit)
     table = vocab_table_cost(cfg)
     emb = table if embedding_cost is None else embedding_cost
-    head = (table if cfg.tie_embeddings else table) if head_cost is None else head_cost
+    head = table if head_cost is None else head_cost      # tied or not, the head holds a V x h matrix
     return balance(cfg.num_layers, pp * chunks, emb, head)
