@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from naohai.commands.launch import allow_intermixed
+from naohai.commands._args import allow_intermixed
 from naohai.errors import UserError
 from naohai.launch import submission
 

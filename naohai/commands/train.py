@@ -1,6 +1,8 @@
 """`naohai train RECIPE [--strategy FILE] [key=value ...]`: run a training job."""
 from __future__ import annotations
 
+from naohai.commands._args import allow_intermixed
+
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a recipe (single device, data parallel under msrun, or a strategy)")
@@ -10,6 +12,7 @@ def register(sub) -> None:
     p.add_argument("--no-resume", action="store_true", help="start from step 0 even if checkpoints exist")
     p.add_argument("--max-steps", type=int, help="stop after this many steps in this invocation")
     p.add_argument("--output-dir", help="same as train.output_dir=...")
+    allow_intermixed(p)
     p.set_defaults(run=run)
 
 

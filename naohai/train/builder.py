@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
 
@@ -15,6 +16,7 @@ from naohai.config import Recipe
 from naohai.model.params import param_shapes
 from naohai.model.transformer import NaohaiLM
 from naohai.strategy import apply as strategy_apply
+from naohai.train.schedule import learning_rate
 from naohai.train.step import AccumulateStep, ApplyStep, EvalStep, TrainStep, make_buffers
 
 
@@ -34,7 +36,7 @@ class Built:
         """Everything a checkpoint must hold for exact resume."""
         seen, out = set(), []
         for p in list(self.model.get_parameters()) + list(self.optimizer.get_parameters()):
-            if p.name in seen or p.name == "learning_rate":
+            if p.name in seen or p.name in ("learning_rate", "learning_rate_table"):
                 continue
             seen.add(p.name)
             out.append(p)
@@ -50,7 +52,12 @@ def make_optimizer(model: NaohaiLM, recipe: Recipe) -> nn.Optimizer:
     t = recipe.train
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": plain, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
-    return nn.AdamWeightDecay(groups, learning_rate=Tensor(t.lr, ms.float32), beta1=t.adam_beta1,
+    # The schedule is a table indexed in-graph by the optimizer's global_step (saved in
+    # checkpoints), so resumed runs see exactly the same rates.  Setting a scalar rate
+    # from the host with Parameter.set_data is NOT seen by an already compiled graph in
+    # MindSpore 2.10 (measured), so it is not used.
+    table = np.array([learning_rate(t, i) for i in range(t.steps + 1)], np.float32)
+    return nn.AdamWeightDecay(groups, learning_rate=Tensor(table), beta1=t.adam_beta1,
                               beta2=t.adam_beta2, eps=t.adam_eps)
 
 

@@ -124,8 +124,9 @@ class Trainer:
     # ------------------------------------------------------------------ steps
     def train_step(self) -> Dict[str, float]:
         t = self.recipe.train
-        lr = learning_rate(t, self.step)
-        self.built.optimizer.learning_rate.set_data(Tensor(lr, ms.float32))
+        # the rate the optimizer will use: its table at its own step counter (skipped
+        # overflow steps do not advance it, as in Megatron)
+        lr = learning_rate(t, int(self.built.optimizer.global_step.asnumpy()[0]))
         scale = Tensor(self.scaler.scale, ms.float32)
         ids, labels = _split_batch(self.loader.next_batch())
         k = self.built.accum_steps

@@ -1,0 +1,35 @@
+"""Shared fixtures: a small prepared corpus and recipes built on it."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from naohai.config import recipe_from_dict
+
+MICRO_MODEL = dict(preset="tiny", vocab_size=320, vocab_pad_multiple=64, hidden_size=32, num_layers=2,
+                   num_heads=4, ffn_hidden_size=64, seq_length=32)
+
+
+def micro_recipe(output_dir, prepared_dir=None, tokenizer=None, **train):
+    base = dict(steps=8, global_batch_size=4, micro_batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=2,
+                log_every=2, eval_every=4, eval_batches=2, save_every=4, output_dir=str(output_dir))
+    base.update(train)
+    data = {"corpus": ["builtin:pydoc"], "holdout_fraction": 0.05}
+    if prepared_dir:
+        data["prepared_dir"] = str(prepared_dir)
+    if tokenizer:
+        data["tokenizer"] = str(tokenizer)
+    return recipe_from_dict({"name": "micro", "model": dict(MICRO_MODEL), "data": data, "train": base},
+                            where="test recipe")
+
+
+@pytest.fixture(scope="session")
+def micro_data(tmp_path_factory):
+    """(prepared_dir, tokenizer_path) for the micro model, prepared once per test session."""
+    from naohai.data.pipeline import ensure_prepared
+
+    root = tmp_path_factory.mktemp("micro_data")
+    recipe = micro_recipe(root)
+    prepared, tok = ensure_prepared(recipe, progress=False)
+    return prepared, os.path.join(str(root), "tokenizer.model")
