@@ -19,7 +19,6 @@ _OP_PATTERNS = [
     re.compile(r"\b([A-Z][A-Za-z0-9]*)(?:Info)?\d*\s*:\s*(?:Invalid|The|Strategy|Check|Infer)"),
     re.compile(r"\bop(?:erator)? ['\"]?([A-Z][A-Za-z0-9_]*)['\"]?"),
     re.compile(r"\b([A-Z][A-Za-z0-9]*)-op\d+"),
-    re.compile(r"\b([A-Z][A-Za-z0-9]*)Info\b"),
 ]
 _PARAM_PATTERNS = [
     re.compile(r"[Pp]arameter[:\s]*\[?['\"]?([A-Za-z_][\w.]*)['\"]?\]?"),

@@ -179,3 +179,28 @@ def tied_pipeline(dp=2, mp=2, stages=2, micro=4, batch=8, reducer="opt_shard_tru
         parallel.hsdp(optimizer_level=optimizer_level, threshold=0)
     ids = Tensor(np.zeros((batch, SEQ), np.int32))
     return parallel, (ids, Tensor(np.zeros((batch, SEQ), np.int32)))
+
+
+def tied_pipeline_legacy(dp=2, mp=2, stages=2, micro=4, batch=8, opt_shard=True,
+                         optimizer_level="level1"):
+    """(b') same net through the older global-context API that MindSpore's own pipeline +
+    optimizer-shard unit tests use: set_auto_parallel_context + nn.PipelineCell + the
+    pipeline train-step cell that ``Model`` builds (``_TrainGradAccuStepCell``)."""
+    from mindspore.nn.wrap.cell_wrapper import _TrainGradAccuStepCell
+    ms.set_seed(0)
+    ms.set_auto_parallel_context(
+        parallel_mode="semi_auto_parallel", pipeline_stages=stages,
+        enable_parallel_optimizer=opt_shard,
+        **({"parallel_optimizer_config": {"parallel_optimizer_threshold": 0,
+                                          "optimizer_level": optimizer_level}} if opt_shard else {}))
+    net = TiedLM(dp, mp)
+    net.embed.table.add_pipeline_stage(0)
+    net.embed.table.add_pipeline_stage(stages - 1)
+    for name, st in STAGE_CONFIG.items():
+        getattr(net, name).pipeline_stage = st
+    net_pp = nn.PipelineCell(net, micro)
+    opt = nn.AdamWeightDecay(net.trainable_params(), 1e-3)
+    step = _TrainGradAccuStepCell(net_pp, opt)
+    step.set_train()
+    ids = Tensor(np.zeros((batch, SEQ), np.int32))
+    return step, (ids, Tensor(np.zeros((batch, SEQ), np.int32)))
