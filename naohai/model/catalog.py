@@ -98,6 +98,8 @@ def layer_ops(cfg: ModelConfig, b: int, is_query_layer: bool = False) -> List[Op
         ops.append(OpSpec("mlp.mul", "Mul", (("batch", "mlp"), ("batch", "mlp")), ((t, f), (t, f))))
     else:
         ops.append(OpSpec("mlp.act", "Activation", (("batch", "mlp"),), ((t, f),)))
+        if cfg.activation == "gelu":  # exact GeLU: x * (1 + erf(x / sqrt 2)) / 2
+            ops.append(OpSpec("mlp.act_mul", "Mul", (("batch", "mlp"), ("batch", "mlp")), ((t, f), (t, f))))
     ops.append(OpSpec("mlp.down", "MatMul", (("batch", "mlp"), ("embed", "mlp")), ((t, f), (h, f)), (1,)))
     if cfg.bias:
         ops.append(OpSpec("mlp.down_bias", "Add", (("batch", "embed"), ("embed",)), ((t, h), (h,)), (1,)))

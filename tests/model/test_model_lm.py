@@ -111,7 +111,7 @@ KIND_TYPES = {
     "MatMul": ops.MatMul, "BatchMatMul": ops.BatchMatMul, "Gather": ops.Gather, "Add": ops.Add,
     "Mul": ops.Mul, "Softmax": ops.Softmax, "LayerNorm": ops.LayerNorm,
     "SoftmaxCrossEntropy": ops.SoftmaxCrossEntropyWithLogits,
-    "Activation": (ops.Sigmoid, ops.GeLU, ops.FastGeLU),
+    "Activation": (ops.Sigmoid, ops.Erf, ops.FastGeLU),
 }
 
 

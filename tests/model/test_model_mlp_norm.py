@@ -64,7 +64,7 @@ def test_gelu_activation_is_exact_erf_gelu():
     cfg = cfg_of(activation="gelu")
     cell = MLP(cfg, np.random.RandomState(0), 0.02)
     x = np.linspace(-4, 4, 161)
-    got = cell.act(Tensor(x.astype(np.float32))).asnumpy()
+    got = cell.activation(Tensor(x.astype(np.float32))).asnumpy()
     np.testing.assert_allclose(got, ref.gelu_exact(x), rtol=0, atol=2e-6)
 
 
