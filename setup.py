@@ -10,7 +10,7 @@ setup(
     python_requires=">=3.9,<3.12",
     install_requires=[
         "mindspore==2.10.0",
-        "numpy>=1.24",
+        "numpy>=1.24,<2",  # MindSpore 2.10 is built against numpy 1.x (PyNative fails with 2.x)
         "sentencepiece==0.2.3",
         "pyyaml>=6.0",
         "tqdm>=4.66",

@@ -5,6 +5,10 @@ import os
 
 import pytest
 
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: multi-process (msrun) test; still runs in CI")
+
 from naohai.config import recipe_from_dict
 
 MICRO_MODEL = dict(preset="tiny", vocab_size=320, vocab_pad_multiple=64, hidden_size=32, num_layers=2,

@@ -1,0 +1,114 @@
+"""Recipes: loading, overrides, and one-paragraph errors (exit 2, no traceback) for bad input."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from naohai.cli import main
+from naohai.config import load_recipe, parse_overrides
+from naohai.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _write(tmp_path, text, name="r.yaml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_tiny_recipe_loads_with_overrides():
+    r = load_recipe("tiny", ["train.lr=1e-3", "model.num_layers=2", "data.corpus=[builtin:pydoc]"])
+    assert r.train.lr == 1e-3 and r.model.num_layers == 2 and r.data.corpus == ["builtin:pydoc"]
+    assert r.model.padded_vocab_size % 128 == 0
+
+
+def test_overrides_parse_yaml_values():
+    assert parse_overrides(["a.b=3", "a.c=true", "d=x"]) == {"a": {"b": 3, "c": True}, "d": "x"}
+
+
+def _cli_error(capsys, argv):
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_missing_recipe(capsys, tmp_path):
+    err = _cli_error(capsys, ["train", str(tmp_path / "nope.yaml")])
+    assert "nope.yaml" in err and "not found" in err
+
+
+def test_malformed_yaml_names_line(capsys, tmp_path):
+    path = _write(tmp_path, "model:\n  preset: tiny\n train: [\n")
+    err = _cli_error(capsys, ["train", path])
+    assert path in err and "line" in err
+
+
+def test_unknown_key_did_you_mean(capsys, tmp_path):
+    path = _write(tmp_path, "model:\n  preset: tiny\n  hiden_size: 64\n")
+    err = _cli_error(capsys, ["train", path])
+    assert "model.hiden_size" in err and "hidden_size" in err and "Did you mean" in err
+
+
+def test_unknown_section_and_preset(capsys, tmp_path):
+    err = _cli_error(capsys, ["train", _write(tmp_path, "modle: {}\n")])
+    assert "modle" in err and "'model'" in err
+    err = _cli_error(capsys, ["train", _write(tmp_path, "model: {preset: tinny}\n", "p.yaml")])
+    assert "model.preset" in err and "'tiny'" in err
+
+
+def test_wrong_type(capsys, tmp_path):
+    err = _cli_error(capsys, ["train", _write(tmp_path, "train: {steps: lots}\n")])
+    assert "train.steps" in err and "integer" in err
+
+
+def test_seq_length_larger_than_positions(capsys, tmp_path):
+    path = _write(tmp_path, "model: {preset: tiny-pangu, seq_length: 256, max_positions: 128}\n")
+    err = _cli_error(capsys, ["train", path])
+    assert "model.seq_length" in err and "max_positions" in err
+
+
+def test_missing_corpus(capsys, tmp_path):
+    path = _write(tmp_path, f"model: {{preset: tiny}}\ndata: {{corpus: [{tmp_path / 'none.txt'}]}}\n"
+                            f"train: {{output_dir: {tmp_path / 'run'}}}\n")
+    err = _cli_error(capsys, ["train", path])
+    assert "none.txt" in err and "data.corpus" in err
+
+
+def test_empty_corpus(capsys, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    path = _write(tmp_path, f"model: {{preset: tiny}}\ndata: {{corpus: [{empty}]}}\n"
+                            f"train: {{output_dir: {tmp_path / 'run'}}}\n")
+    err = _cli_error(capsys, ["train", path])
+    assert "empty.txt" in err or "data.corpus" in err
+
+
+def test_tokenizer_vocab_mismatch(capsys, tmp_path, micro_data):
+    _, tok = micro_data   # a 320-piece tokenizer
+    path = _write(tmp_path, f"model: {{preset: tiny}}\ndata: {{tokenizer: {tok}}}\n"
+                            f"train: {{output_dir: {tmp_path / 'run'}}}\n")
+    err = _cli_error(capsys, ["train", path])
+    assert "model.vocab_size" in err and "320" in err and "2048" in err
+
+
+def test_bad_flag(capsys):
+    err = _cli_error(capsys, ["train", "tiny", "--no-such-flag"])
+    assert "--no-such-flag" in err
+
+
+def test_console_script_exit_code_and_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "naohai.cli", "train", str(tmp_path / "missing.yaml")],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "missing.yaml" in proc.stderr
+
+
+def test_user_error_renders_file_key_rule():
+    err = UserError("is 3", where="a.yaml", key="model.x", rule="x > 3")
+    assert str(err) == "a.yaml: key 'model.x': is 3 (rule: x > 3)"
