@@ -10,12 +10,18 @@ How the parallel mode is chosen:
                                     -> MindSpore DATA_PARALLEL with an explicit
                                        gradient all-reduce (runs on CPU too)
 - anything else                     -> semi-auto parallel with per-op strategies,
-                                       pipeline stages and optimizer parallel
+                                       pipeline stages and optimizer parallel, through
+                                       ``mindspore.parallel.auto_parallel.AutoParallel``
+                                       (see :func:`wrap_train_step`)
+
+The semi-auto train step (what ``naohai check --compile`` compiles on simulated
+devices) is wired here too: ``Pipeline`` micro-batching, the pipeline gradient
+reducer, ``AutoParallel.pipeline`` / ``hsdp`` / ``dataset_strategy``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import nn
@@ -108,10 +114,9 @@ def apply_recompute(model, resolved) -> None:
     for i, spec in enumerate(resolved.recompute):
         layer = model.layers[i]
         if spec.mode == "full":
-            if spec.comm:
-                layer.recompute(mp_comm_recompute=True, parallel_optimizer_comm_recompute=True)
-            else:
-                layer.recompute()
+            layer.recompute(mp_comm_recompute=bool(spec.comm),
+                            parallel_optimizer_comm_recompute=bool(getattr(spec, "optimizer_comm", False)),
+                            recompute_slice_activation=bool(getattr(spec, "slice_activation", False)))
         elif spec.mode == "select":
             ops_by_name = layer.shardable_ops()
             for op in spec.ops:
@@ -134,6 +139,8 @@ def assign_stages(model, resolved) -> None:
     model.head.pipeline_stage = last
     model.loss.pipeline_stage = last
     if model.cfg.tie_embeddings:
+        # the shared table lives on both stages (MindSpore keeps the copies in step)
+        model.embedding.word_embedding.add_pipeline_stage(0)
         model.embedding.word_embedding.add_pipeline_stage(last)
 
 
@@ -149,3 +156,129 @@ def apply_strategy(model, resolved) -> None:
     shard_ops(model, resolved)
     assign_stages(model, resolved)
     apply_recompute(model, resolved)
+
+
+# --------------------------------------------------------------------------- semi-auto train step
+@dataclass
+class ParallelStep:
+    """A semi-auto-parallel training step: ``network(*compile_args)`` is one optimizer step.
+
+    ``per_device_batch`` is the number of sequences each device is fed (the compile
+    inputs' first dimension); ``notes`` say what differs from the single-device step.
+    """
+
+    network: Any
+    per_device_batch: int
+    seq_length: int
+    takes_scale: bool
+    wiring: str
+    notes: List[str]
+
+    def compile_args(self) -> Tuple[Any, ...]:
+        import numpy as np
+        from mindspore import Tensor
+        ids = Tensor(np.zeros((self.per_device_batch, self.seq_length), np.int32))
+        labels = Tensor(np.zeros((self.per_device_batch, self.seq_length), np.int32))
+        if self.takes_scale:
+            return ids, labels, Tensor(1.0, ms.float32)
+        return ids, labels
+
+
+def _pipeline_reducer(params):
+    """Pipeline gradient reducer without optimizer sharding.
+
+    ``mindspore.parallel.nn.PipelineGradReducer(opt_shard=False)`` raises
+    ``NameError: 'grads' is not defined`` in 2.10.  This is what that branch means to
+    do: MindSpore's pipeline pass accumulates every micro-batch gradient into the
+    ``accu_grads.*`` buffers; return them (scale 1) and clear them for the next step.
+    """
+    from mindspore import Tensor, ops
+    from mindspore.ops import composite as C
+    from mindspore.ops import functional as F
+
+    take = C.MultitypeFuncGraph("naohai_take_accumulated")
+
+    @take.register("Tensor", "Tensor")
+    def _take(grad, accu):
+        accu = F.depend(accu, grad)
+        out = accu * 1.0
+        accu = F.depend(accu, out)
+        return F.depend(out, F.assign(accu, F.zeros_like(accu)))
+
+    class _Reducer(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.accu_grads = params.clone(prefix="accu_grads", init="zeros")
+            self.hyper_map = ops.HyperMap()
+
+        def construct(self, grads):
+            return self.hyper_map(take, grads, self.accu_grads)
+    return _Reducer()
+
+
+def _hsdp_args(resolved) -> Dict[str, Any]:
+    opt = resolved.optimizer_parallel
+    shard = int(opt.shard_size)
+    if shard == int(resolved.data):
+        shard = -1  # MindSpore's "the data-parallel group of each parameter"
+    return {"shard_size": shard, "threshold": int(opt.threshold_kb), "optimizer_level": opt.level}
+
+
+def wrap_train_step(model, optimizer, recipe, resolved, runtime: Runtime, step_factory=None) -> ParallelStep:
+    """The semi-auto-parallel train step for ``model`` (strategy already applied).
+
+    One stage: the trainer's own ``TrainStep`` (built by ``step_factory``) wrapped in
+    ``AutoParallel``.  Pipeline: ``Pipeline(model, micro_batches)`` differentiated with
+    ``value_and_grad``, gradients taken from MindSpore's accumulation buffers, AdamW
+    update, all in one ``@jit`` function wrapped in ``AutoParallel(...).pipeline(...)``.
+    Optimizer parallel: ``AutoParallel.hsdp(...)`` with the strategy's level.
+    """
+    from mindspore.parallel.auto_parallel import AutoParallel
+
+    dp, stages = int(resolved.data), int(resolved.stages)
+    seq = int(recipe.model.seq_length)
+    mbs = int(resolved.micro_batch_size)
+    notes: List[str] = []
+    opt = resolved.optimizer_parallel
+    if stages > 1:
+        from mindspore import ops
+        from mindspore.parallel.nn import Pipeline
+
+        micro = int(resolved.micro_batches)
+        net_pp = Pipeline(model, micro)   # stages were set on the cells by assign_stages
+        reducer = _pipeline_reducer(optimizer.parameters)
+        grad_fn = ops.value_and_grad(net_pp, None, optimizer.parameters)
+
+        @ms.jit
+        def pipeline_train_step(input_ids, labels):
+            loss, grads = grad_fn(input_ids, labels)
+            grads = reducer(grads)
+            optimizer(grads)
+            return loss
+
+        parallel = AutoParallel(pipeline_train_step, parallel_mode="semi_auto")
+        parallel.pipeline(stages=stages, interleave=int(resolved.virtual_chunks) > 1,
+                          scheduler=str(resolved.scheduler))
+        per_device = mbs * micro
+        takes_scale = False
+        wiring = f"Pipeline(micro={micro}) + accumulated-gradient reducer + AdamWeightDecay, " \
+                 f"AutoParallel.pipeline(stages={stages}, scheduler={resolved.scheduler})"
+        if recipe.train.grad_clip > 0:
+            notes.append("pipeline step: global-norm clipping and the non-finite skip are not in the "
+                         "compiled graph (the norm would need a cross-stage reduction)")
+    else:
+        step = step_factory() if step_factory is not None else None
+        if step is None:
+            from naohai.train.step import TrainStep
+            step = TrainStep(model, optimizer, recipe.train.grad_clip, None)
+        parallel = AutoParallel(step, parallel_mode="semi_auto")
+        per_device = mbs
+        takes_scale = True
+        wiring = "TrainStep (clip + AdamWeightDecay) in AutoParallel(semi_auto)"
+    # every model-parallel rank of a data-parallel group reads the same sequences
+    strategy = ((dp, 1), (dp, 1)) + (((),) if takes_scale else ())
+    parallel.dataset_strategy(strategy)
+    if opt.enabled and dp > 1:
+        parallel.hsdp(**_hsdp_args(resolved))
+        wiring += f", hsdp({_hsdp_args(resolved)})"
+    return ParallelStep(parallel, per_device, seq, takes_scale, wiring, notes)

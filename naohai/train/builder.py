@@ -31,6 +31,7 @@ class Built:
     accumulate_step: Optional[AccumulateStep] = None
     apply_step: Optional[ApplyStep] = None
     eval_step: Optional[EvalStep] = None
+    parallel_step: Optional[strategy_apply.ParallelStep] = None   # semi-auto (model/pipeline parallel)
 
     def state_params(self):
         """Everything a checkpoint must hold for exact resume."""
@@ -78,6 +79,11 @@ def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtim
     model = NaohaiLM(recipe.model, seed=recipe.train.seed)
     strategy_apply.apply_strategy(model, resolved)
     optimizer = make_optimizer(model, recipe)
+    if runtime.mode == "semi_auto":
+        # micro-batching is the pipeline's (or one micro-batch per step without stages)
+        built = Built(model, optimizer, runtime, 1, recipe.train.micro_batch_size, eval_step=EvalStep(model))
+        built.parallel_step = strategy_apply.wrap_train_step(model, optimizer, recipe, resolved, runtime)
+        return built
     k = accumulation(recipe, runtime.dp_size)
     built = Built(model, optimizer, runtime, k, recipe.train.micro_batch_size, eval_step=EvalStep(model))
     reducer = strategy_apply.grad_reducer(runtime, optimizer.parameters)

@@ -136,11 +136,16 @@ def _custom_pipeline_reducer(params):
 
 def tied_pipeline(dp=2, mp=2, stages=2, micro=4, batch=8, reducer="opt_shard_true",
                   optimizer_level="level1", hsdp=True, tie="add_stage", stage_api="pipeline",
-                  selective=True, preset_context=False):
+                  selective=True, preset_context=False, table_opt_shard=True, grad_accu_shard=None):
     """(b) tied-embedding 2-stage pipeline train step; options select the wiring variant."""
     from mindspore.parallel.nn import Pipeline, PipelineGradReducer
     ms.set_seed(0)
+    if grad_accu_shard is not None:
+        # AutoParallel never resets this flag (its reset default is True) and level1 keeps it
+        ms.set_auto_parallel_context(parallel_optimizer_config={"gradient_accumulation_shard": grad_accu_shard})
     net = TiedLM(dp, mp, selective=selective, tied=(tie != "untied"))
+    if not table_opt_shard:
+        net.embed.table.parallel_optimizer = False
     if tie == "add_stage":
         net.embed.table.add_pipeline_stage(0)
         net.embed.table.add_pipeline_stage(stages - 1)
@@ -162,6 +167,8 @@ def tied_pipeline(dp=2, mp=2, stages=2, micro=4, batch=8, reducer="opt_shard_tru
         pgr = PipelineGradReducer(opt.parameters, opt_shard=False)
     elif reducer == "opt_shard_none":
         pgr = PipelineGradReducer(opt.parameters)
+    elif reducer == "none":
+        pgr = None
     else:
         pgr = _custom_pipeline_reducer(opt.parameters)
     grad_fn = ops.value_and_grad(net_pp, None, opt.parameters)
@@ -169,7 +176,8 @@ def tied_pipeline(dp=2, mp=2, stages=2, micro=4, batch=8, reducer="opt_shard_tru
     @ms.jit
     def train_step(ids, labels):
         loss, grads = grad_fn(ids, labels)
-        grads = pgr(grads)
+        if pgr is not None:
+            grads = pgr(grads)
         opt(grads)
         return loss
 
@@ -182,7 +190,7 @@ def tied_pipeline(dp=2, mp=2, stages=2, micro=4, batch=8, reducer="opt_shard_tru
 
 
 def tied_pipeline_legacy(dp=2, mp=2, stages=2, micro=4, batch=8, opt_shard=True,
-                         optimizer_level="level1"):
+                         optimizer_level="level1", tied=True):
     """(b') same net through the older global-context API that MindSpore's own pipeline +
     optimizer-shard unit tests use: set_auto_parallel_context + nn.PipelineCell + the
     pipeline train-step cell that ``Model`` builds (``_TrainGradAccuStepCell``)."""
@@ -193,9 +201,10 @@ def tied_pipeline_legacy(dp=2, mp=2, stages=2, micro=4, batch=8, opt_shard=True,
         enable_parallel_optimizer=opt_shard,
         **({"parallel_optimizer_config": {"parallel_optimizer_threshold": 0,
                                           "optimizer_level": optimizer_level}} if opt_shard else {}))
-    net = TiedLM(dp, mp)
-    net.embed.table.add_pipeline_stage(0)
-    net.embed.table.add_pipeline_stage(stages - 1)
+    net = TiedLM(dp, mp, tied=tied)
+    if tied:
+        net.embed.table.add_pipeline_stage(0)
+        net.embed.table.add_pipeline_stage(stages - 1)
     for name, st in STAGE_CONFIG.items():
         getattr(net, name).pipeline_stage = st
     net_pp = nn.PipelineCell(net, micro)

@@ -1,0 +1,153 @@
+"""`naohai check RECIPE STRATEGY [key=value ...] [--compile ...]`: validate, or compile per rank.
+
+  naohai check RECIPE STRATEGY                 validation only (our rules + MindSpore 2.10 rules)
+  naohai check RECIPE STRATEGY --compile       MindSpore compiles naohai's real train step on N
+        [--ranks N] [--scale-down]             simulated GPUs (msrun workers, no accelerator needed)
+        [--workdir DIR] [--keep-ir] [--timeout S]
+
+RECIPE is a recipe file, a name in recipes/ or a model preset.  Exit 0 when valid /
+every rank compiled, 2 on a user error or a failed compile.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from naohai.commands._args import allow_intermixed
+from naohai.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check", help="validate a strategy; with --compile, compile it per rank with MindSpore")
+    p.add_argument("recipe", help="recipe YAML, a name in recipes/, or a model preset")
+    p.add_argument("strategy", help="strategy YAML file")
+    p.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. train.micro_batch_size=2")
+    p.add_argument("--compile", action="store_true", help="compile the train step on simulated devices")
+    p.add_argument("--ranks", type=int, help="simulated devices (default: the strategy's, or 8 with --scale-down)")
+    p.add_argument("--scale-down", action="store_true", help="shrink a cluster layout to fit --ranks")
+    p.add_argument("--workdir", help="where logs, per-rank results and strategy files go")
+    p.add_argument("--keep-ir", action="store_true", help="keep MindSpore's IR files per rank")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before the job is killed")
+    allow_intermixed(p)
+    p.set_defaults(run=run)
+
+
+def _recipe(name: str, overrides):
+    from naohai.config import MODEL_PRESETS, load_recipe, recipe_from_dict, resolve_recipe_path
+    if name in MODEL_PRESETS and not os.path.exists(name):
+        from naohai.config import parse_overrides, _merge  # noqa: PLC2701 - shared merge helper
+        raw = _merge({"name": name, "model": {"preset": name}}, parse_overrides(overrides))
+        return recipe_from_dict(raw, where=f"preset {name}")
+    path = resolve_recipe_path(name)
+    if not os.path.exists(path):
+        raise UserError(f"'{name}' is neither a recipe file nor a preset", where="command line", key="RECIPE",
+                        rule="recipe or preset exists")
+    return load_recipe(path, overrides)
+
+
+def summary(resolved) -> str:
+    """A few lines describing the resolved plan."""
+    r = resolved
+    mesh = " x ".join(f"{k} {v}" for k, v in r.mesh.items())
+    lines = [f"strategy {r.name}: {mesh} = {r.device_num} devices; micro-batch size {r.micro_batch_size} per "
+             f"data-parallel rank"]
+    if r.stages > 1:
+        lines.append(f"  pipeline: {r.stages} stages, layers per stage {list(r.layers_per_stage)}, "
+                     f"{r.micro_batches} micro-batches, scheduler {r.scheduler}"
+                     + (f", {r.virtual_chunks} virtual chunks" if r.virtual_chunks > 1 else ""))
+    o = r.optimizer_parallel
+    lines.append(f"  optimizer parallel: " + (f"on (shard size {o.shard_size}, {o.level}, threshold {o.threshold_kb} KB)"
+                                              if o.enabled else "off"))
+    lines.append(f"  vocab parallel: {r.vocab_parallel}; sequence parallel: {r.sequence_parallel}")
+    modes = {}
+    for i, spec in enumerate(r.recompute):
+        key = spec.mode + (f" {list(spec.ops)}" if spec.mode == "select" else "") + (" +comm" if spec.comm else "")
+        modes.setdefault(key, []).append(i)
+    lines.append("  recompute: " + "; ".join(f"layers {v[0]}-{v[-1]}: {k}" for k, v in modes.items()))
+    sharded = sum(1 for t in r.op_strategy.values() if any(d > 1 for dims in t for d in dims))
+    lines.append(f"  ops: {len(r.op_strategy)} named ops, {sharded} with a split axis")
+    for w in r.warnings:
+        lines.append(f"  warning: {w}")
+    return "\n".join(lines)
+
+
+def _write_yaml(path: Path, data) -> None:
+    import yaml
+    path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+
+
+def run(args) -> int:
+    from naohai.config import read_yaml
+    from naohai.strategy.compat import check_compat
+    from naohai.strategy.resolve import check_strategy, load_strategy
+
+    recipe = _recipe(args.recipe, list(args.overrides))
+    strategy_path = args.strategy
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="naohai-check-")).resolve()
+    if args.scale_down:
+        from naohai.simulate.scale_down import scale_down
+        ranks = args.ranks or 8
+        load_strategy(strategy_path)  # the original must parse
+        recipe_raw, strategy_raw, changes = scale_down(recipe, read_yaml(strategy_path, "strategy file"), ranks)
+        workdir.mkdir(parents=True, exist_ok=True)
+        recipe_file, strategy_file = workdir / "scaled-recipe.yaml", workdir / "scaled-strategy.yaml"
+        _write_yaml(recipe_file, recipe_raw)
+        _write_yaml(strategy_file, strategy_raw)
+        print(f"scale-down to {ranks} ranks (files in {workdir}):")
+        for c in changes:
+            print(f"  - {c}")
+        overrides = []
+    else:
+        recipe_file, strategy_file, overrides = None, Path(strategy_path), list(args.overrides)
+    from naohai.config import load_recipe
+    recipe_for_check = load_recipe(str(recipe_file)) if recipe_file else recipe
+    resolved = check_strategy(load_strategy(str(strategy_file)), recipe_for_check)
+    check_compat(resolved, recipe_for_check)
+    print(summary(resolved))
+    if not args.compile:
+        print("valid (our rules and the MindSpore 2.10 compatibility rules); add --compile to compile it")
+        return 0
+    from naohai.simulate.harness import run_compile
+    from naohai.train.compile_target import kernel_note
+    ranks = args.ranks or resolved.device_num
+    if ranks != resolved.device_num:
+        raise UserError(f"the strategy needs {resolved.device_num} ranks, --ranks is {ranks}; add --scale-down to "
+                        f"shrink it", where="command line", key="--ranks", rule="ranks == strategy devices")
+    if recipe_file is None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        recipe_file = workdir / "recipe.yaml"
+        raw = recipe.to_dict()
+        raw["name"] = recipe.name
+        _write_yaml(recipe_file, raw)
+    kwargs = {"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy_file).resolve()),
+              "overrides": []}
+    print(kernel_note())
+    print(f"compiling on {ranks} simulated devices in {workdir} ...", flush=True)
+    report = run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=args.timeout,
+                         kwargs=kwargs, keep_ir=args.keep_ir)
+    print(report.render())
+    print(param_table(report))
+    print(f"per-rank results and strategy files: {workdir}/rank_<r>/ ; summary: {workdir}/summary.json")
+    return 0 if report.ok else 2
+
+
+def param_table(report, limit: int = 30) -> str:
+    """Sharded shape of each parameter per pipeline-stage group of ranks (first rank shown)."""
+    seen = {}
+    for r in report.per_rank:
+        for name, p in sorted(r.parameters.items()):
+            if name.startswith(("accu_grads.", "adam_m.", "adam_v.", "learning_rate", "global_step",
+                                "beta1_power", "beta2_power", "moments.")):
+                continue
+            key = (name, tuple(p.get("full_shape") or ()), tuple(p.get("slice_shape") or p.get("local_shape") or ()),
+                   tuple(p.get("opt_slice_shape") or ()))
+            seen.setdefault(key, []).append(r.rank)
+    lines = ["parameter  full -> slice [optimizer shard] : ranks"]
+    for (name, full, sl, opt), ranks in list(seen.items())[:limit]:
+        lines.append(f"  {name}  {list(full)} -> {list(sl)}" + (f" [{list(opt)}]" if opt else "")
+                     + f" : {ranks[0]}..{ranks[-1]}" if ranks else "")
+    if len(seen) > limit:
+        lines.append(f"  ... {len(seen) - limit} more in summary.json")
+    return "\n".join(lines)

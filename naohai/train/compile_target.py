@@ -1,0 +1,91 @@
+"""The compile entry of ``naohai check --compile``: naohai's real training step, per rank.
+
+Owns :func:`build_for_compile`, the target every simulated-device worker calls
+(``naohai.train.compile_target:build_for_compile``).  It goes through the same
+code path as ``naohai train``: recipe -> ``check_strategy`` (+ the MindSpore 2.10
+compatibility rules of :mod:`naohai.strategy.compat`) -> ``init_runtime`` ->
+``build`` (which applies the strategy and wires the train step in
+``naohai/strategy/apply.py``), and returns ``(network, compile_args)``.
+
+``op_overrides`` replaces per-op shard tuples AFTER validation and
+``check_compat=False`` skips the compatibility rules: both exist to show what
+MindSpore itself says about a strategy our validator would refuse (raw path).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+#: kernels this model uses when compiled here vs what an Ascend build would pick
+PORTABLE_KERNELS = (
+    ("attention core", "BatchMatMul + Mul + Add(mask) + Softmax + BatchMatMul",
+     "FlashAttentionScore (Ascend-only fused kernel)"),
+    ("layer norm", "LayerNorm primitive (RMSNorm: Square/ReduceMean/Rsqrt/Mul)",
+     "fused RmsNorm / AddRmsNorm (Ascend-only) for RMSNorm models"),
+    ("optimizer", "nn.AdamWeightDecay (composed element-wise update)",
+     "fused AdamW (Ascend-only kernel)"),
+    ("activation", "Sigmoid * x (SwiGLU), GeLU / FastGeLU",
+     "fused SwiGLU on Ascend"),
+)
+
+
+def kernel_note() -> str:
+    """Printed by ``naohai check --compile``: what is compiled vs what Ascend would run."""
+    lines = ["kernels: the compiled graph uses only portable MindSpore primitives (no Ascend-only kernel "
+             "is implemented in naohai); on Ascend these would be the candidates:"]
+    for what, here, ascend in PORTABLE_KERNELS:
+        lines.append(f"  {what:15s} compiled: {here};  Ascend: {ascend}")
+    return "\n".join(lines)
+
+
+def resolve_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
+                        check_compat: bool = True):
+    """(recipe, resolved): the validation ``naohai train`` does, plus the 2.10 compatibility rules."""
+    from naohai.config import load_recipe
+    from naohai.strategy.resolve import check_strategy, load_strategy
+
+    recipe = load_recipe(recipe_path, list(overrides))
+    resolved = check_strategy(load_strategy(strategy_path), recipe)
+    if check_compat:
+        from naohai.strategy.compat import check_compat as _check
+        _check(resolved, recipe)
+    return recipe, resolved
+
+
+def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
+                      portable: bool = True, op_overrides: Optional[Dict[str, Any]] = None,
+                      check_compat: bool = True, device: str = "GPU") -> Tuple[Any, Tuple[Any, ...]]:
+    """Build naohai's train step for this rank; returns ``(network, compile_args)``.
+
+    Call after ``set_device`` and communication ``init()`` (the worker does both).
+    """
+    if not portable:
+        from naohai.errors import UserError
+        raise UserError("only the portable kernel path exists in naohai (no Ascend-only kernels are "
+                        "implemented); compile with portable=True", key="portable")
+    from naohai.strategy import apply as strategy_apply
+    from naohai.train.builder import build
+
+    recipe, resolved = resolve_for_compile(recipe_path, strategy_path, overrides, check_compat)
+    if op_overrides:
+        table = dict(resolved.op_strategy)
+        for name, strat in op_overrides.items():
+            table[name] = tuple(tuple(int(d) for d in dims) for dims in strat)
+        resolved = dataclasses.replace(resolved, op_strategy=table)
+    runtime = strategy_apply.init_runtime(resolved, device)
+    built = build(recipe, resolved, runtime)
+    if built.parallel_step is not None:
+        step = built.parallel_step
+        return step.network, step.compile_args()
+    # stand-alone / data parallel: the trainer's own step cells
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor
+    b, s = recipe.train.micro_batch_size, recipe.model.seq_length
+    ids = Tensor(np.zeros((b, s), np.int32))
+    scale = Tensor(1.0, ms.float32)
+    if built.train_step is not None:
+        built.train_step.set_train()
+        return built.train_step, (ids, ids, scale)
+    built.accumulate_step.set_train()
+    return built.accumulate_step, (ids, ids, scale)

@@ -1,0 +1,103 @@
+"""apply.py on plain CPU: what MindSpore will see per op, per cell and per parameter.
+
+The model is built and the tiny strategies applied (no compile, no communication).
+MindSpore 2.10 keeps a shard strategy in the primitive's ``in_strategy`` attribute,
+selective recompute in the primitive's ``recompute`` attribute, full-cell recompute
+as ``Cell._has_config_recompute`` plus ``recompute_comm_op`` on the cell's
+primitives, pipeline stages in ``Cell.pipeline_stage`` and a shared parameter's
+stages in ``Parameter._pipeline_stage_list``.  Expected values are written by hand
+from the tiny model (hidden 128, 4 heads, ffn 352, vocab 2048) and compared with
+the ResolvedStrategy as well.
+"""
+from pathlib import Path
+
+import pytest
+
+from naohai.config import load_recipe
+from naohai.model.transformer import NaohaiLM
+from naohai.strategy import apply as A
+from naohai.strategy.resolve import check_strategy, load_strategy
+from naohai.strategy.schema import parse_strategy
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = {"tiny-dp2": 8, "tiny-dp2-mp2": 8, "tiny-dp2-mp2-pp2": 2}
+
+
+def _built(name):
+    recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), [f"train.micro_batch_size={CASES[name]}"])
+    resolved = check_strategy(load_strategy(str(ROOT / f"strategies/{name}.yaml")), recipe)
+    model = NaohaiLM(recipe.model)
+    A.apply_strategy(model, resolved)
+    return model, resolved
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_named_op_carries_the_resolved_strategy(name):
+    model, resolved = _built(name)
+    ops = model.shardable_ops()
+    assert set(resolved.op_strategy) <= set(ops)
+    for op_name, prim in ops.items():
+        assert prim.attrs.get("in_strategy") == resolved.op_strategy[op_name], op_name
+
+
+HAND = {  # op -> in_strategy, written from the rules in the files (batch->data, heads/mlp/vocab->model)
+    "tiny-dp2": {"layers.0.attention.q": ((2, 1), (1, 1)), "layers.3.mlp.down": ((2, 1), (1, 1)),
+                 "embedding.lookup": ((1, 1), (2, 1)), "head.logits": ((2, 1), (1, 1)),
+                 "loss.xent": ((2, 1), (2, 1))},
+    "tiny-dp2-mp2": {"layers.0.attention.q": ((2, 1), (2, 1)), "layers.0.attention.out": ((2, 2), (1, 2)),
+                     "layers.1.attention.scores": ((2, 2, 1, 1), (2, 2, 1, 1)),
+                     "layers.2.mlp.up": ((2, 1), (2, 1)), "layers.2.mlp.down": ((2, 2), (1, 2)),
+                     "embedding.lookup": ((2, 1), (2, 1)), "head.logits": ((2, 1), (2, 1))},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND))
+def test_hand_computed_tuples(name):
+    model, _ = _built(name)
+    ops = model.shardable_ops()
+    for op_name, want in HAND[name].items():
+        assert ops[op_name].attrs["in_strategy"] == want, op_name
+
+
+def test_pipeline_stages_and_tied_table():
+    model, resolved = _built("tiny-dp2-mp2-pp2")
+    assert resolved.stage_of_layer == [0, 0, 1, 1]
+    assert model.embedding.pipeline_stage == 0
+    assert [layer.pipeline_stage for layer in model.layers] == [0, 0, 1, 1]
+    assert model.head.pipeline_stage == 1 and model.loss.pipeline_stage == 1
+    # the tied table is used by the lookup (stage 0) and by the head (stage 1)
+    assert sorted(model.embedding.word_embedding._pipeline_stage_list) == [0, 1]
+
+
+def test_no_pipeline_leaves_stages_alone():
+    model, _ = _built("tiny-dp2-mp2")
+    # MindSpore only creates the attribute when a stage is set
+    assert all("_pipeline_stage" not in vars(layer) for layer in model.layers)
+    assert list(model.embedding.word_embedding._pipeline_stage_list) == []
+
+
+def test_selective_recompute_marks_exactly_the_listed_primitives():
+    model, resolved = _built("tiny-dp2-mp2-pp2")
+    chosen = {"attention.scores", "attention.scale", "attention.mask", "attention.softmax"}
+    for i, layer in enumerate(model.layers):
+        assert resolved.recompute[i].mode == "select" and set(resolved.recompute[i].ops) == chosen
+        assert not layer._has_config_recompute
+        for rel, prim in layer.shardable_ops().items():
+            assert prim.attrs.get("recompute") is (True if rel in chosen else None), (i, rel)
+    assert model.head.logits.attrs.get("recompute") is None
+
+
+def test_full_recompute_with_comm_on_a_layer_range():
+    recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=8"])
+    raw = {"name": "t", "mesh": {"data": 2, "model": 2, "pipeline": 1},
+           "rules": {"batch": "data", "heads": "model", "kv_heads": "model", "mlp": "model"},
+           "layers": {"1-2": {"recompute": {"mode": "full", "comm": True}}}}
+    resolved = check_strategy(parse_strategy(raw, "inline"), recipe)
+    model = NaohaiLM(recipe.model)
+    A.apply_strategy(model, resolved)
+    flags = [layer._has_config_recompute for layer in model.layers]
+    assert flags == [False, True, True, False]
+    assert model.layers[1].attention.q.attrs.get("recompute_comm_op") is True
+    assert model.layers[1].mlp.down.attrs.get("recompute_comm_op") is True
+    assert "recompute_comm_op" not in model.layers[0].attention.q.attrs
+    assert model.layers[2].get_flags().get("output_recompute") is False
