@@ -112,3 +112,18 @@ def test_console_script_exit_code_and_no_traceback(tmp_path):
 def test_user_error_renders_file_key_rule():
     err = UserError("is 3", where="a.yaml", key="model.x", rule="x > 3")
     assert str(err) == "a.yaml: key 'model.x': is 3 (rule: x > 3)"
+
+
+RECIPE_STRATEGIES = [("pangu-alpha-2.6b", "pangu-alpha-2.6b-8p"), ("pangu-alpha-13b", "pangu-alpha-13b-16p"),
+                     ("pangu-alpha-13b", "pangu-alpha-13b-32p"), ("pangu-alpha-200b", "pangu-alpha-200b-2048p"),
+                     ("pengcheng-mind-7b", "pengcheng-mind-7b-16p"), ("pengcheng-mind-200b", "naohai-200b-3456p")]
+
+
+@pytest.mark.parametrize("recipe, strategy", RECIPE_STRATEGIES)
+def test_published_recipes_validate_with_their_strategies(recipe, strategy):
+    from naohai.strategy.resolve import check_strategy, load_strategy
+
+    r = load_recipe(os.path.join(REPO, "recipes", recipe + ".yaml"))
+    resolved = check_strategy(load_strategy(os.path.join(REPO, "strategies", strategy + ".yaml")), r)
+    assert sum(resolved.layers_per_stage) == r.model.num_layers
+    assert r.train.global_batch_size % (resolved.mesh["data"] * r.train.micro_batch_size) == 0
