@@ -43,6 +43,10 @@ def set_mode(recipe: Recipe, device: Optional[str] = None) -> str:
     device = device or os.environ.get("NAOHAI_DEVICE") or "CPU"
     ms.set_context(mode=ms.GRAPH_MODE if recipe.train.mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device(device)
+    if device == "CPU" and recipe.model.compute_dtype == "bfloat16":
+        raise UserError("bfloat16 compute needs an Ascend 910B: MindSpore 2.10's CPU MatMul has no bfloat16 "
+                        "kernel. Use float32 (or float16 with train.loss_scale.dynamic) on CPU.",
+                        where=recipe.source, key="model.compute_dtype")
     ms.set_seed(recipe.train.seed)
     np.random.seed(recipe.train.seed)
     return device
