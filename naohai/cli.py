@@ -56,6 +56,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("naohai: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -28,8 +28,10 @@ def run(args) -> int:
     if args.strategy:
         from naohai.strategy.resolve import check_strategy, load_strategy
         resolved = check_strategy(load_strategy(args.strategy), recipe)
+        for warning in resolved.warnings:
+            print(f"naohai: warning: {warning}")
     result = train(recipe, resolved, resume=not args.no_resume, max_steps=args.max_steps)
-    if result.evals:
+    if result.evals and result.is_writer:
         first, last = min(result.evals), max(result.evals)
         print(f"done: {result.steps_done} steps; held-out loss {result.evals[first]:.4f} (step {first}) -> "
               f"{result.evals[last]:.4f} (step {last}); output in {result.output_dir}")

@@ -37,6 +37,7 @@ class TrainResult:
     losses: Dict[int, float] = field(default_factory=dict)      # train loss per step
     evals: Dict[int, float] = field(default_factory=dict)       # held-out loss per step
     checkpoint: Optional[str] = None
+    is_writer: bool = True                                       # rank that reports (rank 0)
 
 
 def set_mode(recipe: Recipe, device: Optional[str] = None) -> str:
@@ -171,7 +172,7 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
         t = self.recipe.train
-        result = TrainResult(self.out, self.step)
+        result = TrainResult(self.out, self.step, is_writer=self.writer)
         end = t.steps if self.max_steps is None else min(t.steps, self.step + self.max_steps)
         tokens_step = t.global_batch_size * self.recipe.model.seq_length
         if self.step == 0:

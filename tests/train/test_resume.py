@@ -6,6 +6,7 @@ import math
 import pytest
 
 from naohai.train.loop import Trainer
+from naohai.train.metrics import read_metrics
 from tests.conftest import micro_recipe
 
 
@@ -42,6 +43,33 @@ def test_training_reduces_loss(tmp_path, micro_data):
     res = _run(micro_recipe(tmp_path / "r", prepared, tok, steps=30, eval_every=30, lr=1e-2, warmup_steps=3),
                resume=False)
     assert res.evals[30] < res.evals[0] - 0.5, res.evals
+    # TensorBoard events and a PNG loss curve are written next to metrics.jsonl
+    events = list((tmp_path / "r" / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    with open(tmp_path / "r" / "loss.png", "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    tb = _read_tfevents(events[0])
+    assert [v for _, v in tb["train/loss"]] == pytest.approx(
+        [m["loss"] for m in read_metrics(str(tmp_path / "r")) if m["split"] == "train"], rel=1e-6)
+    assert [s for s, _ in tb["valid/loss"]] == [0, 30]
+
+
+def _read_tfevents(path):
+    """Scalars from a TensorBoard event file (TFRecord framing: length, crc, payload, crc)."""
+    import struct
+    from tensorboardX.proto.event_pb2 import Event
+
+    out = {}
+    data = path.read_bytes()
+    pos = 0
+    while pos < len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        payload = data[pos + 12:pos + 12 + length]
+        pos += 12 + length + 4
+        event = Event.FromString(payload)
+        for value in event.summary.value:
+            out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return out
 
 
 def test_accumulation_matches_full_batch(tmp_path, micro_data):
