@@ -30,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--workdir", help="where logs, per-rank results and strategy files go")
     p.add_argument("--keep-ir", action="store_true", help="keep MindSpore's IR files per rank")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before the job is killed")
+    p.add_argument("--compat-fixes", action="store_true",
+                   help="fix known MindSpore 2.10 incompatibilities in a copy of the strategy (printed)")
     allow_intermixed(p)
     p.set_defaults(run=run)
 
@@ -104,6 +106,17 @@ def run(args) -> int:
     from naohai.config import load_recipe
     recipe_for_check = load_recipe(str(recipe_file)) if recipe_file else recipe
     resolved = check_strategy(load_strategy(str(strategy_file)), recipe_for_check)
+    if args.compat_fixes:
+        from naohai.strategy.compat import compat_fixes
+        fixed, notes = compat_fixes(read_yaml(str(strategy_file), "strategy file"), resolved)
+        if notes:
+            workdir.mkdir(parents=True, exist_ok=True)
+            strategy_file = workdir / "compat-strategy.yaml"
+            _write_yaml(strategy_file, fixed)
+            print(f"MindSpore 2.10 compatibility fixes (copy in {strategy_file}):")
+            for n in notes:
+                print(f"  - {n}")
+            resolved = check_strategy(load_strategy(str(strategy_file)), recipe_for_check)
     check_compat(resolved, recipe_for_check)
     print(summary(resolved))
     if not args.compile:
@@ -142,7 +155,7 @@ def param_table(report, limit: int = 30) -> str:
                                 "beta1_power", "beta2_power", "moments.")):
                 continue
             key = (name, tuple(p.get("full_shape") or ()), tuple(p.get("slice_shape") or p.get("local_shape") or ()),
-                   tuple(p.get("opt_slice_shape") or ()))
+                   tuple(p.get("opt_local_shape") or ()))
             seen.setdefault(key, []).append(r.rank)
     lines = ["parameter  full -> slice [optimizer shard] : ranks"]
     for (name, full, sl, opt), ranks in list(seen.items())[:limit]:

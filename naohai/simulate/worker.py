@@ -51,6 +51,11 @@ def _layouts(network) -> dict:
                  "slice_shape": list(lay[2])}
         if len(lay) > 5:
             entry["opt_shard_group"] = lay[5]
+            # group names look like "<size>-<hash>"; optimizer sharding splits the slice's first dim
+            size = str(lay[5]).split("-", 1)[0]
+            if lay[5] and size.isdigit() and entry["slice_shape"]:
+                entry["opt_shard_size"] = int(size)
+                entry["opt_local_shape"] = [entry["slice_shape"][0] // int(size)] + entry["slice_shape"][1:]
         if len(lay) > 6:
             entry["full_shape"] = list(lay[6])
         if len(lay) > 7:

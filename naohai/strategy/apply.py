@@ -184,36 +184,24 @@ class ParallelStep:
         return ids, labels
 
 
-def _pipeline_reducer(params):
-    """Pipeline gradient reducer without optimizer sharding.
-
-    ``mindspore.parallel.nn.PipelineGradReducer(opt_shard=False)`` raises
-    ``NameError: 'grads' is not defined`` in 2.10.  This is what that branch means to
-    do: MindSpore's pipeline pass accumulates every micro-batch gradient into the
-    ``accu_grads.*`` buffers; return them (scale 1) and clear them for the next step.
-    """
-    from mindspore import Tensor, ops
+def _mean_over_micro_batches(micro: int):
+    """Gradients of the summed micro-batch losses -> of their mean (element-wise, on local slices)."""
+    from mindspore import ops
     from mindspore.ops import composite as C
     from mindspore.ops import functional as F
 
-    take = C.MultitypeFuncGraph("naohai_take_accumulated")
+    scale = C.MultitypeFuncGraph("naohai_scale_grad")
 
-    @take.register("Tensor", "Tensor")
-    def _take(grad, accu):
-        accu = F.depend(accu, grad)
-        out = accu * 1.0
-        accu = F.depend(accu, out)
-        return F.depend(out, F.assign(accu, F.zeros_like(accu)))
+    @scale.register("Tensor", "Tensor")
+    def _scale(factor, grad):
+        return grad * F.cast(factor, F.dtype(grad))
 
-    class _Reducer(nn.Cell):
-        def __init__(self):
-            super().__init__(auto_prefix=False)
-            self.accu_grads = params.clone(prefix="accu_grads", init="zeros")
-            self.hyper_map = ops.HyperMap()
+    factor = ms.Tensor(1.0 / micro, ms.float32)
+    hyper_map = ops.HyperMap()
 
-        def construct(self, grads):
-            return self.hyper_map(take, grads, self.accu_grads)
-    return _Reducer()
+    def apply(grads):
+        return hyper_map(F.partial(scale, factor), grads)
+    return apply
 
 
 def _hsdp_args(resolved) -> Dict[str, Any]:
@@ -229,9 +217,19 @@ def wrap_train_step(model, optimizer, recipe, resolved, runtime: Runtime, step_f
 
     One stage: the trainer's own ``TrainStep`` (built by ``step_factory``) wrapped in
     ``AutoParallel``.  Pipeline: ``Pipeline(model, micro_batches)`` differentiated with
-    ``value_and_grad``, gradients taken from MindSpore's accumulation buffers, AdamW
-    update, all in one ``@jit`` function wrapped in ``AutoParallel(...).pipeline(...)``.
-    Optimizer parallel: ``AutoParallel.hsdp(...)`` with the strategy's level.
+    ``value_and_grad`` (the gradient of the summed micro-batch losses), scaled by
+    1/micro_batches, AdamW update, all in one ``@jit`` function wrapped in
+    ``AutoParallel(...).pipeline(...)``.  Optimizer parallel: ``AutoParallel.hsdp(...)``.
+
+    Why no gradient reducer on the pipeline path (measured with MindSpore 2.10 on
+    simulated devices, dp2 x mp2 x pp2, tied embedding): ``PipelineGradReducer`` (or
+    any ``accu_grads.*`` buffer clone) together with ``hsdp()`` fails on every rank
+    with "For 'AssignAdd', 'value' must have the same shape as 'variable'" (the
+    accumulation AssignAdd receives the optimizer-sharded gradient but the buffer
+    keeps the full shape), for level1, level2 and gradient_accumulation_shard=False
+    alike; ``PipelineGradReducer(opt_shard=False)`` raises a NameError in 2.10.
+    Without buffers the graph sums the micro-batch gradients itself and compiles,
+    with and without ``hsdp()``.
     """
     from mindspore.parallel.auto_parallel import AutoParallel
 
@@ -242,18 +240,18 @@ def wrap_train_step(model, optimizer, recipe, resolved, runtime: Runtime, step_f
     opt = resolved.optimizer_parallel
     if stages > 1:
         from mindspore import ops
+        from mindspore.ops import functional as F
         from mindspore.parallel.nn import Pipeline
 
         micro = int(resolved.micro_batches)
         net_pp = Pipeline(model, micro)   # stages were set on the cells by assign_stages
-        reducer = _pipeline_reducer(optimizer.parameters)
+        mean = _mean_over_micro_batches(micro)
         grad_fn = ops.value_and_grad(net_pp, None, optimizer.parameters)
 
         @ms.jit
         def pipeline_train_step(input_ids, labels):
             loss, grads = grad_fn(input_ids, labels)
-            grads = reducer(grads)
-            optimizer(grads)
+            loss = F.depend(loss, optimizer(mean(grads)))
             return loss
 
         parallel = AutoParallel(pipeline_train_step, parallel_mode="semi_auto")
@@ -261,7 +259,7 @@ def wrap_train_step(model, optimizer, recipe, resolved, runtime: Runtime, step_f
                           scheduler=str(resolved.scheduler))
         per_device = mbs * micro
         takes_scale = False
-        wiring = f"Pipeline(micro={micro}) + accumulated-gradient reducer + AdamWeightDecay, " \
+        wiring = f"Pipeline(micro={micro}) + value_and_grad / {micro} + AdamWeightDecay, " \
                  f"AutoParallel.pipeline(stages={stages}, scheduler={resolved.scheduler})"
         if recipe.train.grad_clip > 0:
             notes.append("pipeline step: global-norm clipping and the non-finite skip are not in the "
@@ -275,9 +273,9 @@ def wrap_train_step(model, optimizer, recipe, resolved, runtime: Runtime, step_f
         per_device = mbs
         takes_scale = True
         wiring = "TrainStep (clip + AdamWeightDecay) in AutoParallel(semi_auto)"
-    # every model-parallel rank of a data-parallel group reads the same sequences
-    strategy = ((dp, 1), (dp, 1)) + (((),) if takes_scale else ())
-    parallel.dataset_strategy(strategy)
+    # every model-parallel rank of a data-parallel group reads the same sequences (a scalar
+    # input such as the loss scale is not a dataset input for MindSpore: no entry for it)
+    parallel.dataset_strategy(((dp, 1), (dp, 1)))
     if opt.enabled and dp > 1:
         parallel.hsdp(**_hsdp_args(resolved))
         wiring += f", hsdp({_hsdp_args(resolved)})"

@@ -12,14 +12,14 @@ and what to use instead.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+import copy
+from typing import Any, Dict, List, Tuple
 
 from naohai.errors import UserError
 
 #: (rule id, one-line summary) of every rule below, for reports
 RULES: List[Tuple[str, str]] = [
     ("xent-class-axis", "loss.xent (SoftmaxCrossEntropyWithLogits) cannot split its class (vocab) axis"),
-    ("pipeline-optimizer-parallel", "pipeline stages + optimizer parallel do not compile together in 2.10"),
 ]
 
 
@@ -29,28 +29,32 @@ def _xent_class_axis(resolved) -> None:
         return
     split = max(dims[1] for dims in strat if len(dims) > 1)
     if split > 1:
+        rows = strat[0][0]
         raise UserError(
-            f"op loss.xent would split the vocabulary (class) axis {split} ways; MindSpore 2.10's "
-            "SoftmaxCrossEntropyWithLogits only shards the batch axis (its compile fails with "
-            "'SoftmaxCrossEntropyWithLogitsInfo ... Invalid strategy'). Keep vocab_parallel for the embedding and "
-            "the head MatMul, and give loss.xent ((dp, 1), (dp, 1)) (the default rules do)",
-            where=resolved.source, key="ops.loss.xent", rule="mindspore-2.10: xent-class-axis")
+            f"op loss.xent would split the vocabulary (class) axis {split} ways (embedding.vocab_parallel maps "
+            "the vocab axis of every op to 'model'); MindSpore 2.10's SoftmaxCrossEntropyWithLogits cannot split "
+            "its class axis (compile error 'SoftmaxCrossEntropyWithLogitsInfo: The strategy corresponding to axis "
+            f"dimension is not 1'). Keep vocab_parallel for the embedding and head, and add "
+            f"ops: {{loss.xent: [[{rows}, 1], [{rows}, 1]]}} to the strategy (naohai check --compat-fixes does "
+            "this in a copy)", where=resolved.source, key="ops.loss.xent", rule="mindspore-2.10: xent-class-axis")
 
 
-def _pipeline_with_optimizer_parallel(resolved) -> None:
-    opt = resolved.optimizer_parallel
-    if resolved.stages > 1 and opt.enabled and resolved.data > 1:
-        raise UserError(
-            f"pipeline parallel ({resolved.stages} stages) together with optimizer parallel does not compile in "
-            "MindSpore 2.10 with the pipeline train-step wiring naohai uses (the gradient-accumulation "
-            "AssignAdd gets an optimizer-sharded gradient for a full-size buffer: 'For AssignAdd, value must "
-            "have the same shape as variable'). Set optimizer_parallel: {enabled: false} for pipeline layouts, "
-            "or drop the pipeline (mesh.pipeline: 1) to keep optimizer sharding",
-            where=resolved.source, key="optimizer_parallel.enabled",
-            rule="mindspore-2.10: pipeline-optimizer-parallel")
+def compat_fixes(raw: Dict[str, Any], resolved) -> Tuple[Dict[str, Any], List[str]]:
+    """A copy of a strategy mapping with the fixable 2.10 incompatibilities fixed, and what changed."""
+    out = copy.deepcopy(raw)
+    notes: List[str] = []
+    strat = resolved.op_strategy.get("loss.xent")
+    if strat and max(dims[1] for dims in strat if len(dims) > 1) > 1:
+        rows = strat[0][0]
+        out.setdefault("ops", {})
+        out["ops"] = dict(out["ops"] or {})
+        out["ops"]["loss.xent"] = [[rows, 1], [rows, 1]]
+        notes.append(f"ops.loss.xent {[list(d) for d in strat]} -> [[{rows}, 1], [{rows}, 1]] (MindSpore 2.10 cannot "
+                     "split SoftmaxCrossEntropyWithLogits' class axis; the head's vocab-parallel logits are "
+                     "gathered before the loss)")
+    return out, notes
 
 
 def check_compat(resolved, recipe=None) -> None:
     """Raise a UserError for the first MindSpore 2.10 incompatibility in ``resolved``."""
     _xent_class_axis(resolved)
-    _pipeline_with_optimizer_parallel(resolved)

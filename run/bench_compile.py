@@ -1,0 +1,42 @@
+"""Benchmark (not a test): 8-rank simulated compile of the tiny model's real train step.
+
+Usage: python run/bench_compile.py [--strategy strategies/tiny-dp2-mp2-pp2.yaml] [--mbs 2]
+Prints one line: wall time of the msrun job (start-up + init + build + compile on every
+rank), the slowest rank's compile time, and peak RSS per worker.  Target: <= 90 s wall.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from naohai.simulate.harness import run_compile  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--strategy", default=str(ROOT / "strategies/tiny-dp2-mp2-pp2.yaml"))
+    ap.add_argument("--recipe", default=str(ROOT / "recipes/tiny.yaml"))
+    ap.add_argument("--mbs", type=int, default=2, help="train.micro_batch_size override")
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--workdir")
+    args = ap.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="naohai-bench-")
+    kwargs = {"recipe_path": str(Path(args.recipe).resolve()), "strategy_path": str(Path(args.strategy).resolve()),
+              "overrides": [f"train.micro_batch_size={args.mbs}"]}
+    rep = run_compile("naohai.train.compile_target:build_for_compile", args.ranks, workdir, kwargs=kwargs)
+    compile_s = [r.result.get("compile_s") for r in rep.per_rank if r.result and r.result.get("compile_s")]
+    rss = [r.result.get("peak_rss_mb", 0) for r in rep.per_rank if r.result]
+    print(f"bench_compile: {Path(args.strategy).stem} on {args.ranks} ranks: {'OK' if rep.ok else 'FAILED'}; "
+          f"wall {rep.wall_s:.1f} s (target <= 90); slowest rank compile {max(compile_s, default=0):.1f} s; "
+          f"peak RSS per worker max {max(rss, default=0):.0f} MB, mean {sum(rss) / max(len(rss), 1):.0f} MB; "
+          f"workdir {workdir}")
+    return 0 if rep.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

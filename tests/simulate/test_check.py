@@ -1,0 +1,131 @@
+"""`naohai check`: validation, scale-down, and MindSpore compiling naohai's real train step per rank."""
+import json
+from pathlib import Path
+
+import pytest
+
+from naohai.cli import main
+from naohai.config import preset_recipe, read_yaml, recipe_from_dict
+from naohai.errors import UserError
+from naohai.simulate.harness import run_compile
+from naohai.simulate.scale_down import scale_down
+from naohai.strategy.compat import check_compat, compat_fixes
+from naohai.strategy.resolve import check_strategy, load_strategy
+from naohai.strategy.schema import parse_strategy
+
+ROOT = Path(__file__).resolve().parents[2]
+S = ROOT / "strategies"
+
+
+# ----------------------------------------------------------------------------- fast
+def test_validation_only_prints_summary(capsys):
+    assert main(["check", "tiny", str(S / "tiny-dp2.yaml"), "train.micro_batch_size=8"]) == 0
+    out = capsys.readouterr().out
+    assert "data 2 x model 1 x pipeline 1 = 2 devices" in out and "valid" in out
+
+
+def test_validator_refuses_xent_class_split_with_mindspores_reason(capsys):
+    assert main(["check", "tiny", str(S / "tiny-dp2-mp2.yaml"), "train.micro_batch_size=8"]) == 2
+    err = capsys.readouterr().err
+    assert "loss.xent" in err and "xent-class-axis" in err and "[[2, 1], [2, 1]]" in err
+
+
+def test_compat_fix_keeps_batch_split_and_passes():
+    from naohai.config import load_recipe
+    recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=2"])
+    path = S / "tiny-dp2-mp2-pp2.yaml"
+    resolved = check_strategy(load_strategy(str(path)), recipe)
+    assert resolved.op_strategy["loss.xent"] == ((2, 2), (2, 2))   # what the rules give
+    with pytest.raises(UserError, match="xent-class-axis"):
+        check_compat(resolved)
+    fixed, notes = compat_fixes(read_yaml(str(path)), resolved)
+    again = check_strategy(parse_strategy(fixed, "fixed"), recipe)
+    check_compat(again)
+    assert again.op_strategy["loss.xent"] == ((2, 1), (2, 1)) and len(notes) == 1
+    assert again.op_strategy["head.logits"] == resolved.op_strategy["head.logits"] == ((2, 1), (2, 1))
+
+
+@pytest.mark.parametrize("preset,name,old_pp", [("pangu-alpha-200b", "pangu-alpha-200b-2048p", 16),
+                                                ("pengcheng-mind-200b", "naohai-200b-3456p", 27)])
+def test_scale_down_keeps_mp_rules_recompute_and_says_what_changed(preset, name, old_pp):
+    raw = read_yaml(str(S / f"{name}.yaml"))
+    rec, strat, changes = scale_down(preset_recipe(preset), raw, 8)
+    assert strat["mesh"] == {"data": 1, "model": 8, "pipeline": 1}
+    assert changes[0] == f"pipeline stages {old_pp} -> 1: model 8 x pipeline {old_pp} needs {8 * old_pp} ranks " \
+                         f"at data 1, more than 8"
+    assert strat["rules"] == raw["rules"] and strat["embedding"] == raw["embedding"]
+    assert list(strat["layers"].values()) == [{"recompute": {"mode": "full", "comm": True}}]
+    m = rec["model"]
+    assert m["num_heads"] % 8 == 0 and m["ffn_hidden_size"] % 8 == 0 and m["vocab_size"] % 8 == 0
+    assert m["query_layer"] == raw_query(preset) and m["num_layers"] == 2
+    resolved = check_strategy(parse_strategy(strat, "scaled"), recipe_from_dict(rec, "scaled"))
+    assert resolved.device_num == 8 and all(r.mode == "full" and r.comm for r in resolved.recompute)
+    # 16 stages of 8 fit 16 ranks with stages 2 kept at data 1
+    _, strat16, _ = scale_down(preset_recipe(preset), raw, 16)
+    assert strat16["mesh"] == {"data": 1, "model": 8, "pipeline": 2}
+    assert strat16["pipeline"]["layers_per_stage"] == [1, 1]
+
+
+def raw_query(preset):
+    from naohai.config import MODEL_PRESETS
+    return MODEL_PRESETS[preset].get("query_layer", False)
+
+
+# ----------------------------------------------------------------------------- compiles
+CASES = {
+    # name: (argv after 'check', ranks)
+    "tiny-dp2-mp2-pp2": (["tiny", str(S / "tiny-dp2-mp2-pp2.yaml"), "train.micro_batch_size=2", "--compat-fixes"], 8),
+    "tiny-dp2": (["tiny", str(S / "tiny-dp2.yaml"), "train.micro_batch_size=8"], 2),
+    "tiny-dp2-mp2": (["tiny", str(S / "tiny-dp2-mp2.yaml"), "train.micro_batch_size=8", "--compat-fixes"], 4),
+    "pangu-200b-scaled": (["pangu-alpha-200b", str(S / "pangu-alpha-200b-2048p.yaml"), "--scale-down",
+                           "--compat-fixes"], 8),
+    "naohai-200b-scaled": (["pengcheng-mind-200b", str(S / "naohai-200b-3456p.yaml"), "--scale-down",
+                            "--compat-fixes"], 8),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_ready_layouts_compile_on_every_rank(case, tmp_path, capsys):
+    argv, ranks = CASES[case]
+    rc = main(["check", *argv, "--compile", "--workdir", str(tmp_path)])
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert rc == 0 and summary["ok"], out[-4000:]
+    per = summary["per_rank"]
+    assert len(per) == ranks and all(r["ok"] for r in per)
+    assert all(Path(r["result"]["strategy_file"]).stat().st_size > 0 for r in per)
+    comm = [r["result"].get("comm_ops", {}) for r in per]
+    params = [r["result"]["parameters"] for r in per]
+    if case == "tiny-dp2-mp2-pp2":
+        for r in range(4):   # stage 0 sends activations forward
+            assert comm[r].get("Send", 0) > 0 and comm[r].get("Receive", 0) > 0
+        for r in range(8):   # optimizer parallel inserted ReduceScatter; tied table vocab-split by mp on both stages
+            assert comm[r].get("ReduceScatter", 0) > 0
+            emb = params[r]["embedding.word_embedding"]
+            assert emb["full_shape"] == [2048, 128] and emb["slice_shape"] == [1024, 128]
+            assert emb["opt_shard_size"] == 2 and emb["opt_local_shape"] == [512, 128]
+        assert "layers.3.attention.q_weight" in params[4] and "layers.3.attention.q_weight" not in params[0]
+    elif case == "tiny-dp2-mp2":
+        q = params[0]["layers.0.attention.q_weight"]
+        assert q["slice_shape"] == [64, 128] and q["full_shape"] == [128, 128]
+        assert comm[0].get("AllReduce", 0) > 0
+    elif case == "tiny-dp2":
+        assert all(c.get("AllReduce", 0) > 0 for c in comm)   # data-parallel gradient all-reduce
+    else:
+        q = params[0]["layers.0.attention.q_weight"]
+        assert q["full_shape"] == [128, 128] and q["slice_shape"] == [16, 128]   # 8 heads over mp 8
+        assert "pipeline stages" in out and "compiling on 8 simulated devices" in out
+
+
+@pytest.mark.slow
+def test_mindspore_rejects_what_only_compat_refuses(tmp_path):
+    """Raw path (no compat rules): the shipped tiny-dp2-mp2 file splits loss.xent's class axis."""
+    kwargs = {"recipe_path": str(ROOT / "recipes/tiny.yaml"), "strategy_path": str(S / "tiny-dp2-mp2.yaml"),
+              "overrides": ["train.micro_batch_size=8"], "check_compat": False}
+    rep = run_compile("naohai.train.compile_target:build_for_compile", 4, tmp_path, timeout=600, kwargs=kwargs)
+    assert rep.failed_ranks == [0, 1, 2, 3]
+    err = rep.rank(2).error
+    assert err["op"] == "SoftmaxCrossEntropyWithLogits"
+    assert any("The strategy corresponding to axis dimension is not 1" in e for e in err["log_errors"])
+    assert "rank 0,1,2,3: RuntimeError op=SoftmaxCrossEntropyWithLogits" in rep.render()
