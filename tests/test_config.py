@@ -127,3 +127,9 @@ def test_published_recipes_validate_with_their_strategies(recipe, strategy):
     resolved = check_strategy(load_strategy(os.path.join(REPO, "strategies", strategy + ".yaml")), r)
     assert sum(resolved.layers_per_stage) == r.model.num_layers
     assert r.train.global_batch_size % (resolved.mesh["data"] * r.train.micro_batch_size) == 0
+
+
+def test_bad_device_env(capsys, monkeypatch):
+    monkeypatch.setenv("NAOHAI_DEVICE", "TPU")
+    err = _cli_error(capsys, ["train", "tiny", "train.steps=1"])
+    assert "NAOHAI_DEVICE" in err and "TPU" in err

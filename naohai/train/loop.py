@@ -42,6 +42,9 @@ class TrainResult:
 
 def set_mode(recipe: Recipe, device: Optional[str] = None) -> str:
     device = device or os.environ.get("NAOHAI_DEVICE") or "CPU"
+    if device not in ("CPU", "GPU", "Ascend"):
+        raise UserError(f"'{device}' is not one of CPU, GPU, Ascend", where="environment",
+                        key="NAOHAI_DEVICE")
     ms.set_context(mode=ms.GRAPH_MODE if recipe.train.mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device(device)
     if device == "CPU" and recipe.model.compute_dtype == "bfloat16":
