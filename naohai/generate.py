@@ -75,7 +75,8 @@ class Generator:
             tok_path = default_tokenizer_path(recipe)
         self.tokenizer = Tokenizer.load(tok_path)
         ms.set_context(mode=ms.GRAPH_MODE)
-        ms.set_device(device or os.environ.get("NAOHAI_DEVICE") or "CPU")
+        from naohai.train.loop import resolve_device
+        ms.set_device(resolve_device(device))
         self.cfg = recipe.model
         self.model = NaohaiLM(self.cfg, seed=0)
         ckpt.load_params(path, list(self.model.get_parameters()))

@@ -40,11 +40,17 @@ class TrainResult:
     is_writer: bool = True                                       # rank that reports (rank 0)
 
 
-def set_mode(recipe: Recipe, device: Optional[str] = None) -> str:
+def resolve_device(device: Optional[str] = None) -> str:
+    """The MindSpore device target: argument, else $NAOHAI_DEVICE, else CPU."""
     device = device or os.environ.get("NAOHAI_DEVICE") or "CPU"
     if device not in ("CPU", "GPU", "Ascend"):
         raise UserError(f"'{device}' is not one of CPU, GPU, Ascend", where="environment",
                         key="NAOHAI_DEVICE")
+    return device
+
+
+def set_mode(recipe: Recipe, device: Optional[str] = None) -> str:
+    device = resolve_device(device)
     ms.set_context(mode=ms.GRAPH_MODE if recipe.train.mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device(device)
     if device == "CPU" and recipe.model.compute_dtype == "bfloat16":
