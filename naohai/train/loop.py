@@ -97,22 +97,15 @@ class Trainer:
         from naohai.data.pipeline import ensure_prepared
         if self.runtime.world == 1:
             return ensure_prepared(self.recipe, progress=self.progress, log=self.log)
-        # several ranks: rank 0 prepares, the others wait for it through the file system
-        from naohai.data.pipeline import default_prepared_dir
-        marker = os.path.join(self.out, ".data_ready")
-        if self.runtime.rank == 0:
-            if os.path.exists(marker):
-                os.remove(marker)
-            result = ensure_prepared(self.recipe, progress=False, log=self.log)
-            with open(marker, "w") as fh:
-                fh.write("ok")
-            return result
-        deadline = time.time() + 1800
-        while not os.path.exists(marker):
-            if time.time() > deadline:
-                raise UserError("rank 0 did not finish preparing data within 30 minutes", where=self.out)
-            time.sleep(0.5)
-        return ensure_prepared(self.recipe, progress=False)
+        # several ranks: rank 0 tokenizes and packs, the others wait at a barrier and then
+        # load what it wrote (shared file system assumed; or run `naohai data prepare` first)
+        result = ensure_prepared(self.recipe, progress=False, log=self.log) if self.runtime.rank == 0 else None
+        self._barrier()
+        return result or ensure_prepared(self.recipe, progress=False)
+
+    def _barrier(self) -> None:
+        from mindspore import ops
+        ops.AllReduce()(Tensor(np.ones(1, np.float32))).asnumpy()
 
     # ------------------------------------------------------------------ resume
     def resume(self, path: Optional[str] = None) -> bool:
