@@ -71,6 +71,13 @@ def init_runtime(resolved, device: str) -> Runtime:
         return Runtime("standalone", 0, 1, 0, 1)
     from mindspore.communication import get_group_size, get_rank, init
 
+    import os
+    if not (os.environ.get("MS_ROLE") or os.environ.get("RANK_TABLE_FILE")):
+        from naohai.errors import UserError
+        raise UserError(f"the strategy needs {world} devices, but this is a single process (no msrun or rank "
+                        f"table environment). Start it with `naohai launch RECIPE --strategy FILE ...` "
+                        f"(msrun), or train without --strategy on one device",
+                        where=getattr(resolved, "source", None), key="mesh")
     init()
     actual = get_group_size()
     rank = get_rank()
