@@ -277,12 +277,19 @@ def wrap_train_step(model, optimizer, recipe, resolved, runtime: Runtime, step_f
             from naohai.train.step import TrainStep
             step = TrainStep(model, optimizer, recipe.train.grad_clip, None)
         parallel = AutoParallel(step, parallel_mode="semi_auto")
-        per_device = mbs
+        per_device = mbs * dp
         takes_scale = True
         wiring = "TrainStep (clip + AdamWeightDecay) in AutoParallel(semi_auto)"
-    # every model-parallel rank of a data-parallel group reads the same sequences (a scalar
-    # input such as the loss scale is not a dataset input for MindSpore: no entry for it)
-    parallel.dataset_strategy(((dp, 1), (dp, 1)))
+    if takes_scale:
+        # The scalar loss-scale input defeats a per-input dataset strategy in 2.10: with
+        # ((dp,1),(dp,1)) _VirtualDataset counts 3 inputs, with a third entry it counts 2
+        # (measured).  Every device is fed the whole global micro-batch instead.
+        parallel.dataset_strategy("full_batch")
+        notes.append("one-stage semi-auto step compiled with dataset_strategy('full_batch'): every device is "
+                     "fed the global micro-batch")
+    else:
+        # every model-parallel rank of a data-parallel group reads the same sequences
+        parallel.dataset_strategy(((dp, 1), (dp, 1)))
     if opt.enabled and dp > 1:
         parallel.hsdp(**_hsdp_args(resolved))
         wiring += f", hsdp({_hsdp_args(resolved)})"

@@ -94,7 +94,8 @@ def test_ready_layouts_compile_on_every_rank(case, tmp_path, capsys):
     assert rc == 0 and summary["ok"], out[-4000:]
     per = summary["per_rank"]
     assert len(per) == ranks and all(r["ok"] for r in per)
-    assert all(Path(r["result"]["strategy_file"]).stat().st_size > 0 for r in per)
+    if case != "tiny-dp2":   # MindSpore writes a parameter strategy file for semi-auto jobs only
+        assert all(Path(r["result"]["strategy_file"]).stat().st_size > 0 for r in per)
     comm = [r["result"].get("comm_ops", {}) for r in per]
     params = [r["result"]["parameters"] for r in per]
     if case == "tiny-dp2-mp2-pp2":

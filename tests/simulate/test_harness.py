@@ -51,18 +51,3 @@ def test_unknown_target_reported_per_rank_not_hung(tmp_path):
     assert not rep.timed_out
     assert rep.failed_ranks == [0, 1]
     assert rep.rank(0).error["type"] == "AttributeError"
-
-
-@pytest.mark.slow
-def test_eight_rank_tied_pipeline_with_recompute_compiles(tmp_path):
-    """dp2 x mp2 x pp2, tied embedding on both stages, micro 4, recompute; see targets."""
-    rep = run_compile("tests.simulate.targets:tied_pipeline", 8, tmp_path, timeout=900,
-                      sys_path=[ROOT], kwargs={"hsdp": False, "reducer": "custom"})
-    assert rep.ok, rep.render()
-    stage0, stage1 = rep.per_rank[:4], rep.per_rank[4:]
-    for r in stage0:  # first stage sends activations, owns the Gather view of the table
-        assert r.comm_ops.get("Send", 0) > 0 and r.comm_ops.get("Receive", 0) > 0
-        assert r.parameters["head.table"]["slice_shape"] == [128, 32]
-    for r in stage1:  # last stage: head MatMul splits the tied table's vocab axis by mp=2
-        assert r.parameters["head.table"]["slice_shape"] == [64, 32]
-        assert r.parameters["accu_grads.head.table"]["slice_shape"] == [64, 32]
