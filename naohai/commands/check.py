@@ -108,7 +108,8 @@ def run(args) -> int:
     resolved = check_strategy(load_strategy(str(strategy_file)), recipe_for_check)
     if args.compat_fixes:
         from naohai.strategy.compat import compat_fixes
-        fixed, notes = compat_fixes(read_yaml(str(strategy_file), "strategy file"), resolved)
+        fixed, notes = compat_fixes(read_yaml(str(strategy_file), "strategy file"), resolved,
+                                    recipe_for_check)
         if notes:
             workdir.mkdir(parents=True, exist_ok=True)
             strategy_file = workdir / "compat-strategy.yaml"

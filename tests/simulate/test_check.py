@@ -130,3 +130,25 @@ def test_mindspore_rejects_what_only_compat_refuses(tmp_path):
     assert err["op"] == "SoftmaxCrossEntropyWithLogits"
     assert any("The strategy corresponding to axis dimension is not 1" in e for e in err["log_errors"])
     assert "rank 0,1,2,3: RuntimeError op=SoftmaxCrossEntropyWithLogits" in rep.render()
+
+
+def test_sequence_parallel_residual_split_differently_is_refused_and_fixable():
+    """Found by compiling naohai-200b scaled: MindSpore's AddInfo refuses ((8, 1), (1, 1)) on a residual Add."""
+    raw = read_yaml(str(S / "naohai-200b-3456p.yaml"))
+    rec_raw, strat, _ = scale_down(preset_recipe("pengcheng-mind-200b"), raw, 8)
+    recipe = recipe_from_dict(rec_raw, "scaled")
+    resolved = check_strategy(parse_strategy(strat, "scaled"), recipe)
+    assert resolved.op_strategy["layers.0.attention.residual"] == ((8, 1), (1, 1))   # what resolve gives today
+    with pytest.raises(UserError, match="elementwise-same-split"):
+        check_compat(dataclass_replace_xent(resolved), recipe)
+    fixed, notes = compat_fixes(strat, resolved, recipe)
+    again = check_strategy(parse_strategy(fixed, "fixed"), recipe)
+    check_compat(again, recipe)
+    assert again.op_strategy["layers.1.mlp.residual"] == ((8, 1), (8, 1)) and len(notes) == 2
+
+
+def dataclass_replace_xent(resolved):
+    import dataclasses
+    table = dict(resolved.op_strategy)
+    table["loss.xent"] = ((1, 1), (1, 1))
+    return dataclasses.replace(resolved, op_strategy=table)
