@@ -26,8 +26,19 @@ def main() -> int:
     ap.add_argument("--workdir")
     args = ap.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="naohai-bench-")
-    kwargs = {"recipe_path": str(Path(args.recipe).resolve()), "strategy_path": str(Path(args.strategy).resolve()),
-              "overrides": [f"train.micro_batch_size={args.mbs}"]}
+    overrides = [f"train.micro_batch_size={args.mbs}"]
+    strategy = str(Path(args.strategy).resolve())
+    # same MindSpore 2.10 compatibility fixes as `naohai check --compat-fixes` (copy in workdir)
+    import yaml
+    from naohai.config import load_recipe, read_yaml
+    from naohai.strategy.compat import compat_fixes
+    from naohai.strategy.resolve import check_strategy, load_strategy
+    recipe = load_recipe(str(Path(args.recipe).resolve()), overrides)
+    fixed, notes = compat_fixes(read_yaml(strategy), check_strategy(load_strategy(strategy), recipe), recipe)
+    if notes:
+        strategy = str(Path(workdir) / "compat-strategy.yaml")
+        Path(strategy).write_text(yaml.safe_dump(fixed, sort_keys=False))
+    kwargs = {"recipe_path": str(Path(args.recipe).resolve()), "strategy_path": strategy, "overrides": overrides}
     rep = run_compile("naohai.train.compile_target:build_for_compile", args.ranks, workdir, kwargs=kwargs)
     compile_s = [r.result.get("compile_s") for r in rep.per_rank if r.result and r.result.get("compile_s")]
     rss = [r.result.get("peak_rss_mb", 0) for r in rep.per_rank if r.result]
