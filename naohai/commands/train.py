@@ -27,7 +27,9 @@ def run(args) -> int:
     resolved = None
     if args.strategy:
         from naohai.strategy.resolve import check_strategy, load_strategy
+        from naohai.strategy.compat import check_compat
         resolved = check_strategy(load_strategy(args.strategy), recipe)
+        check_compat(resolved, recipe)
         for warning in resolved.warnings:
             print(f"naohai: warning: {warning}")
     result = train(recipe, resolved, resume=not args.no_resume, max_steps=args.max_steps)

@@ -120,7 +120,10 @@ def top_ops(cfg: ModelConfig, b: int) -> List[OpSpec]:
                           ((cfg.positions, h), (1, s)), (0,)))
     ops += _norm_ops(cfg, "final_norm", t)
     ops.append(OpSpec("head.logits", "MatMul", (("batch", "embed"), ("vocab", "embed")), ((t, h), (v, h)), (1,)))
-    ops.append(OpSpec("loss.xent", "SoftmaxCrossEntropy", (("batch", "vocab"), ("batch", "vocab")), ((t, v), (t, v))))
+    # The class axis of the loss is declared unshardable (None): MindSpore 2.10's
+    # SoftmaxCrossEntropyWithLogits refuses to split it ("The strategy corresponding to axis
+    # dimension is not 1"), so with a vocab-parallel head the logits are gathered before the loss.
+    ops.append(OpSpec("loss.xent", "SoftmaxCrossEntropy", (("batch", None), ("batch", None)), ((t, v), (t, v))))
     return ops
 
 

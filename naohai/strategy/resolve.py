@@ -147,7 +147,10 @@ def _from_rules(s: Strategy, name: str, spec: OpSpec, rules: Dict[str, RuleValue
         dims = []
         for axis in axes:
             targets = tuple(rules.get(axis) or ()) if axis else ()
-            if sp and k == 0 and axis == "batch":
+            # sequence parallel splits the token rows of the activation input, and of every other
+            # input of the same shape (both operands of a residual Add: MindSpore 2.10 refuses an
+            # elementwise op whose equal-shape inputs are split differently)
+            if sp and axis == "batch" and spec.shapes[k] == spec.shapes[0]:
                 targets = tuple(dict.fromkeys(targets + ("model",)))
             for t in targets:
                 if t in used:

@@ -24,18 +24,41 @@ def test_validation_only_prints_summary(capsys):
     assert "data 2 x model 1 x pipeline 1 = 2 devices" in out and "valid" in out
 
 
-def test_validator_refuses_xent_class_split_with_mindspores_reason(capsys):
-    assert main(["check", "tiny", str(S / "tiny-dp2-mp2.yaml"), "train.micro_batch_size=8"]) == 2
+def _with_ops(tmp_path, name, ops):
+    """A copy of a shipped strategy with escape-hatch op strategies added."""
+    import yaml
+    raw = read_yaml(str(S / name))
+    raw.setdefault("ops", {}).update(ops)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+XENT_SPLIT = {"loss.xent": [[2, 2], [2, 2]]}   # class (vocab) axis split: 2.10 refuses it
+
+
+def test_vocab_rule_never_splits_the_loss_class_axis():
+    from naohai.config import load_recipe
+    recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=2"])
+    resolved = check_strategy(load_strategy(str(S / "tiny-dp2-mp2-pp2.yaml")), recipe)
+    assert resolved.vocab_parallel and resolved.op_strategy["head.logits"] == ((2, 1), (2, 1))
+    assert resolved.op_strategy["loss.xent"] == ((2, 1), (2, 1))
+    check_compat(resolved, recipe)
+
+
+def test_validator_refuses_xent_class_split_with_mindspores_reason(capsys, tmp_path):
+    path = _with_ops(tmp_path, "tiny-dp2-mp2.yaml", XENT_SPLIT)
+    assert main(["check", "tiny", str(path), "train.micro_batch_size=8"]) == 2
     err = capsys.readouterr().err
     assert "loss.xent" in err and "xent-class-axis" in err and "[[2, 1], [2, 1]]" in err
 
 
-def test_compat_fix_keeps_batch_split_and_passes():
+def test_compat_fix_keeps_batch_split_and_passes(tmp_path):
     from naohai.config import load_recipe
     recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=2"])
-    path = S / "tiny-dp2-mp2-pp2.yaml"
+    path = _with_ops(tmp_path, "tiny-dp2-mp2-pp2.yaml", XENT_SPLIT)
     resolved = check_strategy(load_strategy(str(path)), recipe)
-    assert resolved.op_strategy["loss.xent"] == ((2, 2), (2, 2))   # what the rules give
+    assert resolved.op_strategy["loss.xent"] == ((2, 2), (2, 2))   # what the escape hatch gives
     with pytest.raises(UserError, match="xent-class-axis"):
         check_compat(resolved)
     fixed, notes = compat_fixes(read_yaml(str(path)), resolved)
@@ -74,13 +97,11 @@ def raw_query(preset):
 # ----------------------------------------------------------------------------- compiles
 CASES = {
     # name: (argv after 'check', ranks)
-    "tiny-dp2-mp2-pp2": (["tiny", str(S / "tiny-dp2-mp2-pp2.yaml"), "train.micro_batch_size=2", "--compat-fixes"], 8),
+    "tiny-dp2-mp2-pp2": (["tiny", str(S / "tiny-dp2-mp2-pp2.yaml"), "train.micro_batch_size=2"], 8),
     "tiny-dp2": (["tiny", str(S / "tiny-dp2.yaml"), "train.micro_batch_size=8"], 2),
-    "tiny-dp2-mp2": (["tiny", str(S / "tiny-dp2-mp2.yaml"), "train.micro_batch_size=8", "--compat-fixes"], 4),
-    "pangu-200b-scaled": (["pangu-alpha-200b", str(S / "pangu-alpha-200b-2048p.yaml"), "--scale-down",
-                           "--compat-fixes"], 8),
-    "naohai-200b-scaled": (["pengcheng-mind-200b", str(S / "naohai-200b-3456p.yaml"), "--scale-down",
-                            "--compat-fixes"], 8),
+    "tiny-dp2-mp2": (["tiny", str(S / "tiny-dp2-mp2.yaml"), "train.micro_batch_size=8"], 4),
+    "pangu-200b-scaled": (["pangu-alpha-200b", str(S / "pangu-alpha-200b-2048p.yaml"), "--scale-down"], 8),
+    "naohai-200b-scaled": (["pengcheng-mind-200b", str(S / "naohai-200b-3456p.yaml"), "--scale-down"], 8),
 }
 
 
@@ -121,10 +142,12 @@ def test_ready_layouts_compile_on_every_rank(case, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_mindspore_rejects_what_only_compat_refuses(tmp_path):
-    """Raw path (no compat rules): the shipped tiny-dp2-mp2 file splits loss.xent's class axis."""
-    kwargs = {"recipe_path": str(ROOT / "recipes/tiny.yaml"), "strategy_path": str(S / "tiny-dp2-mp2.yaml"),
+    """Raw path (no compat rules): our validator accepts an escape hatch splitting loss.xent's class axis."""
+    path = _with_ops(tmp_path, "tiny-dp2-mp2.yaml", XENT_SPLIT)
+    kwargs = {"recipe_path": str(ROOT / "recipes/tiny.yaml"), "strategy_path": str(path),
               "overrides": ["train.micro_batch_size=8"], "check_compat": False}
-    rep = run_compile("naohai.train.compile_target:build_for_compile", 4, tmp_path, timeout=600, kwargs=kwargs)
+    rep = run_compile("naohai.train.compile_target:build_for_compile", 4, tmp_path / "run", timeout=600,
+                      kwargs=kwargs)
     assert rep.failed_ranks == [0, 1, 2, 3]
     err = rep.rank(2).error
     assert err["op"] == "SoftmaxCrossEntropyWithLogits"
@@ -132,23 +155,18 @@ def test_mindspore_rejects_what_only_compat_refuses(tmp_path):
     assert "rank 0,1,2,3: RuntimeError op=SoftmaxCrossEntropyWithLogits" in rep.render()
 
 
-def test_sequence_parallel_residual_split_differently_is_refused_and_fixable():
-    """Found by compiling naohai-200b scaled: MindSpore's AddInfo refuses ((8, 1), (1, 1)) on a residual Add."""
+def test_sequence_parallel_residual_split_differently_is_refused():
+    """Found by compiling naohai-200b scaled: MindSpore's AddInfo refuses ((8, 1), (1, 1)) on a residual Add.
+
+    Sequence parallel now splits both operands of the residual Adds; an escape hatch that
+    splits them differently is refused by the validator ("same logical axis, same slices").
+    """
     raw = read_yaml(str(S / "naohai-200b-3456p.yaml"))
     rec_raw, strat, _ = scale_down(preset_recipe("pengcheng-mind-200b"), raw, 8)
     recipe = recipe_from_dict(rec_raw, "scaled")
     resolved = check_strategy(parse_strategy(strat, "scaled"), recipe)
-    assert resolved.op_strategy["layers.0.attention.residual"] == ((8, 1), (1, 1))   # what resolve gives today
-    with pytest.raises(UserError, match="elementwise-same-split"):
-        check_compat(dataclass_replace_xent(resolved), recipe)
-    fixed, notes = compat_fixes(strat, resolved, recipe)
-    again = check_strategy(parse_strategy(fixed, "fixed"), recipe)
-    check_compat(again, recipe)
-    assert again.op_strategy["layers.1.mlp.residual"] == ((8, 1), (8, 1)) and len(notes) == 2
-
-
-def dataclass_replace_xent(resolved):
-    import dataclasses
-    table = dict(resolved.op_strategy)
-    table["loss.xent"] = ((1, 1), (1, 1))
-    return dataclasses.replace(resolved, op_strategy=table)
+    assert resolved.op_strategy["layers.0.attention.residual"] == ((8, 1), (8, 1))
+    check_compat(resolved, recipe)
+    strat = dict(strat, ops={"layers.1.mlp.residual": [[8, 1], [1, 1]]})
+    with pytest.raises(UserError, match="same logical axis, same slices within an op"):
+        check_strategy(parse_strategy(strat, "hatch"), recipe)
