@@ -74,6 +74,12 @@ class Trainer:
         self.resolved = resolved
         self.device = set_mode(recipe, device)
         self.runtime = strategy_apply.init_runtime(resolved, self.device)
+        if self.runtime.mode == "semi_auto":
+            raise UserError("this strategy needs semi-auto parallel (model or pipeline parallel). Its train "
+                            "step is built and checked by MindSpore's compiler (naohai check RECIPE STRATEGY "
+                            "--compile), but the training loop for it (last-stage loss reporting, per-rank "
+                            "sharded checkpoints) is not in this version; train with a data-parallel "
+                            "strategy meanwhile", where=getattr(resolved, "source", None), key="mesh")
         self.writer = self.runtime.is_writer
         self.log = log if self.writer else (lambda *_: None)
         self.progress = progress
