@@ -209,6 +209,9 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
     env[RUN_MARKER_VAR] = marker
     env["MS_DEV_SAVE_GRAPHS"] = "1"
     env["MS_DEV_SAVE_GRAPHS_PATH"] = str(workdir / "ir")
+    # only the final front-end graph is read (communication-op counts): dumping every pass's
+    # IR costs compile time
+    env.setdefault("MS_DEV_DUMP_IR_PASSES", "validate")
     env.setdefault("GLOG_v", "2")
     env["PYTHONUNBUFFERED"] = "1"
     log_dir = workdir / "logs"
