@@ -68,22 +68,20 @@ def require(module: str):
         raise UserError(f"the Python module '{module}' is missing; {INSTALL_HINT}", key=module) from None
 
 
-def modelarts_endpoint(endpoint: Optional[str], region: Optional[str]) -> str:
+def _service_endpoint(service: str, flag: str, endpoint: Optional[str], region: Optional[str]) -> str:
     if endpoint:
-        return _check_url(endpoint, "--endpoint")
+        return _check_url(endpoint, flag)
     if region:
-        return f"https://modelarts.{region}.myhuaweicloud.com"
-    raise UserError("give --endpoint URL or --region (e.g. cn-southwest-2)", where="command line",
-                    key="--endpoint")
+        return f"https://{service}.{region}.myhuaweicloud.com"
+    raise UserError(f"give {flag} URL or --region (e.g. cn-southwest-2)", where="command line", key=flag)
+
+
+def modelarts_endpoint(endpoint: Optional[str], region: Optional[str]) -> str:
+    return _service_endpoint("modelarts", "--endpoint", endpoint, region)
 
 
 def obs_endpoint(endpoint: Optional[str], region: Optional[str]) -> str:
-    if endpoint:
-        return _check_url(endpoint, "--obs-endpoint")
-    if region:
-        return f"https://obs.{region}.myhuaweicloud.com"
-    raise UserError("give --obs-endpoint URL or --region (e.g. cn-southwest-2)", where="command line",
-                    key="--obs-endpoint")
+    return _service_endpoint("obs", "--obs-endpoint", endpoint, region)
 
 
 def _check_url(url: str, flag: str) -> str:
