@@ -8,7 +8,10 @@ MindSpore error behind every rule, so a MindSpore upgrade that fixes one shows u
 as a failing test and the rule can be dropped.
 
 A rule raises :class:`naohai.errors.UserError` naming the strategy file, the key
-and what to use instead.
+and what to use instead.  (2.10 also refuses elementwise ops whose equal-shape inputs
+are split differently; the validator's "same logical axis, same slices within an op"
+rule and sequence parallel splitting both residual operands already exclude that.)
+``recipe`` is accepted for rules that need the model's shapes.
 """
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ from naohai.errors import UserError
 #: (rule id, one-line summary) of every rule below, for reports
 RULES: List[Tuple[str, str]] = [
     ("xent-class-axis", "loss.xent (SoftmaxCrossEntropyWithLogits) cannot split its class (vocab) axis"),
-    ("elementwise-same-split", "Add/Mul inputs of the same size must be split the same way on every dimension"),
 ]
 
 
@@ -40,38 +42,6 @@ def _xent_class_axis(resolved) -> None:
             "this in a copy)", where=resolved.source, key="ops.loss.xent", rule="mindspore-2.10: xent-class-axis")
 
 
-def _elementwise_mismatches(resolved, recipe):
-    """(op name, fixed tuple) for Add/Mul ops whose equal-size dims are split differently."""
-    if recipe is None:
-        return []
-    from naohai.model.catalog import op_catalog
-    catalog = op_catalog(recipe.model, resolved.micro_batch_size * resolved.data)
-    out = []
-    for name, strat in resolved.op_strategy.items():
-        spec = catalog.get(name)
-        if spec is None or spec.kind not in ("Add", "Mul") or len(strat) < 2:
-            continue
-        a_shape, b_shape = spec.shapes[0], spec.shapes[1]
-        a, b = strat[0], strat[1]
-        if len(a) != len(b) or a_shape != b_shape or a == b:
-            continue
-        merged = tuple(max(x, y) for x, y in zip(a, b))
-        out.append((name, (merged, merged) + tuple(strat[2:])))
-    return out
-
-
-def _elementwise_same_split(resolved, recipe) -> None:
-    bad = _elementwise_mismatches(resolved, recipe)
-    if bad:
-        name, fixed = bad[0]
-        raise UserError(
-            f"op {name} adds/multiplies two inputs of the same shape split differently "
-            f"({[list(d) for d in resolved.op_strategy[name]]}); MindSpore 2.10 refuses that "
-            f"('AddInfo: Invalid strategy'). Split both the same way, e.g. ops: {{{name}: "
-            f"{[list(d) for d in fixed]}}} ({len(bad)} op(s) affected; naohai check --compat-fixes fixes a copy)",
-            where=resolved.source, key=f"ops.{name}", rule="mindspore-2.10: elementwise-same-split")
-
-
 def compat_fixes(raw: Dict[str, Any], resolved, recipe=None) -> Tuple[Dict[str, Any], List[str]]:
     """A copy of a strategy mapping with the fixable 2.10 incompatibilities fixed, and what changed."""
     out = copy.deepcopy(raw)
@@ -85,19 +55,9 @@ def compat_fixes(raw: Dict[str, Any], resolved, recipe=None) -> Tuple[Dict[str, 
         notes.append(f"ops.loss.xent {[list(d) for d in strat]} -> [[{rows}, 1], [{rows}, 1]] (MindSpore 2.10 cannot "
                      "split SoftmaxCrossEntropyWithLogits' class axis; the head's vocab-parallel logits are "
                      "gathered before the loss)")
-    if recipe is not None:
-        bad = _elementwise_mismatches(resolved, recipe)
-        if bad:
-            out["ops"] = dict(out.get("ops") or {})
-            for name, fixed in bad:
-                out["ops"][name] = [list(d) for d in fixed]
-            notes.append(f"{len(bad)} Add/Mul op(s) ({', '.join(n for n, _ in bad[:3])}"
-                         f"{', ...' if len(bad) > 3 else ''}) split both same-shape inputs alike (MindSpore 2.10 "
-                         "refuses different splits)")
     return out, notes
 
 
 def check_compat(resolved, recipe=None) -> None:
     """Raise a UserError for the first MindSpore 2.10 incompatibility in ``resolved``."""
     _xent_class_axis(resolved)
-    _elementwise_same_split(resolved, recipe)

@@ -37,7 +37,7 @@ class Built:
         """Everything a checkpoint must hold for exact resume."""
         seen, out = set(), []
         for p in list(self.model.get_parameters()) + list(self.optimizer.get_parameters()):
-            if p.name in seen or p.name in ("learning_rate", "learning_rate_table"):
+            if p.name in seen or p.name == "learning_rate":
                 continue
             seen.add(p.name)
             out.append(p)
