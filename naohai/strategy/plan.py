@@ -14,8 +14,8 @@ ready); ``render_text(plan)`` prints it.  Memory figures come from
 * ring collectives: all-reduce moves 2(n-1)/n of the buffer per device;
   reduce-scatter and all-gather (n-1)/n.  Groups that fit in one node use the
   intra-node bandwidth, others the inter-node one.
-* model FLOPs per token 6N + 12*L*h*s (PaLM, appendix B; N all parameters, the
-  tied table counted once = the head matmul); MFU = model FLOPs per second /
+* model FLOPs per token from :mod:`naohai.model.flops` (PaLM appendix B, the
+  same definition as the trainer's MFU); MFU = model FLOPs per second /
   (devices * peak).
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 from naohai.config import ModelConfig
+from naohai.model.flops import flops_per_token
 from naohai.model.params import count_params
 from naohai.strategy.memory import (ParamPlacement, dtype_bytes, layer_forward_flops,
                                     place_params, stage_activations, stage_states)
@@ -117,10 +118,6 @@ def _ring(kind: str, n: int) -> float:
 def _bw(profile: DeviceProfile, span_devices: int) -> float:
     gbs = profile.intra_node_gbs if span_devices <= profile.devices_per_node else profile.inter_node_gbs
     return gbs * 1e9
-
-
-def model_flops_per_token(cfg: ModelConfig) -> float:
-    return 6.0 * count_params(cfg) + 12.0 * cfg.num_layers * cfg.hidden_size * cfg.seq_length
 
 
 def _sharding_table(placements: List[ParamPlacement], r: ResolvedStrategy) -> List[Dict]:
@@ -228,7 +225,7 @@ def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, mo
                      "gradient all-reduce; with optimizer parallel reduce-scatter + all-gather of weights"),
             CommPlan("pipeline", p, pp_bytes, pp_seconds, "send/recv of b*s*h activations and their gradients")]
     tokens = gmb * m * acc * s
-    mft = model_flops_per_token(cfg)
+    mft = flops_per_token(cfg)
     mfu = mft * tokens / step / (r.device_num * profile.peak_tflops(cfg.compute_dtype) * 1e12)
     return Plan(
         strategy=r.name, source=r.source, model=model_name, devices=r.device_num, mesh=dict(r.mesh),

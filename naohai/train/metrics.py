@@ -1,8 +1,6 @@
 """Throughput arithmetic and run logs: JSON lines, TensorBoard events, a PNG loss curve.
 
-FLOPs per token follow the PaLM appendix-B estimate, 6N + 12*L*h*s, where N
-counts the parameters that take part in matrix multiplications (lookup tables
-of positions are excluded; a tied word embedding counts once, as the head).
+FLOPs per token come from :mod:`naohai.model.flops` (shared with the planner).
 """
 from __future__ import annotations
 
@@ -10,17 +8,7 @@ import json
 import os
 from typing import Dict, List, Optional
 
-from naohai.config import ModelConfig
-from naohai.model.params import param_shapes
-
-
-def matmul_params(cfg: ModelConfig) -> int:
-    skip = ("position_embedding", "query_embedding")
-    return sum(p.size for p in param_shapes(cfg) if not p.name.endswith(skip))
-
-
-def flops_per_token(cfg: ModelConfig) -> float:
-    return 6.0 * matmul_params(cfg) + 12.0 * cfg.num_layers * cfg.hidden_size * cfg.seq_length
+from naohai.model.flops import flops_per_token  # noqa: F401  (re-exported for the loop)
 
 
 def cpu_peak_tflops() -> float:

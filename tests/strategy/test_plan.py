@@ -5,7 +5,8 @@ import pytest
 
 from naohai.config import preset_recipe
 from naohai.strategy.memory import layer_activation_bytes, stage_activations
-from naohai.strategy.plan import bubble_fraction, build_plan, model_flops_per_token
+from naohai.model.flops import flops_per_token
+from naohai.strategy.plan import bubble_fraction, build_plan
 from naohai.strategy.profiles import PROFILES
 from naohai.strategy.resolve import check_strategy, default_strategy
 from naohai.strategy.schema import load_strategy, parse_strategy
@@ -90,8 +91,10 @@ def test_bubble_formulas():
 
 def test_model_flops_per_token_palm():
     from naohai.model.params import count_params
-    want = 6 * count_params(P200) + 12 * 64 * 16384 * 1024
-    assert model_flops_per_token(P200) == want
+    # PaLM 6N + 12*L*h*s with N the matmul parameters: the learned position table and the
+    # query layer's position table (each 1024 x 16384) only feed lookups
+    want = 6 * (count_params(P200) - 2 * 1024 * 16384) + 12 * 64 * 16384 * 1024
+    assert flops_per_token(P200) == want
     plan = build_plan(P200, pangu200("full"), PROFILE)
     # MFU = model FLOPs per token x tokens/s/device / peak
     assert plan.mfu == pytest.approx(want * plan.tokens_per_second_per_device / 256e12)
