@@ -164,6 +164,9 @@ class DataConfig:
 
 
 # --------------------------------------------------------------------------- train
+DEVICES = ("auto", "CPU", "GPU", "Ascend")
+
+
 @dataclass
 class LossScaleConfig:
     dynamic: bool = False      # on by default only for float16 compute (see Recipe.validate)
@@ -189,15 +192,22 @@ class TrainConfig:
     adam_eps: float = 1e-8
     grad_clip: float = 1.0           # global-norm clip; 0 disables
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    spike_factor: float = 0.0        # skip a step whose gradient norm exceeds this x its running mean; 0 = off
+    spike_warmup: int = 50           # applied steps before the spike guard starts judging
+    spike_window: int = 100          # steps in the running mean of the gradient norm
+    max_skipped_steps: int = 25      # consecutive skipped steps (non-finite or spike) that stop the run
     seed: int = 42
     mode: str = "graph"              # graph | pynative
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8
     save_every: int = 100
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3        # keep the last K checkpoints ...
+    keep_every: int = 0              # ... and every checkpoint whose step is a multiple of this (0 = none)
     output_dir: str = "runs/default"
-    device_peak_tflops: Optional[float] = None  # for MFU; None = detect (CPU estimate)
+    device: str = "auto"             # auto | CPU | GPU | Ascend (auto: Ascend, else GPU, else CPU)
+    device_profile: Optional[str] = None  # planner profile for the MFU peak; None = detect on Ascend
+    device_peak_tflops: Optional[float] = None  # MFU denominator per device; None = profile / measured on CPU
 
     def validate(self, where: str = "recipe", prefix: str = "train") -> None:
         def bad(key, msg, rule=None):
@@ -223,6 +233,19 @@ class TrainConfig:
                 bad(key, f"must be a positive integer, got {getattr(self, key)}")
         if self.grad_clip < 0:
             bad("grad_clip", "must be >= 0 (0 disables clipping)")
+        if self.device not in DEVICES:
+            bad("device", f"'{self.device}' is not one of {', '.join(DEVICES)}.{did_you_mean(self.device, DEVICES)}")
+        if self.spike_factor != 0 and self.spike_factor <= 1:
+            bad("spike_factor", f"must be 0 (off) or > 1, got {self.spike_factor}")
+        for key in ("spike_warmup", "spike_window", "max_skipped_steps"):
+            if getattr(self, key) < 1:
+                bad(key, f"must be a positive integer, got {getattr(self, key)}")
+        if self.device_peak_tflops is not None and not 0 < self.device_peak_tflops < 1e6:
+            bad("device_peak_tflops", f"must be a positive number of TFLOP/s, got {self.device_peak_tflops}")
+        ls = self.loss_scale
+        if ls.window < 1 or ls.factor <= 1 or ls.min_scale <= 0 or ls.init < ls.min_scale:
+            bad("loss_scale", f"need window >= 1, factor > 1, min_scale > 0 and init >= min_scale, got "
+                              f"window={ls.window} factor={ls.factor} min_scale={ls.min_scale} init={ls.init}")
 
 
 # --------------------------------------------------------------------------- recipe

@@ -64,22 +64,22 @@ class Generator:
         from naohai.data.pipeline import default_tokenizer_path
         from naohai.data.tokenizer import Tokenizer
         from naohai.model.transformer import LogitsNet, NaohaiLM
-        from naohai.train import checkpoint as ckpt
+        from naohai.checkpoint import store as ckpt
 
         path = ckpt.resolve_checkpoint(checkpoint)
-        state = ckpt.read_state(path)
-        recipe = recipe_from_dict(state["recipe"], where=os.path.join(path, "state.json"))
+        state = ckpt.read_manifest(path)
+        recipe = recipe_from_dict(state["recipe"], where=os.path.join(path, ckpt.MANIFEST))
         run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
         tok_path = recipe.data.tokenizer or os.path.join(run_dir, "tokenizer.model")
         if not os.path.exists(tok_path):
             tok_path = default_tokenizer_path(recipe)
         self.tokenizer = Tokenizer.load(tok_path)
         ms.set_context(mode=ms.GRAPH_MODE)
-        from naohai.train.loop import resolve_device
-        ms.set_device(resolve_device(device))
+        from naohai.train.device import resolve_device
+        ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
         self.cfg = recipe.model
         self.model = NaohaiLM(self.cfg, seed=0)
-        ckpt.load_params(path, list(self.model.get_parameters()))
+        ckpt.load_weights(path, list(self.model.get_parameters()))
         self.net = LogitsNet(self.model)
         self.net.set_train(False)
         self._tensor = Tensor

@@ -5,7 +5,8 @@
 #    or (as `naohai submit` sets it up; ModelArts passes job parameters and the
 #    local paths of inputs/outputs as --name=value):
 #        run/modelarts_boot.sh --recipe=R [--strategy=S] [--overrides="k=v k=v"]
-#                              [--data=LOCAL_DIR] [--output=LOCAL_DIR]
+#                              [--device=Ascend|GPU|CPU|auto] [--data=LOCAL_DIR] [--output=LOCAL_DIR]
+#    --device goes to `naohai launch --device` (and from there to every worker),
 #    --data becomes data.prepared_dir=..., --output becomes train.output_dir=...;
 #    other --name=value arguments are ignored with a note.
 #
@@ -20,14 +21,15 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 if [ "${1:-}" != "${1#--}" ]; then
   # --name=value form (ModelArts boot file)
-  recipe=""; strategy=""; pairs=()
+  recipe=""; strategy=""; device=""; pairs=()
   for a in "$@"; do
     case $a in
       --recipe=*) recipe=${a#--recipe=} ;;
       --strategy=*) strategy=${a#--strategy=} ;;
+      --device=*) device=${a#--device=} ;;
       # shellcheck disable=SC2206
       --overrides=*) pairs+=(${a#--overrides=}) ;;
       --data=*) pairs+=("data.prepared_dir=${a#--data=}") ;;
@@ -39,7 +41,7 @@ if [ "${1:-}" != "${1#--}" ]; then
   set -- "${pairs[@]}"
 else
   [ $# -ge 2 ] || usage
-  recipe=$1; strategy=$2; shift 2
+  recipe=$1; strategy=$2; device=""; shift 2
 fi
 # key=value recipe overrides go right after the recipe; anything else is a naohai launch flag
 overrides=(); flags=()
@@ -52,7 +54,8 @@ unset RANK_TABLE_FILE
 env_flags=$(python -m naohai.launch.modelarts_env) || exit 2
 mapfile -t node_flags <<<"$env_flags"
 log_dir=${LOG_DIR:-${MA_JOB_DIR:+$MA_JOB_DIR/msrun_logs}}
-args=(launch "$recipe" "${overrides[@]}" ${strategy:+--strategy "$strategy"} "${node_flags[@]}"
+args=(launch "$recipe" "${overrides[@]}" ${strategy:+--strategy "$strategy"} ${device:+--device "$device"}
+      "${node_flags[@]}"
       --master-port "${MASTER_PORT:-8118}" --log-dir "${log_dir:-runs/msrun_logs}")
 # shellcheck disable=SC2206
 [ -n "${NAOHAI_LAUNCH_FLAGS:-}" ] && args+=(${NAOHAI_LAUNCH_FLAGS})

@@ -129,7 +129,8 @@ def test_published_recipes_validate_with_their_strategies(recipe, strategy):
     assert r.train.global_batch_size % (resolved.mesh["data"] * r.train.micro_batch_size) == 0
 
 
-def test_bad_device_env(capsys, monkeypatch):
-    monkeypatch.setenv("NAOHAI_DEVICE", "TPU")
-    err = _cli_error(capsys, ["train", "tiny", "train.steps=1"])
-    assert "NAOHAI_DEVICE" in err and "TPU" in err
+def test_bad_device_is_named(capsys):
+    err = _cli_error(capsys, ["train", "tiny", "train.device=TPU"])
+    assert "train.device" in err and "'TPU' is not one of auto, CPU, GPU, Ascend" in " ".join(err.split())
+    err = _cli_error(capsys, ["train", "tiny", "--device", "TPU"])
+    assert "--device" in err and "TPU" in err

@@ -25,6 +25,9 @@ def register(sub) -> None:
     p.add_argument("strategy", help="strategy YAML file")
     p.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. train.micro_batch_size=2")
     p.add_argument("--compile", action="store_true", help="compile the train step on simulated devices")
+    p.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"),
+                   help="also check the layout can run on this device (auto = what this machine has); "
+                        "a layout it cannot run is an error")
     p.add_argument("--ranks", type=int, help="simulated devices (default: the strategy's, or 8 with --scale-down)")
     p.add_argument("--scale-down", action="store_true", help="shrink a cluster layout to fit --ranks")
     p.add_argument("--workdir", help="where logs, per-rank results and strategy files go")
@@ -75,6 +78,19 @@ def summary(resolved) -> str:
     return "\n".join(lines)
 
 
+def runs_on(resolved, device, recipe_words: str) -> str:
+    """Where this layout can train; with an explicit ``--device`` a layout it cannot run is a UserError."""
+    from naohai.strategy.apply import check_runnable, layout_mode
+    if device:
+        from naohai.train.device import resolve_device
+        chosen = resolve_device(device, where="command line", key="--device")
+        check_runnable(resolved, chosen, recipe_words)
+        return f"runs on {chosen}: yes"
+    if layout_mode(resolved) == "semi_auto":
+        return "runs on: Ascend (or GPU) only; MindSpore 2.10 cannot execute op / pipeline parallel on CPU"
+    return "runs on: Ascend, GPU or CPU"
+
+
 def _write_yaml(path: Path, data) -> None:
     import yaml
     path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
@@ -120,6 +136,7 @@ def run(args) -> int:
             resolved = check_strategy(load_strategy(str(strategy_file)), recipe_for_check)
     check_compat(resolved, recipe_for_check)
     print(summary(resolved))
+    print(runs_on(resolved, args.device, " ".join([args.recipe, *args.overrides])))
     if not args.compile:
         print("valid (our rules and the MindSpore 2.10 compatibility rules); add --compile to compile it")
         return 0
@@ -140,7 +157,8 @@ def run(args) -> int:
     print(kernel_note())
     print(f"compiling on {ranks} simulated devices in {workdir} ...", flush=True)
     report = run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=args.timeout,
-                         kwargs=kwargs, keep_ir=args.keep_ir)
+                         kwargs=kwargs, keep_ir=args.keep_ir,
+                         ir_check={"stages": resolved.stages, "clip": recipe_for_check.train.grad_clip > 0})
     print(report.render())
     print(param_table(report))
     print(f"per-rank results and strategy files: {workdir}/rank_<r>/ ; summary: {workdir}/summary.json")

@@ -11,6 +11,8 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, default=40, help="0 = off")
     p.add_argument("--top-p", type=float, default=0.95, help="1 = off")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"), default="auto",
+                   help="device (default auto = Ascend, else GPU, else CPU)")
     p.set_defaults(run=run)
 
 
@@ -19,7 +21,7 @@ def run(args) -> int:
 
     cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
     cfg.validate()
-    gen = Generator(args.checkpoint)
+    gen = Generator(args.checkpoint, device=args.device)
     text = gen.generate(args.prompt, cfg)
     print(args.prompt + text)
     return 0

@@ -5,6 +5,7 @@ import argparse
 
 from naohai.launch.devices import worker_count
 from naohai.launch.msrun import DEFAULT_PORT, MsrunPlan, run_msrun
+from naohai.launch.preflight import preflight
 
 from naohai.commands._args import allow_intermixed  # noqa: E402
 
@@ -19,6 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("recipe", help="recipe file (or a name in recipes/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides passed to train")
     p.add_argument("--strategy", help="strategy file passed to train")
+    p.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"),
+                   help="device for every worker (default: the recipe's train.device; auto = Ascend, else GPU, "
+                        "else CPU, decided here and passed to the workers)")
     p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's index, 0-based (default 0)")
     p.add_argument("--master-addr", help="IP or host name of node 0 (required for several nodes)")
@@ -43,10 +47,12 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     workers = worker_count(args.strategy, args.devices_per_node, args.nodes)
+    # validate recipe + strategy and refuse a layout this device cannot run, before any worker starts
+    device = preflight(args.recipe, list(args.overrides), args.strategy, args.device, args.dry_run)
     plan = MsrunPlan(recipe=args.recipe, strategy=args.strategy, workers=workers, nodes=args.nodes,
                      node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                      log_dir=args.log_dir, join=args.join, cluster_time_out=args.cluster_time_out,
                      bind_core=args.bind_core, node_time_out=args.node_time_out, rank_table_file=args.rank_table,
                      rank_table_mode="processes" if args.rank_table_processes else "msrun",
-                     overrides=list(args.overrides))
+                     overrides=list(args.overrides), device=device)
     return run_msrun(plan, dry_run=args.dry_run)

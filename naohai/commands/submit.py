@@ -28,6 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("rest", nargs="*", metavar="key=value|JOB_ID",
                    help="recipe overrides, or the job id for status/logs/stop")
     p.add_argument("--strategy", help="strategy file (inside the code directory)")
+    p.add_argument("--device", choices=("Ascend", "GPU", "CPU", "auto"), default="Ascend",
+                   help="device the workers train on (default Ascend; passed to the boot script)")
     p.add_argument("--name", help="job name (letters, digits, '-', '_')")
     p.add_argument("--flavor", help="resource flavor id, e.g. modelarts.pool.visual.xlarge")
     p.add_argument("--nodes", type=int, default=1, help="node count (default 1)")
@@ -67,7 +69,7 @@ def run(args) -> int:
         log_obs=args.log_obs, data=args.data, data_obs=args.data_obs, image_url=args.image_url,
         engine_name=args.engine_name, engine_version=args.engine_version, pool_id=args.pool_id,
         workspace_id=args.workspace_id, endpoint=args.endpoint, obs_endpoint=args.obs_endpoint,
-        region=args.region, code_dir=args.code_dir)
+        region=args.region, code_dir=args.code_dir, device=args.device)
     submission.submit(opts, os.environ, dry_run=args.dry_run)
     return 0
 

@@ -1,15 +1,19 @@
-"""`naohai train RECIPE [--strategy FILE] [key=value ...]`: run a training job."""
+"""`naohai train RECIPE [--strategy FILE] [--device D] [key=value ...]`: run a training job."""
 from __future__ import annotations
 
 from naohai.commands._args import allow_intermixed
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train a recipe (single device, data parallel under msrun, or a strategy)")
+    p = sub.add_parser("train", help="train a recipe (one device, or every rank of a strategy under msrun)")
     p.add_argument("recipe", help="recipe YAML file, or a name in recipes/ (e.g. tiny)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 train.lr=1e-3")
     p.add_argument("--strategy", help="strategy YAML file (default: one device)")
+    p.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"),
+                   help="device (default: the recipe's train.device, auto = Ascend, else GPU, else CPU)")
     p.add_argument("--no-resume", action="store_true", help="start from step 0 even if checkpoints exist")
+    p.add_argument("--resume-from", metavar="CHECKPOINT",
+                   help="resume from this checkpoint folder (it must verify) instead of the newest good one")
     p.add_argument("--max-steps", type=int, help="stop after this many steps in this invocation")
     p.add_argument("--output-dir", help="same as train.output_dir=...")
     allow_intermixed(p)
@@ -18,21 +22,20 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from naohai.config import load_recipe
-    from naohai.train.loop import train
+    from naohai.errors import UserError
+    from naohai.strategy.compat import validated_strategy
+    from naohai.train.job import train
 
+    if args.no_resume and args.resume_from:
+        raise UserError("--no-resume and --resume-from contradict each other", where="command line",
+                        key="--resume-from")
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
     recipe = load_recipe(args.recipe, overrides)
-    resolved = None
-    if args.strategy:
-        from naohai.strategy.resolve import check_strategy, load_strategy
-        from naohai.strategy.compat import check_compat
-        resolved = check_strategy(load_strategy(args.strategy), recipe)
-        check_compat(resolved, recipe)
-        for warning in resolved.warnings:
-            print(f"naohai: warning: {warning}")
-    result = train(recipe, resolved, resume=not args.no_resume, max_steps=args.max_steps)
+    resolved = validated_strategy(recipe, args.strategy) if args.strategy else None
+    result = train(recipe, resolved, resume=not args.no_resume, resume_from=args.resume_from,
+                   max_steps=args.max_steps, device=args.device)
     if result.evals and result.is_writer:
         first, last = min(result.evals), max(result.evals)
         print(f"done: {result.steps_done} steps; held-out loss {result.evals[first]:.4f} (step {first}) -> "

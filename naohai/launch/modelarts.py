@@ -47,6 +47,7 @@ class JobRequest:
     workspace_id: Optional[str] = None
     description: str = "naohai training job"
     environments: Dict[str, str] = field(default_factory=dict)
+    device: str = "Ascend"           # passed to the boot script, then to every worker
 
 
 def validate_request(req: JobRequest) -> None:
@@ -79,6 +80,7 @@ def build_job_body(req: JobRequest) -> Dict[str, Any]:
         params.append({"name": "strategy", "value": req.strategy})
     if req.overrides:
         params.append({"name": "overrides", "value": " ".join(req.overrides)})
+    params.append({"name": "device", "value": req.device})
     algorithm: Dict[str, Any] = {
         "code_dir": req.code_obs.api_form,
         "boot_file": req.code_obs.child(BOOT_FILE).api_form,

@@ -75,6 +75,7 @@ class MsrunPlan:
     python: str = "python"
     node_time_out: Optional[int] = None  # MS_NODE_TIMEOUT: seconds before a silent rank is declared dead
     entry: Optional[List[str]] = None    # replaces "-m naohai.cli train ..." (tests, tools)
+    device: Optional[str] = None         # passed to the workers as --device
 
     @property
     def per_node(self) -> int:
@@ -160,7 +161,7 @@ def _looks_like_host(addr: str) -> bool:
 
 
 def entry_args(plan: MsrunPlan) -> List[str]:
-    """The arguments after ``python``: ``-m naohai.cli train RECIPE [overrides] --strategy FILE``.
+    """The arguments after ``python``: ``-m naohai.cli train RECIPE [overrides] --strategy FILE --device D``.
 
     Overrides come right after the recipe: plain argparse (as `naohai train` uses)
     does not accept positionals after an option.
@@ -170,6 +171,8 @@ def entry_args(plan: MsrunPlan) -> List[str]:
     args = ["-m", "naohai.cli", "train", plan.recipe] + list(plan.overrides)
     if plan.strategy:
         args += ["--strategy", plan.strategy]
+    if plan.device:
+        args += ["--device", plan.device]
     return args
 
 

@@ -17,7 +17,8 @@ from naohai.config import load_recipe, resolve_recipe_path
 from naohai.errors import UserError
 from naohai.launch.credentials import (AK_VAR, PROJECT_VAR, SK_VAR, credentials_from_env, mask,
                                        modelarts_endpoint, obs_endpoint)
-from naohai.launch.devices import mesh_device_count
+from naohai.strategy.apply import check_runnable
+from naohai.strategy.compat import validated_strategy
 from naohai.launch.modelarts import JobRequest, TrainingJobs, build_job_body
 from naohai.launch.obs_upload import (DEFAULT_EXCLUDES, MULTIPART_THRESHOLD, PART_SIZE, Uploader,
                                       collect_files, obs_client, parse_obs_path, plan_summary)
@@ -50,6 +51,7 @@ class SubmitOptions:
     excludes: tuple = DEFAULT_EXCLUDES
     multipart_threshold: int = MULTIPART_THRESHOLD
     part_size: int = PART_SIZE
+    device: str = "Ascend"
 
 
 def _inside(path: str, root: str, flag: str) -> str:
@@ -65,10 +67,15 @@ def _inside(path: str, root: str, flag: str) -> str:
 def build_request(opts: SubmitOptions) -> JobRequest:
     """Check the recipe, strategy and OBS paths locally; return the job request."""
     recipe_path = resolve_recipe_path(opts.recipe)
-    load_recipe(recipe_path, opts.overrides)          # fail here, not after an upload and a queue
+    recipe = load_recipe(recipe_path, opts.overrides)   # fail here, not after an upload and a queue
     strategy_rel = None
+    if opts.device not in ("Ascend", "GPU", "CPU", "auto"):
+        raise UserError(f"'{opts.device}' is not one of Ascend, GPU, CPU, auto", where="command line",
+                        key="--device")
     if opts.strategy:
-        mesh_device_count(opts.strategy)              # parses and checks the strategy file
+        resolved = validated_strategy(recipe, opts.strategy)   # the checks every worker will make
+        if opts.device != "auto":
+            check_runnable(resolved, opts.device, opts.recipe)
         strategy_rel = _inside(opts.strategy, opts.code_dir, "--strategy")
     if opts.data and not opts.data_obs:
         raise UserError("--data needs --data-obs /bucket/path/ to upload it to", where="command line",
@@ -77,7 +84,7 @@ def build_request(opts: SubmitOptions) -> JobRequest:
         raise UserError("does not exist", where=opts.data, key="--data")
     return JobRequest(
         name=opts.name, recipe=_inside(recipe_path, opts.code_dir, "recipe"), strategy=strategy_rel,
-        flavor=opts.flavor, nodes=opts.nodes, overrides=list(opts.overrides),
+        flavor=opts.flavor, nodes=opts.nodes, overrides=list(opts.overrides), device=opts.device,
         code_obs=parse_obs_path(opts.code_obs, "--code-obs"),
         output_obs=parse_obs_path(opts.output_obs, "--output-obs"),
         log_obs=parse_obs_path(opts.log_obs, "--log-obs") if opts.log_obs else None,

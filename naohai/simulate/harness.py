@@ -5,7 +5,9 @@ workers running :mod:`naohai.simulate.worker` against a target, enforce a timeou
 (killing msrun and every worker it spawned, found by a per-run environment marker,
 since msrun puts workers in their own sessions), then gather each rank's
 ``result.json`` into a :class:`CompileReport` (text table + ``summary.json``).  A rank
-that died without a result is reported with the tail of its msrun log.
+that died without a result is reported with the tail of its msrun log.  When every rank
+compiled, the deadlock checks of :mod:`naohai.simulate.ircheck` run on each graph's IR
+(``ir_checks`` in the report; a violation fails it).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from naohai.errors import UserError
+from naohai.simulate.ircheck import check_compile_dir, render as render_ir_checks
 from naohai.simulate.msgparse import log_errors, op_from_log
 from naohai.simulate.stubs import ensure_stubs
 
@@ -67,10 +70,15 @@ class CompileReport:
     timed_out: bool
     returncode: Optional[int]
     per_rank: List[RankResult]
+    ir_checks: Optional[Dict[str, Any]] = None
+
+    @property
+    def compiled(self) -> bool:
+        return not self.timed_out and all(r.ok for r in self.per_rank)
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and all(r.ok for r in self.per_rank)
+        return self.compiled and (self.ir_checks is None or bool(self.ir_checks.get("passed")))
 
     @property
     def failed_ranks(self) -> List[int]:
@@ -83,7 +91,7 @@ class CompileReport:
         return {"target": self.target, "ranks": self.ranks, "workdir": str(self.workdir),
                 "wall_s": self.wall_s, "timed_out": self.timed_out,
                 "returncode": self.returncode, "ok": self.ok,
-                "failed_ranks": self.failed_ranks,
+                "failed_ranks": self.failed_ranks, "ir_checks": self.ir_checks,
                 "per_rank": [{"rank": r.rank, "ok": r.ok, "verdict": r.verdict(),
                               "result": r.result, "log_tail": r.log_tail}
                              for r in self.per_rank]}
@@ -99,7 +107,7 @@ class CompileReport:
                         + [str(r.comm_ops.get(k, 0)) for k in kinds])
         widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
         lines = [f"compile {self.target} on {self.ranks} simulated devices: "
-                 f"{'OK' if self.ok else 'FAILED'} in {self.wall_s:.1f} s"
+                 f"{'compiled' if self.compiled else 'FAILED'} in {self.wall_s:.1f} s"
                  + (" (TIMED OUT)" if self.timed_out else "")]
         for row in [head] + rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
@@ -122,6 +130,8 @@ class CompileReport:
             if err.get("source"):
                 lines.append(f"  at {err['source']}")
             lines.extend("  log: " + e[:300] for e in (err.get("log_errors") or [])[:4])
+        if self.ir_checks is not None:
+            lines.append(render_ir_checks(self.ir_checks))
         return "\n".join(lines)
 
 
@@ -178,13 +188,14 @@ def _tail(path: Path, n_chars: int = 3000) -> str:
 def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
                 kwargs: Optional[Dict[str, Any]] = None, precompile_only: bool = True,
                 keep_ir: bool = False, sys_path: Sequence[str] = (),
-                cluster_time_out: int = 300) -> CompileReport:
+                cluster_time_out: int = 300, ir_check: Optional[Dict[str, Any]] = None) -> CompileReport:
     """Compile ``target`` (``"module:function"``) on ``ranks`` simulated GPUs.
 
     ``kwargs`` go to the target function; ``sys_path`` entries are prepended to the
     workers' ``sys.path`` (for targets outside installed packages).  Everything is
     written under ``workdir``: ``spec.json``, ``logs/worker_<r>.log``,
-    ``rank_<r>/{result.json,strategy.ckpt,final.ir}``, ``summary.json``.
+    ``rank_<r>/{result.json,strategy.ckpt,final.ir,<graph>.ir}``, ``summary.json``.
+    ``ir_check`` (``{"stages": S, "clip": bool}``) turns on the IR deadlock checks.
     """
     if ranks < 1:
         raise UserError(f"ranks must be >= 1, got {ranks}", key="ranks")
@@ -248,5 +259,9 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
             per_rank.append(RankResult(r, False, None, _tail(log_dir / f"worker_{r}.log")))
     report = CompileReport(target, ranks, workdir, round(wall, 2), timed_out,
                            proc.returncode, per_rank)
+    if ir_check is not None and report.compiled:
+        graphs = (per_rank[0].result or {}).get("graphs") or []
+        report.ir_checks = check_compile_dir(workdir, ranks, graphs, stages=int(ir_check.get("stages", 1)),
+                                             clip=bool(ir_check.get("clip", False)))
     (workdir / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str))
     return report

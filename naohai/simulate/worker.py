@@ -4,12 +4,15 @@ Usage (msrun does this): ``python .../naohai/simulate/worker.py <spec.json>``.
 
 The spec (written by :mod:`naohai.simulate.harness`) names a *target*, a callable
 ``"module:function"`` called with ``**spec["kwargs"]`` after ``ms.set_device("GPU")`` and
-``init()``.  The target sets up the parallel context itself and returns
-``(network, compile_args)``.  This module compiles ``network`` and writes
-``<out_dir>/rank_<r>/result.json``: ok / error (type, MindSpore message, op and
-parameter names found in it), per-parameter layouts and shard shapes, communication
-op counts read from the last front-end IR, compile time and peak RSS.  The
-parameter strategy file goes to ``<out_dir>/rank_<r>/strategy.ckpt``.
+``init()``.  The target sets up the parallel context itself and returns either
+``(network, compile_args)`` or a list ``[(name, network, compile_args), ...]`` of the
+graphs this rank compiles, in order (naohai's train step, then its eval net).  This
+module compiles each and writes ``<out_dir>/rank_<r>/result.json``: ok / error (type,
+MindSpore message, op and parameter names found in it, which graph), the first
+graph's per-parameter layouts and shard shapes, communication op counts per graph
+read from its last front-end IR (kept as ``rank_<r>/<name>.ir``; the first graph's
+also as ``final.ir``), compile times and peak RSS.  The first graph's parameter
+strategy file goes to ``<out_dir>/rank_<r>/strategy.ckpt``.
 """
 from __future__ import annotations
 
@@ -80,6 +83,28 @@ def _set_strategy_file(network, path: str) -> None:
         ms.set_auto_parallel_context(strategy_ckpt_config={"save_file": path})
 
 
+def _collect_ir(rank: int, rank_dir: Path, name: str, result: dict, first: bool) -> None:
+    """Copy the graph just compiled's validate IR to ``rank_dir/<name>.ir`` and count its
+    communication ops; the IR folder is then emptied so the next graph's files stand alone."""
+    ir_dir = os.environ.get("MS_DEV_SAVE_GRAPHS_PATH")
+    if not ir_dir:
+        return
+    rank_ir = Path(ir_dir) / f"rank_{rank}"
+    final = final_ir_file(rank_ir)
+    if final is None:
+        return
+    text = final.read_text(errors="replace")
+    (rank_dir / f"{name}.ir").write_text(text)
+    result.setdefault("comm_ops_by_graph", {})[name] = count_comm_ops(text)
+    if first:
+        result["ir_file"] = final.name
+        result["comm_ops"] = result["comm_ops_by_graph"][name]
+        shutil.copy(final, rank_dir / "final.ir")
+    keep = Path(ir_dir) / f"rank_{rank}.{name}"
+    shutil.rmtree(keep, ignore_errors=True)
+    rank_ir.rename(keep)  # kept (or removed below) per graph
+
+
 def _write(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
@@ -107,30 +132,32 @@ def main(argv) -> int:
         result["group_size"] = get_group_size()
         result["init_s"] = round(time.time() - t_start, 3)
         result["stage"] = "build"
-        network, compile_args = _resolve(spec["target"])(**spec.get("kwargs", {}))
+        built = _resolve(spec["target"])(**spec.get("kwargs", {}))
+        graphs = built if isinstance(built, list) else [("main", built[0], tuple(built[1]))]
+        result["graphs"] = [name for name, _, _ in graphs]
+        result["compile_s"] = 0.0
         strategy_path = rank_dir / "strategy.ckpt"
-        _set_strategy_file(network, str(strategy_path))
-        result["stage"] = "compile"
-        t0 = time.time()
-        network.compile(*compile_args)
-        result["compile_s"] = round(time.time() - t0, 3)
+        for i, (name, network, compile_args) in enumerate(graphs):
+            if i == 0:
+                _set_strategy_file(network, str(strategy_path))
+            result["stage"] = f"compile {name}"
+            t0 = time.time()
+            network.compile(*compile_args)
+            result["compile_s"] = round(result["compile_s"] + time.time() - t0, 3)
+            _collect_ir(rank, rank_dir, name, result, first=(i == 0))
+            if i == 0:
+                result["parameters"] = _layouts(network)
         result["ok"] = True
         result["stage"] = "done"
-        result["parameters"] = _layouts(network)
         result["strategy_file"] = str(strategy_path) if strategy_path.exists() else None
     except BaseException as exc:  # noqa: BLE001 - everything is reported, nothing hidden
         result["error"] = parse_mindspore_error(exc)
         result["error"]["traceback"] = traceback.format_exc()[-4000:]
-    ir_dir = os.environ.get("MS_DEV_SAVE_GRAPHS_PATH")
-    if ir_dir:
-        rank_ir = Path(ir_dir) / f"rank_{rank}"
-        final = final_ir_file(rank_ir)
-        if final is not None:
-            result["ir_file"] = final.name
-            result["comm_ops"] = count_comm_ops(final.read_text(errors="replace"))
-            shutil.copy(final, rank_dir / "final.ir")
-        if not spec.get("keep_ir", False):
-            shutil.rmtree(rank_ir, ignore_errors=True)
+    if not spec.get("keep_ir", False):
+        ir_dir = os.environ.get("MS_DEV_SAVE_GRAPHS_PATH")
+        if ir_dir:
+            for d in [Path(ir_dir) / f"rank_{rank}", *Path(ir_dir).glob(f"rank_{rank}.*")]:
+                shutil.rmtree(d, ignore_errors=True)
     result["peak_rss_mb"] = round(_peak_rss_mb(), 1)
     result["wall_s"] = round(time.time() - t_start, 3)
     _write(rank_dir / "result.json", result)

@@ -1,30 +1,44 @@
-"""Applies a resolved strategy to a model: the ONLY place with parallel logic.
+"""Applies a resolved strategy to a model and a train step: the ONLY place with parallel logic.
 
-It owns every call to ``Primitive.shard``, ``pipeline_stage``, ``recompute``
-and the MindSpore parallel context.  One device runs the same path: the
-strategy is then all ones and the context stays stand-alone.
+It owns every call to ``Primitive.shard``, ``pipeline_stage``, ``recompute`` and
+the MindSpore parallel context, and the parallel pieces of the train step
+(:mod:`naohai.train.step` holds its math).  Every layout goes through the same
+functions; what differs is chosen here:
 
-How the parallel mode is chosen:
-- world size 1                      -> stand-alone
-- only the data axis > 1, no op sharding, one stage
-                                    -> MindSpore DATA_PARALLEL with an explicit
-                                       gradient all-reduce (runs on CPU too)
-- anything else                     -> semi-auto parallel with per-op strategies,
-                                       pipeline stages and optimizer parallel, through
-                                       ``mindspore.parallel.auto_parallel.AutoParallel``
-                                       (see :func:`wrap_train_step`)
+=====================  ==========================================================
+layout                 what runs
+=====================  ==========================================================
+one device             the model; gradients unscaled in the graph
+data parallel only     MindSpore DATA_PARALLEL + an explicit gradient all-reduce
+(no op sharding)       (the only multi-rank mode with CPU kernels: runs on CPU)
+anything else          semi-auto parallel through ``AutoParallel``: per-op shard
+                       strategies, pipeline stages, optimizer parallel (``hsdp``),
+                       each rank fed its data-parallel slice
+                       (``dataset_strategy((dp, 1), (dp, 1))``)
+=====================  ==========================================================
 
-The semi-auto train step (what ``naohai check --compile`` compiles on simulated
-devices) is wired here too: ``Pipeline`` micro-batching, the pipeline gradient
-reducer, ``AutoParallel.pipeline`` / ``hsdp`` / ``dataset_strategy``.
+Semi-auto steps run ``micro = micro_batches x gradient accumulation`` micro-batches
+inside the graph: a ``Pipeline`` wrapper when there are stages, MindSpore's
+``GradAccumulation`` wrapper for one stage with ``micro > 1``.  Their gradients are
+read from ``accu_grads`` buffers that MindSpore's pipeline / accumulation passes
+fill (or, with optimizer parallel, from the returned reduce-scattered gradients while
+the buffers are cleared), as MindFormers' ``MFPipelineWithLossScaleCell`` does; the
+loss every rank reports is the global mean through one in-graph all-reduce.  A
+layout that cannot run on the chosen device is refused by :func:`check_runnable`.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import mindspore as ms
 from mindspore import nn
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
+from mindspore.ops import operations as P
+
+from naohai.errors import UserError
 
 
 @dataclass
@@ -34,31 +48,66 @@ class Runtime:
     mode: str            # standalone | data_parallel | semi_auto
     rank: int
     world: int
-    dp_rank: int         # index of this rank's data-parallel group member
+    dp_rank: int         # index of this rank's data-parallel group
     dp_size: int
     stages: int = 1
+    micro: int = 1       # micro-batches inside one compiled semi-auto step
 
     @property
     def is_writer(self) -> bool:
-        """Rank that writes replicated artefacts (checkpoints, logs) when data parallel."""
+        """Rank that writes run-wide artefacts (logs, metrics, manifests)."""
         return self.rank == 0
+
+    @property
+    def per_stage(self) -> int:
+        return self.world // self.stages
+
+    @property
+    def stage(self) -> int:
+        return self.rank // self.per_stage
 
 
 def _mesh(resolved) -> Dict[str, int]:
     return dict(getattr(resolved, "mesh", {}) or {}) if resolved is not None else {}
 
 
-def _pure_data_parallel(resolved) -> bool:
+def layout_mode(resolved) -> str:
+    """standalone | data_parallel | semi_auto for a resolved strategy (None = one device)."""
+    world = int(getattr(resolved, "device_num", 1) or 1) if resolved is not None else 1
+    if world == 1:
+        return "standalone"
     mesh = _mesh(resolved)
-    others = [v for k, v in mesh.items() if k != "data"]
-    if any(v > 1 for v in others):
-        return False
+    if any(v > 1 for k, v in mesh.items() if k != "data"):
+        return "semi_auto"
     for strategy in getattr(resolved, "op_strategy", {}).values():
         for per_input in strategy:
             # only the first (batch) dimension of activations may be split in pure DP
             if any(s > 1 for s in per_input[1:]):
-                return False
-    return True
+                return "semi_auto"
+    return "data_parallel"
+
+
+def check_runnable(resolved, device: str, recipe: str = "RECIPE") -> None:
+    """Refuse a layout that MindSpore cannot execute on ``device`` (UserError, before any worker);
+    ``recipe`` names the recipe in the suggested check command."""
+    if device != "CPU" or layout_mode(resolved) != "semi_auto":
+        return
+    mesh = " x ".join(f"{k} {v}" for k, v in _mesh(resolved).items())
+    name = getattr(resolved, "source", None) or getattr(resolved, "name", "the strategy")
+    raise UserError(
+        f"this layout ({mesh}) needs semi-auto parallel (model or pipeline parallel), which MindSpore 2.10 cannot "
+        f"execute on CPU: its communication (Send/Receive, ReduceScatter, AlltoAll) has no CPU kernel. Train it on "
+        f"Ascend (train.device=Ascend or --device Ascend on an Ascend node), check it here with `naohai check {recipe} "
+        f"{name} --compile` (MindSpore compiles every rank on simulated devices), or train on CPU with a "
+        f"data-parallel strategy (e.g. strategies/tiny-dp2.yaml)", where=name, key="mesh",
+        rule="op / pipeline parallel needs Ascend or GPU")
+
+
+def in_graph_micro(resolved) -> int:
+    """Micro-batches one compiled semi-auto step runs (1 for the other modes)."""
+    if layout_mode(resolved) != "semi_auto":
+        return 1
+    return int(resolved.micro_batches) * int(getattr(resolved, "gradient_accumulation", 1) or 1)
 
 
 def init_runtime(resolved, device: str) -> Runtime:
@@ -66,14 +115,14 @@ def init_runtime(resolved, device: str) -> Runtime:
 
     Call before building the model (MindSpore reads the context at build time).
     """
-    world = int(getattr(resolved, "device_num", 1) or 1) if resolved is not None else 1
-    if world == 1:
+    mode = layout_mode(resolved)
+    if mode == "standalone":
         return Runtime("standalone", 0, 1, 0, 1)
+    world = int(resolved.device_num)
+    check_runnable(resolved, device)
     from mindspore.communication import get_group_size, get_rank, init
 
-    import os
     if not (os.environ.get("MS_ROLE") or os.environ.get("RANK_TABLE_FILE")):
-        from naohai.errors import UserError
         raise UserError(f"the strategy needs {world} devices, but this is a single process (no msrun or rank "
                         f"table environment). Start it with `naohai launch RECIPE --strategy FILE ...` "
                         f"(msrun), or train without --strategy on one device",
@@ -82,23 +131,21 @@ def init_runtime(resolved, device: str) -> Runtime:
     actual = get_group_size()
     rank = get_rank()
     if actual != world:
-        from naohai.errors import UserError
         raise UserError(f"the strategy needs {world} devices but {actual} processes were started",
                         where=getattr(resolved, "source", None), key="mesh",
                         rule="product of mesh sizes == number of workers")
-    mesh = _mesh(resolved)
-    if _pure_data_parallel(resolved):
+    if mode == "data_parallel":
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
                                      device_num=world)
         return Runtime("data_parallel", rank, world, rank, world)
-    dp = int(mesh.get("data", 1))
-    stages = int(mesh.get("pipeline", 1))
+    dp, stages = int(resolved.data), int(resolved.stages)
     per_stage = world // stages
-    # device order inside a stage: data-major, model-minor (as in MindSpore's device matrix)
+    # device order inside a stage: data-major, model-minor (MindSpore's device matrix)
     dp_rank = (rank % per_stage) // (per_stage // dp)
-    return Runtime("semi_auto", rank, world, dp_rank, dp, stages)
+    return Runtime("semi_auto", rank, world, dp_rank, dp, stages, in_graph_micro(resolved))
 
 
+# --------------------------------------------------------------------------- the model
 def shard_ops(model, resolved) -> int:
     """Set ``Primitive.shard`` for every op with a strategy; returns how many were set."""
     if resolved is None:
@@ -134,7 +181,9 @@ def assign_stages(model, resolved) -> None:
     """Pipeline stages: embedding first, layers as planned, head and loss last.
 
     The tied word embedding is used by the head on the last stage too: it is
-    registered on that stage so MindSpore keeps a synchronised copy there.
+    registered on that stage so MindSpore keeps a synchronised copy there.  With
+    optimizer parallel it must stay whole (``parallel_optimizer = False``): sharding it
+    fails on stage 0 in 2.10 ("For 'AddN', input shape must be same").
     """
     stages = int(_mesh(resolved).get("pipeline", 1)) if resolved is not None else 1
     if stages <= 1:
@@ -146,16 +195,11 @@ def assign_stages(model, resolved) -> None:
     model.head.pipeline_stage = last
     model.loss.pipeline_stage = last
     if model.cfg.tie_embeddings:
-        # the shared table lives on both stages (MindSpore keeps the copies in step)
-        model.embedding.word_embedding.add_pipeline_stage(0)
-        model.embedding.word_embedding.add_pipeline_stage(last)
-
-
-def grad_reducer(runtime: Runtime, weights):
-    """Gradient all-reduce (mean) for the explicit data-parallel mode, else None."""
-    if runtime.mode != "data_parallel":
-        return None
-    return nn.DistributedGradReducer(weights, mean=True, degree=runtime.world)
+        table = model.embedding.word_embedding
+        table.add_pipeline_stage(0)
+        table.add_pipeline_stage(last)
+        if resolved.optimizer_parallel.enabled:
+            table.parallel_optimizer = False
 
 
 def apply_strategy(model, resolved) -> None:
@@ -165,50 +209,142 @@ def apply_strategy(model, resolved) -> None:
     apply_recompute(model, resolved)
 
 
-# --------------------------------------------------------------------------- semi-auto train step
+# --------------------------------------------------------------------------- the step's parallel pieces
+_mul = C.MultitypeFuncGraph("naohai_apply_mul")
+
+
+@_mul.register("Tensor", "Tensor")
+def _mul_tensor(factor, grad):
+    return grad * F.cast(factor, F.dtype(grad))
+
+
+_read_accumulated = C.MultitypeFuncGraph("naohai_read_accumulated")
+
+
+@_read_accumulated.register("Tensor", "Tensor", "Tensor")
+def _read_accumulated_tensor(inv_scale, grad, accu):
+    """The micro-batch sum MindSpore accumulated in ``accu``, unscaled; ``accu`` is cleared."""
+    accu = F.depend(accu, grad)
+    out = accu * F.cast(inv_scale, F.dtype(accu))
+    accu = F.depend(accu, out)
+    # zeros built from accu itself (equal(x, x) is 0 for NaN) keep the clear after the read
+    zeros = F.mul(F.cast(F.equal(accu, accu), F.dtype(accu)), 0)
+    return F.depend(out, F.assign(accu, zeros))
+
+
+_read_sharded = C.MultitypeFuncGraph("naohai_read_sharded")
+
+
+@_read_sharded.register("Tensor", "Tensor", "Tensor")
+def _read_sharded_tensor(inv_scale, grad, accu):
+    """Optimizer parallel: the returned (reduce-scattered) gradient, unscaled; ``accu`` is cleared."""
+    out = grad * F.cast(inv_scale, F.dtype(grad))
+    accu = F.depend(accu, out)
+    zeros = F.mul(F.cast(F.equal(accu, accu), F.dtype(accu)), 0)
+    return F.depend(out, F.assign(accu, zeros))
+
+
+class ReducedGrads(nn.Cell):
+    """Data parallel (DATA_PARALLEL mode): all-reduce the mean, then unscale."""
+
+    def __init__(self, weights, world: int):
+        super().__init__(auto_prefix=False)
+        self.reducer = nn.DistributedGradReducer(weights, mean=True, degree=world)
+        self.hyper_map = C.HyperMap()
+
+    def construct(self, grads, inv_scale):
+        return self.hyper_map(F.partial(_mul, inv_scale), self.reducer(grads))
+
+
+class AccumulatedGrads(nn.Cell):
+    """Semi-auto with in-graph micro-batches: gradients from the ``accu_grads`` buffers."""
+
+    def __init__(self, weights, optimizer_sharded: bool):
+        super().__init__(auto_prefix=False)
+        self.accu_grads = weights.clone(prefix="accu_grads", init="zeros")
+        self.sharded = optimizer_sharded
+        self.hyper_map = C.HyperMap()
+
+    def construct(self, grads, inv_scale):
+        if self.sharded:
+            return self.hyper_map(F.partial(_read_sharded, inv_scale), grads, self.accu_grads)
+        return self.hyper_map(F.partial(_read_accumulated, inv_scale), grads, self.accu_grads)
+
+
+class GlobalMeanLoss(nn.Cell):
+    """Pipeline: last-stage ranks hold the sum of their micro-batch losses, others 0;
+    one all-reduce over the world divided by (ranks per stage x micro) is the global mean."""
+
+    def __init__(self, per_stage: int, micro: int):
+        super().__init__(auto_prefix=False)
+        self.all_reduce = P.AllReduce()
+        self.denominator = float(per_stage * micro)
+
+    def construct(self, loss):
+        return self.all_reduce(loss) / self.denominator
+
+
+class MeanOverMicro(nn.Cell):
+    """The micro-batching wrappers (GradAccumulation, an eval Pipeline) return the sum over micro-batches."""
+
+    def __init__(self, micro: int):
+        super().__init__(auto_prefix=False)
+        self.micro = float(micro)
+
+    def construct(self, loss):
+        return loss / self.micro
+
+
 @dataclass
-class ParallelStep:
-    """A semi-auto-parallel training step: ``network(*compile_args)`` is one optimizer step.
+class StepParts:
+    """The parallel pieces :class:`naohai.train.step.TrainStep` is built from."""
 
-    ``per_device_batch`` is the number of sequences each device is fed (the compile
-    inputs' first dimension); ``notes`` say what differs from the single-device step.
-    """
-
-    network: Any
-    per_device_batch: int
-    seq_length: int
-    takes_scale: bool
-    wiring: str
+    network: Any                 # what the step differentiates (the model, or a micro-batching wrapper)
+    micro: int                   # micro-batches inside ``network``
+    collect: Any                 # gradient collector cell, or None (unscale only)
+    reduce_loss: Any             # loss -> global mean cell, or None
+    eval_network: Any            # forward network for held-out loss
+    eval_reduce_loss: Any
+    opt_sharded: bool
     notes: List[str]
 
-    def compile_args(self) -> Tuple[Any, ...]:
-        import numpy as np
-        from mindspore import Tensor
-        ids = Tensor(np.zeros((self.per_device_batch, self.seq_length), np.int32))
-        labels = Tensor(np.zeros((self.per_device_batch, self.seq_length), np.int32))
-        if self.takes_scale:
-            return ids, labels, Tensor(1.0, ms.float32)
-        return ids, labels
+
+def optimizer_sharded(resolved) -> bool:
+    return bool(resolved is not None and resolved.optimizer_parallel.enabled and int(resolved.data) > 1
+                and layout_mode(resolved) == "semi_auto")
 
 
-def _mean_over_micro_batches(micro: int):
-    """Gradients of the summed micro-batch losses -> of their mean (element-wise, on local slices)."""
-    from mindspore import ops
-    from mindspore.ops import composite as C
-    from mindspore.ops import functional as F
+def step_parts(model, weights, resolved, runtime: Runtime) -> StepParts:
+    """Network wrapper, gradient collector and loss reduction for this layout."""
+    if runtime.mode == "standalone":
+        return StepParts(model, 1, None, None, model, None, False, [])
+    if runtime.mode == "data_parallel":
+        return StepParts(model, 1, ReducedGrads(weights, runtime.world), None, model, None, False,
+                         ["data parallel: explicit gradient all-reduce (mean) before the norm"])
+    from mindspore.parallel.nn import GradAccumulation, Pipeline
 
-    scale = C.MultitypeFuncGraph("naohai_scale_grad")
-
-    @scale.register("Tensor", "Tensor")
-    def _scale(factor, grad):
-        return grad * F.cast(factor, F.dtype(grad))
-
-    factor = ms.Tensor(1.0 / micro, ms.float32)
-    hyper_map = ops.HyperMap()
-
-    def apply(grads):
-        return hyper_map(F.partial(scale, factor), grads)
-    return apply
+    micro, stages = runtime.micro, runtime.stages
+    sharded = optimizer_sharded(resolved)
+    notes = []
+    if stages > 1:
+        network = Pipeline(model, micro)     # stages were set on the cells by assign_stages
+        eval_network = Pipeline(model, micro)
+        # eval: MindSpore refuses a user all-reduce in a forward-only semi-auto graph; the
+        # pipeline broadcasts the last stage's output instead (output_broadcast, compile_parallel)
+        reduce_loss, eval_reduce = GlobalMeanLoss(runtime.per_stage, micro), MeanOverMicro(micro)
+        notes.append(f"pipeline: {stages} stages x {micro} micro-batches per step, scheduler {resolved.scheduler}")
+    elif micro > 1:
+        network = GradAccumulation(model, micro)
+        eval_network = model
+        reduce_loss, eval_reduce = MeanOverMicro(micro), None
+        notes.append(f"gradient accumulation in the graph: {micro} micro-batches per step")
+    else:
+        return StepParts(model, 1, None, None, model, None, sharded, notes)
+    if int(getattr(resolved, "gradient_accumulation", 1) or 1) > 1:
+        notes.append(f"the global batch holds {resolved.gradient_accumulation} x micro_batches "
+                     f"({resolved.micro_batches}) micro-batches per data-parallel rank: all run in one step")
+    collect = AccumulatedGrads(weights, sharded)
+    return StepParts(network, micro, collect, reduce_loss, eval_network, eval_reduce, sharded, notes)
 
 
 def _hsdp_args(resolved) -> Dict[str, Any]:
@@ -219,78 +355,78 @@ def _hsdp_args(resolved) -> Dict[str, Any]:
     return {"shard_size": shard, "threshold": int(opt.threshold_kb), "optimizer_level": opt.level}
 
 
-def wrap_train_step(model, optimizer, recipe, resolved, runtime: Runtime, step_factory=None) -> ParallelStep:
-    """The semi-auto-parallel train step for ``model`` (strategy already applied).
-
-    One stage: the trainer's own ``TrainStep`` (built by ``step_factory``) wrapped in
-    ``AutoParallel``.  Pipeline: ``Pipeline(model, micro_batches)`` differentiated with
-    ``value_and_grad`` (the gradient of the summed micro-batch losses), scaled by
-    1/micro_batches, AdamW update, all in one ``@jit`` function wrapped in
-    ``AutoParallel(...).pipeline(...)``.  Optimizer parallel: ``AutoParallel.hsdp(...)``.
-
-    Why no gradient reducer on the pipeline path (measured with MindSpore 2.10 on
-    simulated devices, dp2 x mp2 x pp2, tied embedding): ``PipelineGradReducer`` (or
-    any ``accu_grads.*`` buffer clone) together with ``hsdp()`` fails on every rank
-    with "For 'AssignAdd', 'value' must have the same shape as 'variable'" (the
-    accumulation AssignAdd receives the optimizer-sharded gradient but the buffer
-    keeps the full shape), for level1, level2 and gradient_accumulation_shard=False
-    alike; ``PipelineGradReducer(opt_shard=False)`` raises a NameError in 2.10.
-    Without buffers the graph sums the micro-batch gradients itself and compiles,
-    with and without ``hsdp()``.
-    """
+def compile_parallel(cell, resolved, runtime: Runtime, *, train: bool):
+    """``cell`` as it must be called in this layout: wrapped in ``AutoParallel`` for semi-auto."""
+    if runtime.mode != "semi_auto":
+        return cell
     from mindspore.parallel.auto_parallel import AutoParallel
 
-    dp, stages = int(resolved.data), int(resolved.stages)
-    seq = int(recipe.model.seq_length)
-    mbs = int(resolved.micro_batch_size)
-    notes: List[str] = []
-    opt = resolved.optimizer_parallel
-    if stages > 1:
-        from mindspore import ops
-        from mindspore.ops import functional as F
-        from mindspore.parallel.nn import Pipeline
-
-        micro = int(resolved.micro_batches)
-        net_pp = Pipeline(model, micro)   # stages were set on the cells by assign_stages
-        mean = _mean_over_micro_batches(micro)
-        grad_fn = ops.value_and_grad(net_pp, None, optimizer.parameters)
-
-        @ms.jit
-        def pipeline_train_step(input_ids, labels):
-            loss, grads = grad_fn(input_ids, labels)
-            loss = F.depend(loss, optimizer(mean(grads)))
-            return loss
-
-        parallel = AutoParallel(pipeline_train_step, parallel_mode="semi_auto")
-        parallel.pipeline(stages=stages, interleave=int(resolved.virtual_chunks) > 1,
-                          scheduler=str(resolved.scheduler))
-        per_device = mbs * micro
-        takes_scale = False
-        wiring = f"Pipeline(micro={micro}) + value_and_grad / {micro} + AdamWeightDecay, " \
-                 f"AutoParallel.pipeline(stages={stages}, scheduler={resolved.scheduler})"
-        if recipe.train.grad_clip > 0:
-            notes.append("pipeline step: global-norm clipping and the non-finite skip are not in the "
-                         "compiled graph (the norm would need a cross-stage reduction)")
-    else:
-        step = step_factory() if step_factory is not None else None
-        if step is None:
-            from naohai.train.step import TrainStep
-            step = TrainStep(model, optimizer, recipe.train.grad_clip, None)
-        parallel = AutoParallel(step, parallel_mode="semi_auto")
-        per_device = mbs * dp
-        takes_scale = True
-        wiring = "TrainStep (clip + AdamWeightDecay) in AutoParallel(semi_auto)"
-    if takes_scale:
-        # The scalar loss-scale input defeats a per-input dataset strategy in 2.10: with
-        # ((dp,1),(dp,1)) _VirtualDataset counts 3 inputs, with a third entry it counts 2
-        # (measured).  Every device is fed the whole global micro-batch instead.
-        parallel.dataset_strategy("full_batch")
-        notes.append("one-stage semi-auto step compiled with dataset_strategy('full_batch'): every device is "
-                     "fed the global micro-batch")
-    else:
-        # every model-parallel rank of a data-parallel group reads the same sequences
-        parallel.dataset_strategy(((dp, 1), (dp, 1)))
-    if opt.enabled and dp > 1:
+    parallel = AutoParallel(cell, parallel_mode="semi_auto")
+    if runtime.stages > 1:
+        # eval graphs: the last stage's loss is broadcast to every stage (MindSpore skips the
+        # broadcast for training graphs, whose loss GlobalMeanLoss reduces in the graph)
+        parallel.pipeline(stages=runtime.stages, interleave=int(resolved.virtual_chunks) > 1,
+                          scheduler=str(resolved.scheduler), output_broadcast=not train)
+    dp = int(resolved.data)
+    # every model-parallel rank and every stage of a data-parallel group reads the same rows
+    parallel.dataset_strategy(((dp, 1), (dp, 1)))
+    if optimizer_sharded(resolved):
         parallel.hsdp(**_hsdp_args(resolved))
-        wiring += f", hsdp({_hsdp_args(resolved)})"
-    return ParallelStep(parallel, per_device, seq, takes_scale, wiring, notes)
+    return parallel
+
+
+def rows_per_rank(recipe, resolved, runtime: Runtime) -> int:
+    """Sequences one rank feeds per optimizer step."""
+    t = recipe.train
+    return t.global_batch_size // runtime.dp_size
+
+
+def describe(resolved, runtime: Runtime) -> str:
+    """One line for the run log: how this layout runs."""
+    if runtime.mode == "standalone":
+        return "one device"
+    if runtime.mode == "data_parallel":
+        return f"data parallel over {runtime.world} ranks (explicit all-reduce)"
+    mesh = " x ".join(f"{k} {v}" for k, v in _mesh(resolved).items())
+    extra = f", optimizer parallel {_hsdp_args(resolved)}" if optimizer_sharded(resolved) else ""
+    return f"semi-auto {mesh}, {runtime.micro} micro-batch(es) per step{extra}"
+
+
+def compile_inputs(rows: int, seq_length: int) -> Tuple[Any, Any]:
+    """Zero ``(input_ids, labels)`` of this rank's shape, for compiling without data."""
+    import numpy as np
+    from mindspore import Tensor
+    ids = Tensor(np.zeros((rows, seq_length), np.int32))
+    return ids, Tensor(np.zeros((rows, seq_length), np.int32))
+
+
+# --------------------------------------------------------------------------- host-side collectives
+class HostComm:
+    """Collectives the host loop needs between its compiled steps (identity on one process).
+
+    ``all_ok(flag)`` is True on every rank iff ``flag`` is True on every rank (the barrier
+    of checkpoint saves and of the resume decision); ``mean(x)`` averages a float over
+    the ranks (the data-parallel loss, whose graph does not reduce it).
+    """
+
+    def __init__(self, runtime: Runtime):
+        self.world = runtime.world
+        self.average = runtime.mode == "data_parallel"
+
+    def _sum(self, values):
+        import numpy as np
+        from mindspore import Tensor, ops
+        return ops.AllReduce()(Tensor(np.asarray(values, np.float32))).asnumpy()
+
+    def all_ok(self, flag: bool) -> bool:
+        if self.world == 1:
+            return bool(flag)
+        return int(round(float(self._sum([1.0 if flag else 0.0])[0]))) == self.world
+
+    def barrier(self) -> None:
+        self.all_ok(True)
+
+    def mean(self, value: float) -> float:
+        if not self.average:
+            return value
+        return float(self._sum([value])[0]) / self.world

@@ -61,3 +61,14 @@ def compat_fixes(raw: Dict[str, Any], resolved, recipe=None) -> Tuple[Dict[str, 
 def check_compat(resolved, recipe=None) -> None:
     """Raise a UserError for the first MindSpore 2.10 incompatibility in ``resolved``."""
     _xent_class_axis(resolved)
+
+
+def validated_strategy(recipe, path: str, warn=print):
+    """Load ``path`` and validate it against ``recipe``: our rules plus the MindSpore 2.10 rules
+    above; ``warn`` receives each warning line.  What ``naohai train`` and ``naohai launch`` use."""
+    from naohai.strategy.resolve import check_strategy, load_strategy
+    resolved = check_strategy(load_strategy(path), recipe)
+    check_compat(resolved, recipe)
+    for warning in resolved.warnings:
+        warn(f"naohai: warning: {warning}")
+    return resolved

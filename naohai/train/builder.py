@@ -1,47 +1,36 @@
-"""Builds what a training run compiles: model with strategy applied, optimizer, step cells.
+"""Builds what a training run compiles: model with strategy applied, optimizer, train and eval steps.
 
-``naohai train`` and the simulated compile check (``naohai check --compile``)
-both build through here, so the graph checked on a laptop is the graph trained.
+``naohai train`` and the simulated compile check (``naohai check --compile``) both
+build through :func:`build`, so the graphs checked on a laptop are the graphs
+trained.  :class:`Steps` is what the training loop calls: ``train(batch)`` runs one
+optimizer step on this rank's rows (one compiled call, or micro-batches accumulated
+on the host for one device / plain data parallel) and ``evaluate(batch)`` the
+held-out loss; both return global means, identical on every rank.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
 
 from naohai.config import Recipe
+from naohai.errors import UserError
 from naohai.model.params import param_shapes
 from naohai.model.transformer import NaohaiLM
 from naohai.strategy import apply as strategy_apply
 from naohai.train.schedule import learning_rate
-from naohai.train.step import AccumulateStep, ApplyStep, EvalStep, TrainStep, make_buffers
+from naohai.train.step import AccumulateStep, ApplyStep, EvalStep, StepGuard, TrainStep, make_buffers
 
 
 @dataclass
-class Built:
-    model: NaohaiLM
-    optimizer: nn.Optimizer
-    runtime: strategy_apply.Runtime
-    accum_steps: int
-    micro_batch: int
-    train_step: Optional[TrainStep] = None
-    accumulate_step: Optional[AccumulateStep] = None
-    apply_step: Optional[ApplyStep] = None
-    eval_step: Optional[EvalStep] = None
-    parallel_step: Optional[strategy_apply.ParallelStep] = None   # semi-auto (model/pipeline parallel)
-
-    def state_params(self):
-        """Everything a checkpoint must hold for exact resume."""
-        seen, out = set(), []
-        for p in list(self.model.get_parameters()) + list(self.optimizer.get_parameters()):
-            if p.name in seen or p.name == "learning_rate":
-                continue
-            seen.add(p.name)
-            out.append(p)
-        return out
+class StepResult:
+    loss: float           # global mean loss of the step's rows
+    grad_norm: float      # global gradient norm (after unscaling, before clipping)
+    applied: bool         # False: skipped (non-finite or spike)
+    loss_scale: float     # the scale this step used
 
 
 def make_optimizer(model: NaohaiLM, recipe: Recipe) -> nn.Optimizer:
@@ -54,43 +43,153 @@ def make_optimizer(model: NaohaiLM, recipe: Recipe) -> nn.Optimizer:
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": plain, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     # The schedule is a table indexed in-graph by the optimizer's global_step (saved in
-    # checkpoints), so resumed runs see exactly the same rates.  Setting a scalar rate
-    # from the host with Parameter.set_data is NOT seen by an already compiled graph in
-    # MindSpore 2.10 (measured), so it is not used.
+    # checkpoints), so resumed runs see exactly the same rates and skipped steps do not
+    # advance it.
     table = np.array([learning_rate(t, i) for i in range(t.steps + 1)], np.float32)
     return nn.AdamWeightDecay(groups, learning_rate=Tensor(table), beta1=t.adam_beta1,
                               beta2=t.adam_beta2, eps=t.adam_eps)
 
 
-def accumulation(recipe: Recipe, dp_size: int) -> int:
+def host_accumulation(recipe: Recipe, runtime: strategy_apply.Runtime) -> int:
+    """Micro-batches the host loops over per step (one device / plain data parallel)."""
+    if runtime.mode == "semi_auto":
+        return 1
     t = recipe.train
-    per_rank = t.global_batch_size // dp_size
-    if t.global_batch_size % dp_size or per_rank % t.micro_batch_size:
-        from naohai.errors import UserError
+    per_rank = t.global_batch_size // runtime.dp_size
+    if t.global_batch_size % runtime.dp_size or per_rank % t.micro_batch_size:
         raise UserError(f"global_batch_size {t.global_batch_size} must be a multiple of micro_batch_size "
-                        f"{t.micro_batch_size} x data-parallel size {dp_size}", where=recipe.source,
+                        f"{t.micro_batch_size} x data-parallel size {runtime.dp_size}", where=recipe.source,
                         key="train.global_batch_size", rule="global_batch % (micro_batch * dp) == 0")
     return per_rank // t.micro_batch_size
 
 
-def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtime] = None) -> Built:
-    """Build model, optimizer and step cells.  ``runtime`` comes from ``init_runtime``."""
+def _split(batch: np.ndarray) -> Tuple[Tensor, Tensor]:
+    batch = batch.astype(np.int32)
+    return Tensor(batch[:, :-1]), Tensor(batch[:, 1:])
+
+
+@dataclass
+class Steps:
+    """The compiled steps of one rank and how the loop calls them."""
+
+    rows: int                          # sequences this rank feeds per optimizer step
+    eval_rows: int                     # sequences this rank feeds per eval call
+    seq_length: int
+    train_step: Any = None             # one call per step (semi-auto: AutoParallel-wrapped)
+    accumulate_step: Any = None        # host accumulation: one call per micro-batch ...
+    apply_step: Any = None             # ... then one apply
+    micro_batch: int = 0
+    eval_step: Any = None
+    notes: List[str] = field(default_factory=list)
+
+    def train(self, batch: np.ndarray) -> StepResult:
+        ids, labels = _split(batch)
+        if self.train_step is not None:
+            loss, norm, applied, scale = self.train_step(ids, labels)
+            loss = float(loss.asnumpy())
+        else:
+            mb = self.micro_batch
+            k = self.rows // mb
+            total = 0.0
+            for i in range(k):
+                total += float(self.accumulate_step(ids[i * mb:(i + 1) * mb], labels[i * mb:(i + 1) * mb]).asnumpy())
+            loss = total / k
+            norm, applied, scale = self.apply_step()
+        return StepResult(loss, float(norm.asnumpy()), bool(applied.asnumpy()), float(scale.asnumpy()))
+
+    def evaluate(self, batch: np.ndarray) -> float:
+        ids, labels = _split(batch)
+        return float(self.eval_step(ids, labels).asnumpy())
+
+    def compile(self) -> None:
+        """Compile every graph without running it (semi-auto: parameters are sliced by the compile)."""
+        for _, cell, args in self.compile_targets():
+            if hasattr(cell, "compile") and args:
+                cell.compile(*args)
+
+    def compile_targets(self) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
+        """(name, cell, zero inputs) of every graph this rank compiles, in the order they run."""
+        s = self.seq_length
+        ids = lambda rows: strategy_apply.compile_inputs(rows, s)  # noqa: E731
+        if self.train_step is not None:
+            out = [("train", self.train_step, ids(self.rows))]
+        else:
+            out = [("accumulate", self.accumulate_step, ids(self.micro_batch)), ("apply", self.apply_step, ())]
+        out.append(("eval", self.eval_step, ids(self.eval_rows)))
+        return out
+
+
+@dataclass
+class Built:
+    model: NaohaiLM
+    optimizer: nn.Optimizer
+    guard: StepGuard
+    runtime: strategy_apply.Runtime
+    steps: Steps
+    comm: strategy_apply.HostComm
+
+    def state_params(self) -> List[ms.Parameter]:
+        """Everything a checkpoint must hold for exact resume (not the LR table or buffers)."""
+        seen, out = set(), []
+        for p in list(self.model.get_parameters()) + list(self.optimizer.get_parameters()) \
+                + list(self.guard.get_parameters()):
+            if p.name in seen or p.name == "learning_rate":
+                continue
+            seen.add(p.name)
+            out.append(p)
+        return out
+
+    def saved_params(self) -> List[ms.Parameter]:
+        """What this rank writes to a checkpoint: under semi-auto only what the compiled step gave this
+        rank (its slices; other stages' tensors are left out), plus the replicated scalars."""
+        params = self.state_params()
+        if self.runtime.mode != "semi_auto":
+            return params
+        layout = self.steps.train_step.parameter_layout_dict or {}
+        return [p for p in params if p.name in layout or int(np.prod(p.shape)) <= 1]
+
+    @staticmethod
+    def optional_in_checkpoint(name: str) -> bool:
+        """Tensors a loaded checkpoint may lack (none for the same layout)."""
+        return False
+
+    def loss_scale(self) -> float:
+        return float(self.guard.loss_scale.asnumpy())
+
+    def learning_rate(self, recipe: Recipe) -> float:
+        """The rate the optimizer uses at its next update (its own step counter)."""
+        return learning_rate(recipe.train, int(self.optimizer.global_step.asnumpy().reshape(-1)[0]))
+
+
+def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtime] = None,
+          strategy_file: Optional[str] = None) -> Built:
+    """Build model, optimizer and the steps for this rank.  ``runtime`` comes from ``init_runtime``;
+    under semi-auto MindSpore writes the step's parameter strategy file to ``strategy_file``."""
     runtime = runtime or strategy_apply.Runtime("standalone", 0, 1, 0, 1)
-    model = NaohaiLM(recipe.model, seed=recipe.train.seed)
+    t = recipe.train
+    model = NaohaiLM(recipe.model, seed=t.seed)
     strategy_apply.apply_strategy(model, resolved)
     optimizer = make_optimizer(model, recipe)
-    if runtime.mode == "semi_auto":
-        # micro-batching is the pipeline's (or one micro-batch per step without stages)
-        built = Built(model, optimizer, runtime, 1, recipe.train.micro_batch_size, eval_step=EvalStep(model))
-        built.parallel_step = strategy_apply.wrap_train_step(model, optimizer, recipe, resolved, runtime)
-        return built
-    k = accumulation(recipe, runtime.dp_size)
-    built = Built(model, optimizer, runtime, k, recipe.train.micro_batch_size, eval_step=EvalStep(model))
-    reducer = strategy_apply.grad_reducer(runtime, optimizer.parameters)
+    guard = StepGuard(t)
+    parts = strategy_apply.step_parts(model, optimizer.parameters, resolved, runtime)
+    rows = t.global_batch_size // runtime.dp_size
+    seq = recipe.model.seq_length
+    eval_rows = rows if runtime.mode == "semi_auto" else t.micro_batch_size
+    steps = Steps(rows, eval_rows, seq, notes=list(parts.notes))
+    k = host_accumulation(recipe, runtime)
     if k == 1:
-        built.train_step = TrainStep(model, optimizer, recipe.train.grad_clip, reducer)
+        step = TrainStep(parts.network, optimizer, guard, t.grad_clip, parts.micro, parts.collect, parts.reduce_loss)
+        step.set_train()
+        steps.train_step = strategy_apply.compile_parallel(step, resolved, runtime, train=True)
+        if strategy_file and runtime.mode == "semi_auto":
+            steps.train_step.save_param_strategy_file(strategy_file)
     else:
         buffers = make_buffers(optimizer.parameters)
-        built.accumulate_step = AccumulateStep(model, optimizer.parameters, buffers)
-        built.apply_step = ApplyStep(optimizer, buffers, recipe.train.grad_clip, reducer)
-    return built
+        steps.accumulate_step = AccumulateStep(parts.network, optimizer.parameters, buffers, guard)
+        steps.accumulate_step.set_train()
+        steps.apply_step = ApplyStep(optimizer, buffers, guard, t.grad_clip, k, parts.collect)
+        steps.micro_batch = t.micro_batch_size
+    evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss)
+    evaluator.set_train(False)
+    steps.eval_step = strategy_apply.compile_parallel(evaluator, resolved, runtime, train=False)
+    return Built(model, optimizer, guard, runtime, steps, strategy_apply.HostComm(runtime))

@@ -4,8 +4,8 @@ Owns :func:`build_for_compile`, the target every simulated-device worker calls
 (``naohai.train.compile_target:build_for_compile``).  It goes through the same
 code path as ``naohai train``: recipe -> ``check_strategy`` (+ the MindSpore 2.10
 compatibility rules of :mod:`naohai.strategy.compat`) -> ``init_runtime`` ->
-``build`` (which applies the strategy and wires the train step in
-``naohai/strategy/apply.py``), and returns ``(network, compile_args)``.
+``build`` (which applies the strategy and wires the train and eval steps through
+``naohai/strategy/apply.py``), and returns every graph this rank would compile.
 
 ``op_overrides`` replaces per-op shard tuples AFTER validation and
 ``check_compat=False`` skips the compatibility rules: both exist to show what
@@ -14,7 +14,7 @@ MindSpore itself says about a strategy our validator would refuse (raw path).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: kernels this model uses when compiled here vs what an Ascend build would pick
 PORTABLE_KERNELS = (
@@ -54,8 +54,9 @@ def resolve_for_compile(recipe_path: str, strategy_path: str, overrides: Sequenc
 
 def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
                       portable: bool = True, op_overrides: Optional[Dict[str, Any]] = None,
-                      check_compat: bool = True, device: str = "GPU") -> Tuple[Any, Tuple[Any, ...]]:
-    """Build naohai's train step for this rank; returns ``(network, compile_args)``.
+                      check_compat: bool = True, device: str = "GPU") -> List[Tuple[str, Any, Tuple[Any, ...]]]:
+    """Build naohai's steps for this rank, as ``naohai train`` does; returns the graphs to compile,
+    ``[(name, network, compile_args), ...]`` in the order training runs them (train, then eval).
 
     Call after ``set_device`` and communication ``init()`` (the worker does both).
     """
@@ -74,18 +75,4 @@ def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[
         resolved = dataclasses.replace(resolved, op_strategy=table)
     runtime = strategy_apply.init_runtime(resolved, device)
     built = build(recipe, resolved, runtime)
-    if built.parallel_step is not None:
-        step = built.parallel_step
-        return step.network, step.compile_args()
-    # stand-alone / data parallel: the trainer's own step cells
-    import numpy as np
-    import mindspore as ms
-    from mindspore import Tensor
-    b, s = recipe.train.micro_batch_size, recipe.model.seq_length
-    ids = Tensor(np.zeros((b, s), np.int32))
-    scale = Tensor(1.0, ms.float32)
-    if built.train_step is not None:
-        built.train_step.set_train()
-        return built.train_step, (ids, ids, scale)
-    built.accumulate_step.set_train()
-    return built.accumulate_step, (ids, ids, scale)
+    return built.steps.compile_targets()

@@ -1,33 +1,38 @@
-"""The training loop: data -> step -> metrics / eval / checkpoints, with exact resume.
+"""The training loop, the same for every layout: data -> step -> hooks / eval / checkpoints.
 
-``train(recipe, strategy=None)`` runs a whole job and returns a summary.  Each
-optimizer step consumes one global batch; each data-parallel rank reads its
-own contiguous slice of it and, with gradient accumulation, splits that slice
-into micro-batches.  Everything a resumed run needs (weights, optimizer state,
-step, data position, loss scale) is in the checkpoint, and the learning rate is
-a pure function of the step, so "N steps, stop, resume, N more" equals 2N steps.
+:class:`Trainer` drives one rank.  Each optimizer step it reads this rank's rows of
+the global batch (data-parallel rank ``d`` of ``D`` gets rows ``[d*B/D, (d+1)*B/D)``;
+model-parallel peers and pipeline stages of a data-parallel group read the same rows),
+calls ``built.steps.train`` (a compiled step that returns the global mean loss, the
+global gradient norm and whether the update was applied) and hands a record to its
+callbacks (:mod:`naohai.train.callbacks`).  Held-out loss every ``eval_every`` steps;
+a checkpoint every ``save_every`` steps and at the end, written by every rank that
+holds parameters of its own (:mod:`naohai.checkpoint.store`).
+
+Exact resume: weights, optimizer state, step guard (loss scale, norm statistics),
+step and data position are in the checkpoint and the learning rate is a pure function
+of the optimizer's own step, so "N steps, stop, resume, N more" equals 2N steps.
+A run stops with :class:`TrainingStopped` (after a checkpoint) when ``max_skipped_steps``
+updates in a row were skipped (non-finite or spiking gradient norm).
 """
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
-import mindspore as ms
-from mindspore import Tensor
 
+from naohai.checkpoint import store as ckpt_store
 from naohai.config import Recipe
 from naohai.errors import UserError
-from naohai.strategy import apply as strategy_apply
-from naohai.train import checkpoint as ckpt
-from naohai.train.builder import Built, build
-from naohai.train.loss_scale import LossScaler
-from naohai.train.metrics import RunLog, cpu_peak_tflops, flops_per_token, plot_loss_curve
-from naohai.train.schedule import learning_rate
+
+
+class TrainingStopped(UserError):
+    """The run stopped itself (too many skipped steps); a checkpoint was written first."""
+
+    exit_code = 3
 
 
 @dataclass
@@ -36,146 +41,106 @@ class TrainResult:
     steps_done: int
     losses: Dict[int, float] = field(default_factory=dict)      # train loss per step
     evals: Dict[int, float] = field(default_factory=dict)       # held-out loss per step
+    skipped: List[int] = field(default_factory=list)            # steps whose update was skipped
     checkpoint: Optional[str] = None
     is_writer: bool = True                                       # rank that reports (rank 0)
 
 
-def resolve_device(device: Optional[str] = None) -> str:
-    """The MindSpore device target: argument, else $NAOHAI_DEVICE, else CPU."""
-    device = device or os.environ.get("NAOHAI_DEVICE") or "CPU"
-    if device not in ("CPU", "GPU", "Ascend"):
-        raise UserError(f"'{device}' is not one of CPU, GPU, Ascend", where="environment",
-                        key="NAOHAI_DEVICE")
-    return device
-
-
-def set_mode(recipe: Recipe, device: Optional[str] = None) -> str:
-    device = resolve_device(device)
-    ms.set_context(mode=ms.GRAPH_MODE if recipe.train.mode == "graph" else ms.PYNATIVE_MODE)
-    ms.set_device(device)
-    if device == "CPU" and recipe.model.compute_dtype == "bfloat16":
-        raise UserError("bfloat16 compute needs an Ascend 910B: MindSpore 2.10's CPU MatMul has no bfloat16 "
-                        "kernel. Use float32 (or float16 with train.loss_scale.dynamic) on CPU.",
-                        where=recipe.source, key="model.compute_dtype")
-    ms.set_seed(recipe.train.seed)
-    np.random.seed(recipe.train.seed)
-    return device
-
-
-def _split_batch(batch: np.ndarray):
-    batch = batch.astype(np.int32)
-    return Tensor(batch[:, :-1]), Tensor(batch[:, 1:])
-
-
 class Trainer:
-    def __init__(self, recipe: Recipe, resolved=None, *, log: Callable[[str], None] = print,
-                 progress: bool = True, device: Optional[str] = None, max_steps: Optional[int] = None):
+    """One rank's training loop over a built step (see the module docstring)."""
+
+    def __init__(self, recipe: Recipe, built, prepared_dir: str, *, store: ckpt_store.CheckpointStore,
+                 manifest: Dict[str, Any], log: Callable[[str], None] = print, callbacks: Sequence[Any] = (),
+                 max_steps: Optional[int] = None, peak_tflops: float = 0.0, strategy_file: Optional[str] = None):
+        from naohai.data.loader import TokenWindowLoader
+        from naohai.model.flops import flops_per_token
+
         self.recipe = recipe
-        self.resolved = resolved
-        self.device = set_mode(recipe, device)
-        self.runtime = strategy_apply.init_runtime(resolved, self.device)
-        if self.runtime.mode == "semi_auto":
-            raise UserError("this strategy needs semi-auto parallel (model or pipeline parallel). Its train "
-                            "step is built and checked by MindSpore's compiler (naohai check RECIPE STRATEGY "
-                            "--compile), but the training loop for it (last-stage loss reporting, per-rank "
-                            "sharded checkpoints) is not in this version; train with a data-parallel "
-                            "strategy meanwhile", where=getattr(resolved, "source", None), key="mesh")
+        self.built = built
+        self.runtime = built.runtime
+        self.comm = built.comm
+        self.steps = built.steps
+        self.prepared_dir = prepared_dir
+        self.store = store
+        self.manifest = manifest
         self.writer = self.runtime.is_writer
         self.log = log if self.writer else (lambda *_: None)
-        self.progress = progress
-        self.max_steps = max_steps
+        self.callbacks = list(callbacks)
         self.out = recipe.train.output_dir
-        os.makedirs(self.out, exist_ok=True)
-        self.prepared_dir, self.tokenizer = self._data()
-        self.built: Built = build(recipe, resolved, self.runtime)
-        from naohai.data.loader import TokenWindowLoader
+        self.strategy_file = strategy_file
         t = recipe.train
-        self.loader = TokenWindowLoader(self.prepared_dir, "train", t.global_batch_size, self.runtime.dp_rank,
+        self.loader = TokenWindowLoader(prepared_dir, "train", t.global_batch_size, self.runtime.dp_rank,
                                         self.runtime.dp_size, seed=recipe.data.shuffle_seed)
-        self.scaler = LossScaler.from_config(t.loss_scale)
         self.step = 0
-        self.metrics = RunLog(self.out, enabled=self.writer)
+        self.total_steps = t.steps
+        self.max_steps = max_steps
         self.flops_token = flops_per_token(recipe.model)
-        self.peak = t.device_peak_tflops or (cpu_peak_tflops() if self.device == "CPU" else 256.0)
+        self.peak = float(peak_tflops)
+        self.skip_streak = 0
 
-    # ------------------------------------------------------------------ data
-    def _data(self):
-        from naohai.data.pipeline import ensure_prepared
-        if self.runtime.world == 1:
-            return ensure_prepared(self.recipe, progress=self.progress, log=self.log)
-        # several ranks: rank 0 tokenizes and packs, the others wait at a barrier and then
-        # load what it wrote (shared file system assumed; or run `naohai data prepare` first)
-        result = ensure_prepared(self.recipe, progress=False, log=self.log) if self.runtime.rank == 0 else None
-        self._barrier()
-        return result or ensure_prepared(self.recipe, progress=False)
+    # ------------------------------------------------------------------ hooks
+    def _emit(self, event: str, *args) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, event, None)
+            if fn is not None:
+                fn(self, *args)
 
-    def _barrier(self) -> None:
-        from mindspore import ops
-        ops.AllReduce()(Tensor(np.ones(1, np.float32))).asnumpy()
+    # ------------------------------------------------------------------ checkpoints
+    def _needed_files(self, manifest: Dict[str, Any]) -> List[str]:
+        """The parameter file(s) this rank reads from a checkpoint of this same layout."""
+        layout = manifest.get("layout") or {}
+        mine = self.manifest["layout"]
+        if layout.get("signature") != mine["signature"]:
+            raise UserError(f"was written by another layout ({layout.get('describe')}; this run: {mine['describe']}); "
+                            f"reshard it first: naohai ckpt reshard")
+        if self.runtime.mode == "semi_auto":
+            return [ckpt_store.rank_file(self.runtime.rank)]
+        return [ckpt_store.rank_file(0)]
 
-    # ------------------------------------------------------------------ resume
     def resume(self, path: Optional[str] = None) -> bool:
-        path = path or ckpt.latest_checkpoint(self.out)
-        if not path:
+        """Load the newest checkpoint that verifies (or ``path``); False when there is none."""
+        self.steps.compile()      # semi-auto parameters are sliced by the compile: load after it
+        chosen = self.store.select(self.recipe.to_dict()["model"], self._needed_files, explicit=path, log=self.log)
+        if chosen is None:
             return False
-        state = ckpt.read_state(path)
-        ckpt.load_params(path, self.built.state_params())
-        self.step = int(state["step"])
-        self.loader.load_state_dict(state["loader"])
-        self.scaler.load_state_dict(state["loss_scale"])
-        self.log(f"resumed from {path} at step {self.step}")
+        man = ckpt_store.read_manifest(chosen)
+        ckpt_store.load_into(chosen, self._needed_files(man), self.built.saved_params(),
+                             optional=self.built.optional_in_checkpoint)
+        self.step = int(man["step"])
+        self.loader.load_state_dict(man["data"]["loader"])
+        self.log(f"resumed from {chosen} at step {self.step} (loss scale {self.built.loss_scale():.0f})")
         return True
 
     def save(self) -> Optional[str]:
-        if not self.writer:
-            return None
-        state = {"step": self.step, "loader": self.loader.state_dict(), "loss_scale": self.scaler.state_dict(),
-                 "recipe": self.recipe.to_dict(), "seed": self.recipe.train.seed}
-        return ckpt.save_checkpoint(self.out, self.step, self.built.state_params(), state,
-                                    keep=self.recipe.train.keep_checkpoints)
+        man = dict(self.manifest)
+        man["data"] = {"loader": self.loader.state_dict()}
+        man["loss_scale"] = self.built.loss_scale()
+        outcome = self.store.save(self.step, self.built.saved_params(), man, self.strategy_file)
+        if outcome.path is None:
+            previous = ckpt_store.list_checkpoints(self.out)
+            self.log(f"WARNING: checkpoint at step {self.step} FAILED ({outcome.error}); the previous checkpoint "
+                     f"{previous[-1] if previous else '(none)'} is intact; training continues")
+        self._emit("on_save", outcome.path)
+        return outcome.path
 
     # ------------------------------------------------------------------ steps
-    def train_step(self) -> Dict[str, float]:
-        t = self.recipe.train
-        # the rate the optimizer will use: its table at its own step counter (skipped
-        # overflow steps do not advance it, as in Megatron)
-        lr = learning_rate(t, int(self.built.optimizer.global_step.asnumpy()[0]))
-        scale = Tensor(self.scaler.scale, ms.float32)
-        ids, labels = _split_batch(self.loader.next_batch())
-        k = self.built.accum_steps
-        if k == 1:
-            loss, norm, finite = self.built.train_step(ids, labels, scale)
-            loss = float(loss.asnumpy())
-        else:
-            mb = self.built.micro_batch
-            total = 0.0
-            for i in range(k):
-                total += float(self.built.accumulate_step(ids[i * mb:(i + 1) * mb], labels[i * mb:(i + 1) * mb],
-                                                          scale).asnumpy())
-            loss = total / k
-            norm, finite = self.built.apply_step(Tensor(1.0 / (self.scaler.scale * k), ms.float32))
-        finite = bool(finite.asnumpy())
-        applied = self.scaler.update(finite)
-        loss = self._mean_over_ranks(loss)
-        return {"loss": loss, "lr": lr, "grad_norm": float(norm.asnumpy()), "loss_scale": float(scale.asnumpy()),
-                "skipped": 0.0 if applied else 1.0}
-
-    def _mean_over_ranks(self, value: float) -> float:
-        if self.runtime.mode != "data_parallel":
-            return value
-        from mindspore import ops
-        out = ops.AllReduce()(Tensor(np.array([value], np.float32)))
-        return float(out.asnumpy()[0]) / self.runtime.world
-
     def evaluate(self) -> float:
         from naohai.data.loader import eval_batches
         t = self.recipe.train
-        losses = []
-        for batch in eval_batches(self.prepared_dir, t.micro_batch_size * self.runtime.dp_size, t.eval_batches,
-                                  self.runtime.dp_rank, self.runtime.dp_size):
-            ids, labels = _split_batch(batch)
-            losses.append(float(self.built.eval_step(ids, labels).asnumpy()))
-        return self._mean_over_ranks(float(np.mean(losses)))
+        rows, dp = self.steps.eval_rows, self.runtime.dp_size
+        losses = [self.steps.evaluate(batch) for batch in
+                  eval_batches(self.prepared_dir, rows * dp, t.eval_batches, self.runtime.dp_rank, dp)]
+        return self.comm.mean(float(np.mean(losses)))
+
+    def _record(self, res, lr: float) -> Dict[str, Any]:
+        rec = {"split": "train", "step": self.step, "loss": self.comm.mean(res.loss), "lr": lr,
+               "grad_norm": res.grad_norm, "loss_scale": res.loss_scale, "applied": res.applied,
+               "skipped": 0.0 if res.applied else 1.0}
+        if not res.applied:
+            rec["skip_reason"] = "non-finite gradient norm" if not math.isfinite(res.grad_norm) else \
+                f"gradient norm spike (> {self.recipe.train.spike_factor} x running mean)"
+            rec["next_scale"] = self.built.loss_scale()
+        return rec
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
@@ -183,49 +148,54 @@ class Trainer:
         result = TrainResult(self.out, self.step, is_writer=self.writer)
         end = t.steps if self.max_steps is None else min(t.steps, self.step + self.max_steps)
         tokens_step = t.global_batch_size * self.recipe.model.seq_length
+        self._emit("on_start")
+        self.log(f"layout: {self.manifest['layout']['describe']}; {self.steps.rows} rows per rank per step")
+        for note in self.steps.notes:
+            self.log(f"note: {note}")
         if self.step == 0:
             ev = self.evaluate()
             result.evals[0] = ev
-            self.metrics.write({"split": "valid", "step": 0, "loss": ev, "ppl": math.exp(min(ev, 50))})
-            self.log(f"step      0 | held-out loss {ev:.4f} ppl {math.exp(min(ev, 50)):.1f}")
-        window_t, window_steps = time.time(), 0
+            self._emit("on_eval", 0, ev)
+        window_t, window_steps, t_start, start_step = time.time(), 0, time.time(), self.step
         while self.step < end:
-            rec = self.train_step()
+            self._emit("on_step_begin")
+            lr = self.built.learning_rate(self.recipe)
+            res = self.steps.train(self.loader.next_batch())
             self.step += 1
             window_steps += 1
+            rec = self._record(res, lr)
             result.losses[self.step] = rec["loss"]
-            if not math.isfinite(rec["loss"]) and not self.scaler.enabled:
-                raise RuntimeError(f"loss became {rec['loss']} at step {self.step}")
+            if res.applied:
+                self.skip_streak = 0
+            else:
+                self.skip_streak += 1
+                result.skipped.append(self.step)
             if self.step % t.log_every == 0 or self.step == end:
                 dt = (time.time() - window_t) / window_steps
                 tps = tokens_step / dt
                 tflops = tps * self.flops_token / 1e12
-                rec.update({"step": self.step, "split": "train", "tokens_per_s": tps, "tflops": tflops,
-                            "mfu": tflops / (self.peak * self.runtime.world), "step_time": dt})
-                self.metrics.write(rec)
-                self.log(f"step {self.step:6d} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
-                         f"grad-norm {rec['grad_norm']:.3f} | scale {rec['loss_scale']:.0f} | "
-                         f"{tps:,.0f} tok/s | {tflops:.3f} TFLOPs | MFU {100 * rec['mfu']:.1f}%")
+                rec.update({"tokens_per_s": tps, "tflops": tflops, "step_time": dt,
+                            "mfu": tflops / (self.peak * self.runtime.world) if self.peak > 0 else None,
+                            "eta_s": (time.time() - t_start) / (self.step - start_step) * (end - self.step)})
                 window_t, window_steps = time.time(), 0
+            self._emit("on_step", rec)
+            if self.skip_streak >= t.max_skipped_steps:
+                result.checkpoint = self.save()
+                self._emit("on_end")
+                raise TrainingStopped(
+                    f"{self.skip_streak} updates in a row were skipped (last: {rec['skip_reason']}, gradient norm "
+                    f"{rec['grad_norm']:.3g}, loss {rec['loss']:.4g}); the weights are those of step "
+                    f"{self.step - self.skip_streak}. Checkpoint: {result.checkpoint}. Lower train.lr, check the data "
+                    f"near this step, or raise train.max_skipped_steps", where=self.recipe.source,
+                    key="train.max_skipped_steps")
             if self.step % t.eval_every == 0 or self.step == t.steps:
                 ev = self.evaluate()
                 result.evals[self.step] = ev
-                self.metrics.write({"split": "valid", "step": self.step, "loss": ev, "ppl": math.exp(min(ev, 50))})
-                self.log(f"step {self.step:6d} | held-out loss {ev:.4f} ppl {math.exp(min(ev, 50)):.1f}")
+                self._emit("on_eval", self.step, ev)
                 window_t = time.time()
             if self.step % t.save_every == 0 or self.step == end:
                 result.checkpoint = self.save()
+                window_t = time.time()
         result.steps_done = self.step
-        self.metrics.close()
-        if self.writer:
-            png = plot_loss_curve(self.out)
-            if png:
-                self.log(f"loss curve: {png}")
+        self._emit("on_end")
         return result
-
-
-def train(recipe: Recipe, resolved=None, *, resume: bool = True, **kwargs) -> TrainResult:
-    trainer = Trainer(recipe, resolved, **kwargs)
-    if resume:
-        trainer.resume()
-    return trainer.run()

@@ -1,21 +1,9 @@
-"""Throughput arithmetic and run logs: JSON lines, TensorBoard events, a PNG loss curve.
-
-FLOPs per token come from :mod:`naohai.model.flops` (shared with the planner).
-"""
+"""Run logs: JSON lines, TensorBoard events, a PNG loss curve."""
 from __future__ import annotations
 
 import json
 import os
 from typing import Dict, List, Optional
-
-from naohai.model.flops import flops_per_token  # noqa: F401  (re-exported for the loop)
-
-
-def cpu_peak_tflops() -> float:
-    """A rough fp32 peak for this host: cores x 2.5 GHz x 32 FLOP/cycle (AVX2 FMA)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores * 2.5e9 * 32 / 1e12
-
 
 class RunLog:
     """Writes metrics to ``metrics.jsonl`` and TensorBoard events under ``output_dir``."""

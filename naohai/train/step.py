@@ -1,16 +1,29 @@
-"""The jit-compiled training step cells.
+"""What one optimizer step does, the same on one device and on 3456: the train-step cells.
 
-``TrainStep``     one graph: gradients of ``loss * scale``, optional data-parallel
-                  reduction, unscale, global norm, clip, AdamW update unless the
-                  norm is not finite.  Returns (loss, grad_norm, finite).
-``AccumulateStep`` + ``ApplyStep``  the same split in two graphs for gradient
-                  accumulation: micro-steps add scaled gradients into buffers,
-                  the apply step averages, reduces, clips and updates.
-``EvalStep``      forward loss only.
+``TrainStep(network, optimizer, guard, grad_clip, micro, collect, reduce_loss)``,
+called as ``step(input_ids, labels) -> (loss, grad_norm, applied, loss_scale)``:
 
-The learning rate lives in the optimizer's ``learning_rate`` parameter and is set
-from the host every step (see ``naohai.train.schedule``); the loss scale is an
-input, decided on the host (``naohai.train.loss_scale``).
+1. ``loss = network(input_ids, labels)`` and the gradients of ``loss * loss_scale /
+   micro`` (``micro`` = micro-batches summed inside ``network`` by a pipeline or an
+   in-graph accumulation wrapper, else 1);
+2. ``collect(grads, 1 / loss_scale)`` returns unscaled gradients reduced over data
+   parallel as the layout needs (the collectors live in ``naohai/strategy/apply.py``);
+3. the global gradient norm in fp32 (see :func:`global_norm`), identical on every
+   rank and every pipeline stage;
+4. the update is applied only when the norm is finite and, when the spike guard is
+   on, not above ``spike_factor`` x its running mean; gradients are clipped to
+   ``grad_clip`` by the global norm;
+5. :class:`StepGuard` updates the dynamic loss scale (halve on a non-finite norm, grow
+   after ``window`` clean steps) and the running norm mean, in the graph, so every
+   rank takes the same decision without a host round trip.
+``reduce_loss`` turns the network's output into the global mean loss every rank
+reports (the identity where the network already returns it).
+
+For gradient accumulation on one device or plain data parallel the same math is
+split in two graphs driven by the host: :class:`AccumulateStep` adds the scaled
+gradients of one micro-batch into buffers, :class:`ApplyStep` does 2-5.  Skipped
+steps leave the optimizer (and so its step counter and learning-rate table) alone.
+The guard's parameters are ordinary Parameters, so checkpoints carry them.
 """
 from __future__ import annotations
 
@@ -18,8 +31,11 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
+from mindspore.ops import operations as P
 
-_mul = C.MultitypeFuncGraph("mul")
+from naohai.config import TrainConfig
+
+_mul = C.MultitypeFuncGraph("naohai_mul")
 
 
 @_mul.register("Tensor", "Tensor")
@@ -27,16 +43,21 @@ def _mul_tensor(factor, grad):
     return grad * F.cast(factor, F.dtype(grad))
 
 
-_square_sum = C.MultitypeFuncGraph("square_sum")
+# The "grad_scale" attribute tells MindSpore's parallel passes that this is a per-gradient
+# square sum of a global norm: under semi-auto they divide it by the parameter's replica
+# count and all-reduce it inside the stage and across stages (MindFormers' clip_grad does the
+# same).  Outside semi-auto no parallel pass runs and it is a plain ExpandDims.
+_expand_norm = P.ExpandDims().add_prim_attr("grad_scale", True)
+_square_sum = C.MultitypeFuncGraph("naohai_square_sum")
 
 
 @_square_sum.register("Tensor")
 def _square_sum_tensor(grad):
     g = F.cast(grad, ms.float32)
-    return F.reduce_sum(g * g)
+    return _expand_norm(F.reduce_sum(g * g), 0)
 
 
-_add_into = C.MultitypeFuncGraph("add_into")
+_add_into = C.MultitypeFuncGraph("naohai_add_into")
 
 
 @_add_into.register("Tensor", "Tensor")
@@ -44,7 +65,7 @@ def _add_into_tensor(buf, grad):
     return F.assign_add(buf, F.cast(grad, F.dtype(buf)))
 
 
-_zero = C.MultitypeFuncGraph("zero")
+_zero = C.MultitypeFuncGraph("naohai_zero")
 
 
 @_zero.register("Tensor")
@@ -52,74 +73,161 @@ def _zero_tensor(buf):
     return F.assign(buf, F.zeros_like(buf))
 
 
-class _UpdateMixin(nn.Cell):
-    """Unscale, reduce, measure, clip and apply gradients."""
+def global_norm(hyper_map, grads):
+    """sqrt(sum of squares) of all gradients in fp32, shape ``(1,)``."""
+    return ops.sqrt(ops.addn(hyper_map(_square_sum, grads)))
 
-    def _init_update(self, optimizer, grad_clip: float, reducer=None):
-        self.optimizer = optimizer
-        self.weights = optimizer.parameters
-        self.grad_clip = float(grad_clip)
-        self.reducer = reducer
+
+class Unscale(nn.Cell):
+    """The one-device gradient collector: multiply by ``1 / loss_scale``."""
+
+    def __init__(self):
+        super().__init__(auto_prefix=False)
         self.hyper_map = C.HyperMap()
 
-    def _update(self, grads, inv_scale):
-        if self.reducer is not None:
-            grads = self.reducer(grads)
-        grads = self.hyper_map(F.partial(_mul, inv_scale), grads)
-        norm = ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads)))
-        finite = ops.isfinite(norm)
+    def construct(self, grads, inv_scale):
+        return self.hyper_map(F.partial(_mul, inv_scale), grads)
+
+
+class StepGuard(nn.Cell):
+    """Dynamic loss scale and the gradient-norm spike guard, as graph state.
+
+    Parameters (saved in checkpoints): ``guard.loss_scale``, ``guard.good_steps`` (clean
+    steps since the scale last changed), ``guard.norm_mean`` and ``guard.norm_count``
+    (running mean of the norms of applied steps over at most ``spike_window`` steps).
+    """
+
+    def __init__(self, train: TrainConfig):
+        super().__init__(auto_prefix=False)
+        ls = train.loss_scale
+        self.dynamic = bool(ls.dynamic)
+        self.loss_scale = Parameter(Tensor(float(ls.init) if ls.dynamic else 1.0, ms.float32),
+                                    name="guard.loss_scale", requires_grad=False)
+        self.good_steps = Parameter(Tensor(0, ms.int32), name="guard.good_steps", requires_grad=False)
+        self.norm_mean = Parameter(Tensor(0.0, ms.float32), name="guard.norm_mean", requires_grad=False)
+        self.norm_count = Parameter(Tensor(0, ms.int32), name="guard.norm_count", requires_grad=False)
+        self.window = int(ls.window)
+        self.factor = float(ls.factor)
+        self.min_scale = Tensor(float(ls.min_scale), ms.float32)
+        self.spike_factor = float(train.spike_factor)
+        self.spike_warmup = int(train.spike_warmup)
+        self.spike_window = Tensor(float(train.spike_window), ms.float32)
+
+    def decide(self, norm):
+        """(finite, applied) for a step whose global gradient norm is ``norm`` (shape (1,))."""
+        finite = ops.isfinite(norm).all()
+        applied = finite
+        if self.spike_factor > 0:
+            warm = self.norm_count < self.spike_warmup
+            calm = (norm <= self.norm_mean * self.spike_factor).all()
+            applied = ops.logical_and(finite, ops.logical_or(warm, calm))
+        return finite, applied
+
+    def update(self, finite, applied, norm):
+        """Record the step's outcome; returns a token to depend on."""
+        out = F.zeros((), ms.float32)
+        if self.dynamic:
+            good = ops.select(finite, self.good_steps + 1, F.zeros((), ms.int32))
+            grow = good >= self.window
+            scale = self.loss_scale
+            grown = ops.select(grow, scale * self.factor, scale)
+            shrunk = ops.maximum(scale / self.factor, self.min_scale)
+            new_scale = ops.select(finite, grown, shrunk)
+            new_good = ops.select(grow, F.zeros((), ms.int32), good)
+            out = F.depend(out, F.assign(self.loss_scale, new_scale))
+            out = F.depend(out, F.assign(self.good_steps, new_good))
+        if self.spike_factor > 0:
+            count = self.norm_count + 1
+            weight = 1.0 / ops.minimum(F.cast(count, ms.float32), self.spike_window)
+            mean = self.norm_mean + (norm.reshape(()) - self.norm_mean) * weight
+            out = F.depend(out, F.assign(self.norm_mean, ops.select(applied, mean, self.norm_mean)))
+            out = F.depend(out, F.assign(self.norm_count, ops.select(applied, count, self.norm_count)))
+        return out
+
+
+class _Finish(nn.Cell):
+    """Steps 3-5 of the module docstring: norm, decision, clip, update, guard."""
+
+    def _init_finish(self, optimizer, guard: StepGuard, grad_clip: float):
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.guard = guard
+        self.grad_clip = float(grad_clip)
+        self.hyper_map = C.HyperMap()
+
+    def _finish(self, grads):
+        norm = global_norm(self.hyper_map, grads)
+        finite, applied = self.guard.decide(norm)
         if self.grad_clip > 0:
             factor = self.grad_clip / ops.maximum(norm, self.grad_clip)
             grads = self.hyper_map(F.partial(_mul, factor), grads)
-        if finite:
+        if applied:
             norm = F.depend(norm, self.optimizer(grads))
-        return norm, finite
+        norm = F.depend(norm, self.guard.update(finite, applied, norm))
+        return norm.reshape(()), applied
 
 
-class TrainStep(_UpdateMixin):
-    def __init__(self, network, optimizer, grad_clip: float, reducer=None):
+class TrainStep(_Finish):
+    """One optimizer step in one graph (see the module docstring)."""
+
+    def __init__(self, network, optimizer, guard: StepGuard, grad_clip: float, micro: int = 1,
+                 collect=None, reduce_loss=None):
         super().__init__(auto_prefix=False)
         self.network = network
-        self._init_update(optimizer, grad_clip, reducer)
+        self._init_finish(optimizer, guard, grad_clip)
+        self.micro = float(micro)
+        self.collect = collect if collect is not None else Unscale()
+        self.reduce_loss = reduce_loss
         self.grad = C.GradOperation(get_by_list=True, sens_param=True)
 
-    def construct(self, input_ids, labels, scale):
+    def construct(self, input_ids, labels):
+        scale = self.guard.loss_scale.value()
         loss = self.network(input_ids, labels)
-        grads = self.grad(self.network, self.weights)(input_ids, labels, F.cast(scale, F.dtype(loss)))
-        norm, finite = self._update(grads, 1.0 / scale)
-        return loss, norm, finite
+        sens = F.ones_like(loss) * F.cast(scale / self.micro, F.dtype(loss))
+        grads = self.grad(self.network, self.weights)(input_ids, labels, sens)
+        grads = self.collect(grads, 1.0 / scale)
+        norm, applied = self._finish(grads)
+        if self.reduce_loss is not None:
+            loss = self.reduce_loss(loss)
+        return loss, norm, applied, scale
 
 
 class AccumulateStep(nn.Cell):
-    """Adds the gradients of ``loss * scale`` of one micro-batch into ``buffers``."""
+    """Adds the gradients of ``loss * loss_scale`` of one micro-batch into ``buffers``."""
 
-    def __init__(self, network, weights, buffers):
+    def __init__(self, network, weights, buffers, guard: StepGuard):
         super().__init__(auto_prefix=False)
         self.network = network
         self.weights = weights
         self.buffers = buffers
+        self.guard = guard
         self.grad = C.GradOperation(get_by_list=True, sens_param=True)
         self.hyper_map = C.HyperMap()
 
-    def construct(self, input_ids, labels, scale):
+    def construct(self, input_ids, labels):
         loss = self.network(input_ids, labels)
-        grads = self.grad(self.network, self.weights)(input_ids, labels, F.cast(scale, F.dtype(loss)))
+        sens = F.ones_like(loss) * F.cast(self.guard.loss_scale.value(), F.dtype(loss))
+        grads = self.grad(self.network, self.weights)(input_ids, labels, sens)
         return F.depend(loss, self.hyper_map(_add_into, self.buffers, grads))
 
 
-class ApplyStep(_UpdateMixin):
-    """Averages the buffers over ``k`` micro-batches, updates, and clears the buffers."""
+class ApplyStep(_Finish):
+    """Collects the buffers of ``micro`` accumulated micro-batches, updates, clears them."""
 
-    def __init__(self, optimizer, buffers, grad_clip: float, reducer=None):
+    def __init__(self, optimizer, buffers, guard: StepGuard, grad_clip: float, micro: int, collect=None):
         super().__init__(auto_prefix=False)
-        self._init_update(optimizer, grad_clip, reducer)
+        self._init_finish(optimizer, guard, grad_clip)
         self.buffers = buffers
+        self.micro = float(micro)
+        self.collect = collect if collect is not None else Unscale()
 
-    def construct(self, inv_scale_and_k):
+    def construct(self):
+        scale = self.guard.loss_scale.value()
         grads = self.hyper_map(F.partial(_mul, F.ones((), ms.float32)), self.buffers)
-        norm, finite = self._update(grads, inv_scale_and_k)
+        grads = self.collect(grads, 1.0 / (scale * self.micro))
+        norm, applied = self._finish(grads)
         norm = F.depend(norm, self.hyper_map(_zero, self.buffers))
-        return norm, finite
+        return norm, applied, scale
 
 
 def make_buffers(weights) -> ms.ParameterTuple:
@@ -128,9 +236,15 @@ def make_buffers(weights) -> ms.ParameterTuple:
 
 
 class EvalStep(nn.Cell):
-    def __init__(self, network):
+    """Forward loss only; ``reduce_loss`` as in :class:`TrainStep`."""
+
+    def __init__(self, network, reduce_loss=None):
         super().__init__(auto_prefix=False)
         self.network = network
+        self.reduce_loss = reduce_loss
 
     def construct(self, input_ids, labels):
-        return self.network(input_ids, labels)
+        loss = self.network(input_ids, labels)
+        if self.reduce_loss is not None:
+            loss = self.reduce_loss(loss)
+        return loss

@@ -58,17 +58,38 @@ def _boot(env, *args):
                           capture_output=True, text=True, timeout=60)
 
 
+STRATEGY = os.path.join(ROOT, "strategies", "tiny-dp2-mp2.yaml")   # data 2 x model 2: 4 workers
+
+
 def test_boot_script_two_nodes(tmp_path):
-    strategy = tmp_path / "s.yaml"
-    strategy.write_text("mesh: {data: 2, model: 2}\n")
     res = _boot({"MA_NUM_HOSTS": "2", "VC_TASK_INDEX": "1", "MA_NUM_GPUS": "2",
                  "VC_WORKER_HOSTS": "127.0.0.1,10.9.9.9", "RANK_TABLE_FILE": "/user/config/x.json"},
-                "r.yaml", str(strategy), "train.steps=5")
+                "tiny", STRATEGY, "train.micro_batch_size=8", "--device", "Ascend")
     assert res.returncode == 0, res.stderr
     msrun = res.stdout.strip().splitlines()[-1]
     assert msrun == ("msrun --worker_num 4 --local_worker_num 2 --master_addr 127.0.0.1 --master_port 8118 "
                      "--node_rank 1 --log_dir runs/msrun_logs --join True --cluster_time_out 600 "
-                     f"python -m naohai.cli train r.yaml train.steps=5 --strategy {strategy}")
+                     f"python -m naohai.cli train tiny train.micro_batch_size=8 --strategy {STRATEGY} "
+                     "--device Ascend")
+
+
+def test_boot_file_form_carries_the_device_to_the_workers():
+    """The --name=value form ModelArts uses: the job's device parameter reaches every worker."""
+    res = _boot({"MA_NUM_HOSTS": "1", "MA_NUM_GPUS": "4", "VC_WORKER_HOSTS": "127.0.0.1"},
+                "--recipe=tiny", f"--strategy={STRATEGY}", "--overrides=train.micro_batch_size=8",
+                "--device=Ascend")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1].endswith(
+        f"python -m naohai.cli train tiny train.micro_batch_size=8 --strategy {STRATEGY} --device Ascend")
+
+
+def test_boot_script_refuses_semi_auto_on_cpu_before_workers():
+    res = _boot({"MA_NUM_HOSTS": "1", "MA_NUM_GPUS": "4", "VC_WORKER_HOSTS": "127.0.0.1"},
+                "--recipe=tiny", f"--strategy={STRATEGY}", "--overrides=train.micro_batch_size=8",
+                "--device=CPU")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "cannot execute on CPU" in " ".join(res.stderr.split())
+    assert not any(line.startswith("msrun") for line in res.stdout.splitlines())
 
 
 def test_boot_script_missing_variable_exits_2(tmp_path):

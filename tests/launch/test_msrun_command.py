@@ -1,10 +1,14 @@
 """msrun argv building and plan validation (no processes started)."""
+from pathlib import Path
+
 import pytest
 
 from naohai.cli import build_parser, main
 from naohai.errors import UserError
 from naohai.launch.devices import worker_count
 from naohai.launch.msrun import MsrunPlan, build_msrun_command, build_rank_table_processes, diagnose
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_single_node_argv():
@@ -91,17 +95,35 @@ def test_worker_count_from_mesh(tmp_path):
 def test_cli_dry_run_prints_command(tmp_path, capsys):
     s = tmp_path / "s.yaml"
     s.write_text("mesh: {data: 2}\n")
-    code = main(["launch", "r.yaml", "train.steps=2", "--strategy", str(s), "--log-dir", "L",
+    code = main(["launch", "tiny", "train.micro_batch_size=8", "--strategy", str(s), "--log-dir", "L",
                  "--node-time-out", "7", "--dry-run"])
     out = capsys.readouterr().out.strip()
     assert code == 0
+    # train.device auto is decided here (this machine: CPU) and passed to every worker
     assert out == ("MS_NODE_TIMEOUT=7 msrun --worker_num 2 --local_worker_num 2 --master_addr 127.0.0.1 "
                    "--master_port 8118 --node_rank 0 --log_dir L --join True --cluster_time_out 600 "
-                   f"python -m naohai.cli train r.yaml train.steps=2 --strategy {s}")
+                   f"python -m naohai.cli train tiny train.micro_batch_size=8 --strategy {s} --device CPU")
+
+
+def test_launch_refuses_pipeline_on_cpu_before_any_worker(capsys, tmp_path):
+    """The acceptance case: exit 2, one paragraph naming device, strategy and the check to run."""
+    import subprocess
+    import sys
+    import time
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-m", "naohai.cli", "launch", "tiny", "train.micro_batch_size=2",
+                          "--strategy", "strategies/tiny-dp2-mp2-pp2.yaml", "--log-dir", str(tmp_path / "logs")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "[WARNING]" not in res.stderr
+    assert "cannot execute on CPU" in " ".join(res.stderr.split()) and "tiny-dp2-mp2-pp2.yaml" in res.stderr
+    assert "naohai check tiny train.micro_batch_size=2 strategies/tiny-dp2-mp2-pp2.yaml --compile" \
+        in " ".join(res.stderr.split())
+    assert not (tmp_path / "logs").exists() and "msrun" not in res.stdout   # no worker started
+    print(f"refused in {time.time() - t0:.1f} s")
 
 
 def test_cli_bad_flag_is_exit_2(capsys):
-    assert main(["launch", "r.yaml", "--nodes", "2", "--devices-per-node", "2", "--dry-run"]) == 2
+    assert main(["launch", "tiny", "--nodes", "2", "--devices-per-node", "2", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "master address is required" in err and "Traceback" not in err
 

@@ -42,7 +42,10 @@ def code(tmp_path):
     (root / "recipes").mkdir(parents=True)
     shutil.copy(os.path.join(ROOT, "recipes", "tiny.yaml"), root / "recipes" / "tiny.yaml")
     (root / "strategies").mkdir()
+    # data 2 needs a global batch that is a multiple of 2 x micro-batch: the copied tiny recipe has 16 x 16
     (root / "strategies" / "dp2.yaml").write_text("name: dp2\nmesh: {data: 2}\n")
+    tiny = (root / "recipes" / "tiny.yaml").read_text().replace("micro_batch_size: 16", "micro_batch_size: 8")
+    (root / "recipes" / "tiny.yaml").write_text(tiny)
     (root / "run").mkdir()
     (root / "run" / "modelarts_boot.sh").write_text("#!/bin/sh\n")
     (root / "pkg").mkdir()
@@ -72,7 +75,8 @@ EXPECTED_BODY = {
         "boot_file": "/naohai-bkt/code/run/modelarts_boot.sh",
         "parameters": [{"name": "recipe", "value": "recipes/tiny.yaml"},
                        {"name": "strategy", "value": "strategies/dp2.yaml"},
-                       {"name": "overrides", "value": "train.steps=7"}],
+                       {"name": "overrides", "value": "train.steps=7"},
+                       {"name": "device", "value": "Ascend"}],   # --device default: ModelArts nodes are Ascend
         "inputs": [],
         "outputs": [{"name": "output", "remote": {"obs": {"obs_url": "/naohai-bkt/out/"}}}],
         "environments": {"PYTHONUNBUFFERED": "1"},
@@ -203,6 +207,16 @@ def test_dry_run_prints_body_and_sends_nothing(cloud, creds, code, capsys, caplo
     assert "(4 files," in out                       # the excludes are applied to the plan too
     assert "HUAWEICLOUD_SDK_AK=AKFA****" in out and "HUAWEICLOUD_SDK_SK=<redacted>" in out
     assert AK not in out
+
+
+def test_layout_the_device_cannot_run_is_refused_before_upload(cloud, creds, code, capsys):
+    shutil.copy(os.path.join(ROOT, "strategies", "tiny-dp2-mp2.yaml"), code / "strategies" / "mp.yaml")
+    args = create_args(cloud, code, "--device", "CPU")
+    args[args.index("--strategy") + 1] = str(code / "strategies" / "mp.yaml")
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "cannot execute on CPU" in err and "mp.yaml" in err and "Traceback" not in err
+    assert cloud.requests == []        # nothing uploaded, no job created
 
 
 def test_missing_project_id(cloud, monkeypatch, code, capsys):

@@ -213,3 +213,49 @@ def tied_pipeline_legacy(dp=2, mp=2, stages=2, micro=4, batch=8, opt_shard=True,
     step.set_train()
     ids = Tensor(np.zeros((batch, SEQ), np.int32))
     return step, (ids, Tensor(np.zeros((batch, SEQ), np.int32)))
+
+
+_scale_grad = ops.MultitypeFuncGraph("old_naohai_scale_grad")
+
+
+@_scale_grad.register("Tensor", "Tensor")
+def _scale_one(factor, grad):
+    return grad * ops.cast(factor, ops.dtype(grad))
+
+
+def naohai_value_and_grad_pipeline(recipe_path, strategy_path, overrides=()):
+    """The pipeline step naohai shipped before the MindFormers-style step (kept to prove the
+    IR checks catch it): naohai's model with the strategy applied, ``Pipeline`` differentiated
+    by ``ops.value_and_grad`` inside ``@jit``, gradients / micro, AdamWeightDecay."""
+    from mindspore.ops import functional as F
+    from mindspore.parallel.nn import Pipeline
+    from naohai.strategy import apply as strategy_apply
+    from naohai.train.builder import make_optimizer
+    from naohai.train.compile_target import resolve_for_compile
+    from naohai.model.transformer import NaohaiLM
+
+    recipe, resolved = resolve_for_compile(recipe_path, strategy_path, overrides)
+    strategy_apply.init_runtime(resolved, "GPU")
+    model = NaohaiLM(recipe.model, seed=0)
+    strategy_apply.apply_strategy(model, resolved)
+    # the old step kept the tied table optimizer-sharded (today's step keeps it whole; the old
+    # wiring without accumulation buffers fails to compile with a whole table: grad_accu is null)
+    model.embedding.word_embedding.parallel_optimizer = True
+    optimizer = make_optimizer(model, recipe)
+    micro = int(resolved.micro_batches)
+    grad_fn = ops.value_and_grad(Pipeline(model, micro), None, optimizer.parameters)
+    factor = Tensor(1.0 / micro, ms.float32)
+    hyper_map = ops.HyperMap()
+
+    @ms.jit
+    def pipeline_train_step(input_ids, labels):
+        loss, grads = grad_fn(input_ids, labels)
+        grads = hyper_map(F.partial(_scale_grad, factor), grads)
+        return F.depend(loss, optimizer(grads))
+
+    parallel = AutoParallel(pipeline_train_step, parallel_mode="semi_auto")
+    parallel.pipeline(stages=int(resolved.stages), scheduler=str(resolved.scheduler))
+    parallel.hsdp(shard_size=-1, threshold=0, optimizer_level="level1")
+    rows = resolved.micro_batch_size * micro * int(resolved.data)
+    ids = Tensor(np.zeros((rows, recipe.model.seq_length), np.int32))
+    return [("train", parallel, (ids, Tensor(np.zeros((rows, recipe.model.seq_length), np.int32))))]

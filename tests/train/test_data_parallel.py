@@ -12,8 +12,8 @@ import time
 import pytest
 import yaml
 
-from naohai.train.checkpoint import list_checkpoints
-from naohai.train.loop import Trainer
+from naohai.checkpoint.store import list_checkpoints
+from naohai.train.job import start
 from tests.conftest import MICRO_MODEL
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,7 +66,7 @@ def test_two_workers_match_one_process(tmp_path, micro_data):
 
     from naohai.config import load_recipe
     single = load_recipe(_recipe_file(tmp_path, "single", prepared, tok, micro_batch_size=8))
-    ref = Trainer(single, None, log=lambda *_: None, progress=False).run()
+    ref = start(single, None, log=lambda *_: None, progress=False).run()
 
     got = _metrics(str(tmp_path / "dp"))
     train = {r["step"]: r["loss"] for r in got if r["split"] == "train"}
@@ -79,7 +79,7 @@ def test_two_workers_match_one_process(tmp_path, micro_data):
     # one checkpoint set (rank 0 writes), at steps 3 and 6
     ckpts = list_checkpoints(str(tmp_path / "dp"))
     assert [os.path.basename(c) for c in ckpts] == ["step_00000003", "step_00000006"]
-    assert sorted(os.listdir(ckpts[-1])) == ["model.ckpt", "state.json"]
+    assert sorted(os.listdir(ckpts[-1])) == ["manifest.json", "rank_0.ckpt", "rank_0.json"]
     # per-rank logs are gathered in the log folder
     logs = sorted(os.listdir(tmp_path / "logs"))
     assert "worker_0.log" in logs and "worker_1.log" in logs

@@ -5,13 +5,13 @@ import math
 
 import pytest
 
-from naohai.train.loop import Trainer
+from naohai.train.job import start
 from naohai.train.metrics import read_metrics
 from tests.conftest import micro_recipe
 
 
 def _run(recipe, steps=None, resume=True):
-    trainer = Trainer(recipe, None, log=lambda *_: None, progress=False, max_steps=steps)
+    trainer = start(recipe, None, log=lambda *_: None, progress=False, max_steps=steps)
     if resume:
         trainer.resume()
     return trainer.run()

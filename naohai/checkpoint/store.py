@@ -1,0 +1,352 @@
+"""Saving, publishing, verifying and loading checkpoints of a run, from one rank or thousands.
+
+Layout of one checkpoint (``<run>/checkpoints/step_<8 digits>/``)::
+
+    manifest.json        step, data position, loss scale, seed, recipe, strategy, layout, versions,
+                         and a SHA-256 and size for every file below (written last, by rank 0)
+    rank_<r>.ckpt        the parameters rank r holds: on one device or in plain data parallel the
+                         full tensors (rank 0 only); under semi-auto every rank's own slices
+                         (optimizer-shard slices included), never accumulation buffers or the
+                         learning-rate table
+    rank_<r>.json        rank r's file entry (sha256, bytes, tensors and their local shapes)
+    strategy/rank_<r>.ckpt, strategy/merged.ckpt
+                         MindSpore's parameter strategy files of the compiled step (semi-auto)
+
+Atomic across ranks: every rank writes into ``step_<N>.tmp/`` (temporary names, fsync,
+rename), the ranks agree that all writes succeeded, then rank 0 writes the manifest and
+renames the folder into place.  A crash or a failed write at any moment leaves the
+previous checkpoint as it was; a half-written folder keeps its ``.tmp`` suffix and is
+never picked.  Retention keeps the last ``keep_last`` and every ``keep_every``-th step.
+
+Resume (:meth:`CheckpointStore.select`) walks the checkpoints newest first and takes the
+first one that verifies on every rank (manifest readable, same model, every file of the
+layout present with its size and SHA-256); the others are reported with the reason.
+A shared file system between nodes is assumed (as MindFormers does for its saves).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import mindspore as ms
+
+from naohai.checkpoint.files import fsync_dir, fsync_file, sha256_file, write_json
+from naohai.errors import UserError
+
+FORMAT = "naohai-checkpoint/1"
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank}.ckpt"
+
+
+def step_dir(output_dir: str, step: int) -> str:
+    return os.path.join(checkpoint_root(output_dir), f"step_{step:08d}")
+
+
+def checkpoint_root(output_dir: str) -> str:
+    return os.path.join(output_dir, "checkpoints")
+
+
+def list_checkpoints(output_dir: str) -> List[str]:
+    """Published checkpoint folders (those with a manifest), oldest first."""
+    root = checkpoint_root(output_dir)
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        m = _STEP_DIR.match(name)
+        if m and os.path.exists(os.path.join(root, name, MANIFEST)):
+            found.append((int(m.group(1)), os.path.join(root, name)))
+    return [path for _, path in sorted(found)]
+
+
+def read_manifest(path: str) -> Dict[str, Any]:
+    file = os.path.join(path, MANIFEST)
+    try:
+        with open(file, "r", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise UserError("has no manifest.json: not a (complete) naohai checkpoint", where=path) from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read the manifest: {exc}", where=file) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UserError(f"is not a {FORMAT} manifest", where=file)
+    return data
+
+
+def versions() -> Dict[str, str]:
+    import naohai
+    return {"naohai": getattr(naohai, "__version__", "unknown"), "mindspore": ms.__version__,
+            "python": platform.python_version()}
+
+
+def resolve_checkpoint(path: str) -> str:
+    """Accept a checkpoint folder or a run folder (its newest checkpoint)."""
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST)):
+        return path
+    if os.path.isdir(path):
+        found = list_checkpoints(path)
+        if found:
+            return found[-1]
+    raise UserError("is neither a checkpoint folder (with manifest.json) nor a run folder with checkpoints/",
+                    where=path)
+
+
+# --------------------------------------------------------------------------- verification
+@dataclass
+class Verdict:
+    path: str
+    ok: bool
+    problems: List[str] = field(default_factory=list)
+
+    def reason(self) -> str:
+        return "; ".join(self.problems) or "ok"
+
+
+def _model_dict(recipe_dict: Dict[str, Any]) -> Dict[str, Any]:
+    return dict(recipe_dict.get("model") or {})
+
+
+def verify(path: str, model: Optional[Dict[str, Any]] = None, files: Optional[Sequence[str]] = None,
+           hash_files: bool = True) -> Verdict:
+    """Check a checkpoint folder: manifest, model (if given), and the listed files (all if None)."""
+    v = Verdict(path, True)
+    try:
+        man = read_manifest(path)
+    except UserError as exc:
+        return Verdict(path, False, [exc.message])
+    if model is not None:
+        saved = _model_dict(man.get("recipe") or {})
+        diff = sorted(k for k in set(saved) | set(model) if saved.get(k) != model.get(k))
+        if diff:
+            v.problems.append("another model: " + ", ".join(f"{k} {saved.get(k)!r} != {model.get(k)!r}"
+                                                            for k in diff[:4]))
+    entries = man.get("files") or {}
+    for name in (files if files is not None else sorted(entries)):
+        entry = entries.get(name)
+        if entry is None:
+            v.problems.append(f"{name} is not in the manifest (a rank missing)")
+            continue
+        full = os.path.join(path, name)
+        if not os.path.exists(full):
+            v.problems.append(f"{name} is missing")
+            continue
+        size = os.path.getsize(full)
+        if size != entry.get("bytes"):
+            v.problems.append(f"{name} has {size} bytes, the manifest says {entry.get('bytes')} (truncated?)")
+            continue
+        if hash_files and sha256_file(full) != entry.get("sha256"):
+            v.problems.append(f"{name} does not match its SHA-256 (corrupted)")
+    for rank in man.get("layout", {}).get("ranks_with_files", []):
+        if rank_file(rank) not in entries:
+            v.problems.append(f"rank {rank}'s file is not in the manifest (a rank missing)")
+    v.ok = not v.problems
+    return v
+
+
+# --------------------------------------------------------------------------- the store
+Collective = Callable[[bool], bool]
+
+
+def _solo(flag: bool) -> bool:
+    return flag
+
+
+@dataclass
+class SaveOutcome:
+    path: Optional[str]          # the published folder, None when the save failed
+    error: Optional[str] = None  # why it failed (this rank's or another's)
+
+
+class CheckpointStore:
+    """Checkpoints of one run as seen by one rank.
+
+    ``all_ok(flag)`` must return True on every rank iff ``flag`` is True on every rank
+    (an all-reduce; the identity for one process): it is the barrier of the save and of
+    the resume decision.  ``writes`` says whether this rank writes a parameter file.
+    """
+
+    def __init__(self, output_dir: str, rank: int = 0, world: int = 1, writes: bool = True,
+                 all_ok: Collective = _solo, keep_last: int = 3, keep_every: int = 0):
+        self.output_dir = output_dir
+        self.rank, self.world = rank, world
+        self.writes = writes
+        self.all_ok = all_ok
+        self.keep_last, self.keep_every = keep_last, keep_every
+
+    # ---- saving
+    def save(self, step: int, params: Sequence[ms.Parameter], manifest: Dict[str, Any],
+             strategy_file: Optional[str] = None) -> SaveOutcome:
+        """Write this rank's part of the checkpoint for ``step`` and publish it (rank 0)."""
+        final = step_dir(self.output_dir, step)
+        tmp = final + ".tmp"
+        error = None
+        try:
+            if self.rank == 0:
+                if os.path.exists(tmp):
+                    shutil.rmtree(tmp)
+                os.makedirs(tmp)
+        except OSError as exc:
+            error = f"rank 0 cannot create {tmp}: {exc}"
+        if not self.all_ok(error is None):
+            return SaveOutcome(None, error or "another rank failed")
+        try:
+            if self.writes:
+                self._write_rank(tmp, params)
+            if strategy_file and os.path.exists(strategy_file):
+                self._copy_strategy(tmp, strategy_file)
+        except (OSError, RuntimeError, ValueError) as exc:
+            error = f"rank {self.rank}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        if not self.all_ok(error is None):
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            return SaveOutcome(None, error or "another rank failed to write its part")
+        if self.rank == 0:
+            try:
+                self._publish(tmp, final, step, manifest)
+            except (OSError, ValueError) as exc:
+                error = f"rank 0 cannot publish: {exc}"
+                shutil.rmtree(tmp, ignore_errors=True)
+        if not self.all_ok(error is None):
+            return SaveOutcome(None, error or "rank 0 could not publish")
+        if self.rank == 0:
+            self._retain()
+        return SaveOutcome(final)
+
+    def _write_rank(self, tmp: str, params: Sequence[ms.Parameter]) -> None:
+        name = rank_file(self.rank)
+        part = os.path.join(tmp, f"rank_{self.rank}.part.ckpt")   # MindSpore appends .ckpt to other names
+        ms.save_checkpoint([{"name": p.name, "data": p} for p in params], part)
+        if not os.path.exists(part):
+            raise OSError(f"MindSpore wrote no file {part}")
+        fsync_file(part)
+        digest, size = sha256_file(part), os.path.getsize(part)
+        # read back: a write cut short by a full disk or a file-size limit must not pass
+        check = ms.load_checkpoint(part)
+        if len(check) != len(params):
+            raise OSError(f"{name}: wrote {len(params)} tensors, read back {len(check)}")
+        os.replace(part, os.path.join(tmp, name))
+        entry = {"rank": self.rank, "sha256": digest, "bytes": size,
+                 "tensors": {p.name: list(p.shape) for p in params}}
+        write_json(os.path.join(tmp, f"rank_{self.rank}.json"), entry)
+
+    def _copy_strategy(self, tmp: str, strategy_file: str) -> None:
+        folder = os.path.join(tmp, "strategy")
+        os.makedirs(folder, exist_ok=True)
+        dst = os.path.join(folder, rank_file(self.rank))
+        shutil.copyfile(strategy_file, dst + ".part")
+        fsync_file(dst + ".part")
+        os.replace(dst + ".part", dst)
+
+    def _publish(self, tmp: str, final: str, step: int, manifest: Dict[str, Any]) -> None:
+        files: Dict[str, Any] = {}
+        for r in range(self.world):
+            meta = os.path.join(tmp, f"rank_{r}.json")
+            if os.path.exists(meta):
+                with open(meta, "r", encoding="utf-8") as fh:
+                    entry = json.load(fh)
+                files[rank_file(r)] = {k: entry[k] for k in ("rank", "sha256", "bytes")}
+                files[f"rank_{r}.json"] = {"sha256": sha256_file(meta), "bytes": os.path.getsize(meta)}
+        strategy_dir = os.path.join(tmp, "strategy")
+        if os.path.isdir(strategy_dir):
+            for name in sorted(os.listdir(strategy_dir)):
+                full = os.path.join(strategy_dir, name)
+                files[f"strategy/{name}"] = {"sha256": sha256_file(full), "bytes": os.path.getsize(full)}
+        man = dict(manifest)
+        man.update({"format": FORMAT, "step": step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "versions": versions(), "files": files})
+        write_json(os.path.join(tmp, MANIFEST), man)
+        if os.path.exists(final):      # a re-save of the same step (a resumed run reaching it again)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync_dir(checkpoint_root(self.output_dir))
+
+    def _retain(self) -> None:
+        found = list_checkpoints(self.output_dir)
+        if self.keep_last <= 0:
+            return
+        keep = set(found[-self.keep_last:])
+        for path in found:
+            step = int(_STEP_DIR.match(os.path.basename(path)).group(1))
+            if self.keep_every and step % self.keep_every == 0:
+                keep.add(path)
+        for path in found:
+            if path not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    # ---- resuming
+    def select(self, model: Dict[str, Any], needed: Callable[[Dict[str, Any]], List[str]],
+               explicit: Optional[str] = None, log: Callable[[str], None] = print) -> Optional[str]:
+        """The newest checkpoint that verifies on every rank (or ``explicit``, which must verify).
+
+        ``needed(manifest)`` names the files this rank must read from that checkpoint.
+        """
+        candidates = [explicit] if explicit else list(reversed(list_checkpoints(self.output_dir)))
+        for path in candidates:
+            verdict = self._verify_for_me(path, model, needed)
+            if self.all_ok(verdict.ok):
+                return path
+            if explicit:
+                raise UserError(f"cannot resume from it: {verdict.reason() if not verdict.ok else 'another rank '}"
+                                f"{'' if not verdict.ok else 'found a problem'}", where=path, key="--resume-from")
+            log(f"skipping checkpoint {path}: " + (verdict.reason() if not verdict.ok else
+                                                   "another rank found a problem with its files"))
+        return None
+
+    def _verify_for_me(self, path: str, model: Dict[str, Any], needed) -> Verdict:
+        try:
+            man = read_manifest(path)
+        except UserError as exc:
+            return Verdict(path, False, [exc.message])
+        try:
+            files = needed(man)
+        except UserError as exc:
+            return Verdict(path, False, [exc.message])
+        return verify(path, model, files)
+
+
+def load_into(path: str, files: Sequence[str], params: Sequence[ms.Parameter],
+              optional: Callable[[str], bool] = lambda name: False) -> List[str]:
+    """Copy the tensors of ``files`` into ``params`` by name; returns names not found (all optional)."""
+    saved: Dict[str, Any] = {}
+    for name in files:
+        try:
+            saved.update(ms.load_checkpoint(os.path.join(path, name)))
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise UserError(f"cannot load {name}: {str(exc).splitlines()[0]}", where=path) from None
+    missing = []
+    for p in params:
+        value = saved.get(p.name)
+        if value is None:
+            missing.append(p.name)
+            continue
+        if tuple(value.shape) != tuple(p.shape):
+            raise UserError(f"parameter '{p.name}' has shape {tuple(value.shape)} in the checkpoint but "
+                            f"{tuple(p.shape)} here (a different model or layout?)", where=path)
+        p.set_data(value.astype(p.dtype) if value.dtype != p.dtype else value)
+    required = [m for m in missing if not optional(m)]
+    if required:
+        raise UserError(f"the checkpoint lacks {len(required)} parameters, e.g. {required[:3]}", where=path)
+    return missing
+
+
+def load_weights(path: str, params: Sequence[ms.Parameter]) -> Dict[str, Any]:
+    """Load full model weights (e.g. for generation) from a checkpoint folder; returns its manifest."""
+    man = read_manifest(path)
+    if man.get("layout", {}).get("signature") != "full":
+        raise UserError(f"holds per-rank slices of a {man.get('layout', {}).get('describe')} layout; merge it into "
+                        f"full tensors first: naohai ckpt merge {path} --out DIR", where=path)
+    v = verify(path, None, [rank_file(0)])
+    if not v.ok:
+        raise UserError(f"does not verify: {v.reason()}", where=path)
+    load_into(path, [rank_file(0)], params)
+    return man

@@ -1,0 +1,35 @@
+"""What ``naohai launch`` checks on the launching node before any worker starts.
+
+The recipe and the strategy file are validated exactly as ``naohai train`` will
+validate them on every rank, the device is resolved (``--device``, else the recipe's
+``train.device``; ``auto`` = Ascend, then GPU, then CPU), and a layout the device
+cannot execute (op or pipeline parallel on CPU) is refused with one paragraph that
+says what to run instead.  The resolved device is what the workers are told to use.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from naohai.config import load_recipe
+from naohai.strategy.apply import check_runnable
+from naohai.strategy.compat import validated_strategy
+from naohai.train.device import resolve_device
+
+
+def preflight(recipe_path: str, overrides: Sequence[str], strategy_path: Optional[str],
+              device: Optional[str], dry_run: bool = False) -> str:
+    """Validate recipe + strategy for this device; return the device the workers must use.
+
+    A dry run (printing the command for another machine) takes an explicit device as given
+    instead of asking whether this machine has it."""
+    recipe = load_recipe(recipe_path, list(overrides))
+    resolved = validated_strategy(recipe, strategy_path) if strategy_path else None
+    where, key = ("command line", "--device") if device else (recipe.source, "train.device")
+    wanted = device or recipe.train.device
+    if dry_run and wanted != "auto":
+        chosen = wanted
+    else:
+        chosen = resolve_device(wanted, where=where, key=key)
+    if resolved is not None:
+        check_runnable(resolved, chosen, " ".join([recipe_path, *overrides]))
+    return chosen

@@ -1,0 +1,117 @@
+"""Which device MindSpore runs on, and its peak FLOP rate for MFU.
+
+``resolve_device(requested)`` turns ``auto | CPU | GPU | Ascend`` (recipe key
+``train.device``, flag ``--device``) into a device MindSpore can use here: ``auto``
+picks Ascend where MindSpore can load its Ascend backend, then GPU, then CPU.  An
+explicit device that is not usable is a :class:`UserError`.
+
+``peak_tflops(device, ...)`` is the per-device denominator of MFU: the recipe's
+``train.device_peak_tflops`` if given, else the planner's device profile on Ascend
+(named by ``train.device_profile`` or detected from the chip name), else on CPU a
+matmul peak measured once per process with MindSpore's own MatMul.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import Optional, Tuple
+
+from naohai.config import DEVICES
+from naohai.errors import UserError, did_you_mean
+
+_MEASURED: dict = {}
+
+
+def _runtime_present(device: str) -> bool:
+    """A cheap look for the vendor runtime before asking MindSpore (which logs loudly when absent)."""
+    if device == "Ascend":
+        return bool(os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_OPP_PATH")
+                    or os.path.isdir("/usr/local/Ascend"))
+    return bool(os.environ.get("CUDA_HOME") or shutil.which("nvidia-smi") or os.path.isdir("/usr/local/cuda"))
+
+
+def available(device: str) -> bool:
+    """Whether MindSpore can use ``device`` in this process (no device is claimed)."""
+    if device == "CPU":
+        return True
+    if not _runtime_present(device):
+        return False
+    import logging
+    import mindspore as ms
+    from mindspore import log as ms_log
+    logger = ms_log._get_logger()  # noqa: SLF001 - quiet the probe: "not available" is an answer here
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return bool(ms.hal.is_available(device))
+    except Exception:  # noqa: BLE001 - a backend that cannot load is simply not available
+        return False
+    finally:
+        logger.setLevel(level)
+
+
+def resolve_device(requested: Optional[str], where: str = "recipe", key: str = "train.device") -> str:
+    """The MindSpore device target for ``requested`` (None = auto)."""
+    requested = requested or "auto"
+    if requested not in DEVICES:
+        raise UserError(f"'{requested}' is not one of {', '.join(DEVICES)}.{did_you_mean(requested, DEVICES)}",
+                        where=where, key=key)
+    if requested == "auto":
+        for candidate in ("Ascend", "GPU"):
+            if available(candidate):
+                return candidate
+        return "CPU"
+    if not available(requested):
+        raise UserError(f"{requested} was asked for, but MindSpore cannot use it on this machine (its {requested} "
+                        f"backend does not load: no device, driver or CANN/CUDA runtime). Use train.device=auto "
+                        f"or CPU here", where=where, key=key)
+    return requested
+
+
+def ascend_profile_name() -> Optional[str]:
+    """The planner profile of this host's Ascend chip (910A or 910B class), if it can be told."""
+    try:
+        import mindspore as ms
+        name = str(ms.hal.get_device_name(0))
+    except Exception:  # noqa: BLE001
+        return None
+    if "910B" in name or "910_93" in name:
+        return "ascend-910b-64g"
+    if "910" in name:
+        return "ascend-910a-32g"
+    return None
+
+
+def measured_cpu_peak_tflops(n: int = 1024, repeats: int = 5) -> float:
+    """Best fp32 MatMul rate of MindSpore on this host (TFLOP/s), measured once per process."""
+    if "cpu" in _MEASURED:
+        return _MEASURED["cpu"]
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    a = Tensor(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
+    mm = ops.MatMul()
+    mm(a, a).asnumpy()                        # warm-up (kernel selection, thread pool)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mm(a, a).asnumpy()
+        best = min(best, time.perf_counter() - t0)
+    _MEASURED["cpu"] = 2.0 * n ** 3 / best / 1e12
+    return _MEASURED["cpu"]
+
+
+def peak_tflops(device: str, compute_dtype: str, explicit: Optional[float] = None,
+                profile: Optional[str] = None) -> Tuple[float, str]:
+    """(per-device peak TFLOP/s, where it comes from) for MFU."""
+    if explicit:
+        return float(explicit), "train.device_peak_tflops"
+    if device == "CPU":
+        return measured_cpu_peak_tflops(), "measured fp32 MatMul peak of this host (1024^3, best of 5)"
+    name = profile or (ascend_profile_name() if device == "Ascend" else None)
+    if name:
+        from naohai.strategy.profiles import load_profile
+        prof = load_profile(name)
+        return prof.peak_tflops(compute_dtype), f"device profile {prof.name}"
+    return 0.0, "unknown (set train.device_peak_tflops or train.device_profile for MFU)"

@@ -1,0 +1,148 @@
+"""Starting a training job: device, communication, data, build, then the loop.
+
+``start(recipe, resolved)`` does, in order, what every rank of every layout does
+before its first step: resolve the device (``train.device`` / ``--device``), set the
+MindSpore context and seeds, initialise communication for the strategy
+(:func:`naohai.strategy.apply.init_runtime`, which refuses a layout the device cannot
+run), make sure the data is prepared (rank 0 prepares, the others wait), build the
+steps, write the resolved recipe and strategy into the run folder, and return a
+:class:`naohai.train.loop.Trainer` with its callbacks and checkpoint store.
+``train(...)`` also resumes and runs it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import numpy as np
+import mindspore as ms
+
+from naohai.checkpoint.store import CheckpointStore
+from naohai.config import Recipe
+from naohai.errors import UserError
+from naohai.strategy import apply as strategy_apply
+from naohai.train.builder import build
+from naohai.train.callbacks import ConsoleLog, LossPlot, MetricsFiles
+from naohai.train.device import peak_tflops, resolve_device
+from naohai.train.loop import Trainer, TrainResult
+
+
+def set_context(recipe: Recipe, device: str) -> None:
+    """Graph or PyNative mode, the device, seeds; bfloat16 on CPU is refused."""
+    if device == "CPU" and recipe.model.compute_dtype == "bfloat16":
+        raise UserError("bfloat16 compute needs an Ascend 910B: MindSpore 2.10's CPU MatMul has no bfloat16 "
+                        "kernel. Use float32 (or float16 with train.loss_scale.dynamic) on CPU.",
+                        where=recipe.source, key="model.compute_dtype")
+    ms.set_context(mode=ms.GRAPH_MODE if recipe.train.mode == "graph" else ms.PYNATIVE_MODE)
+    ms.set_device(device)
+    ms.set_seed(recipe.train.seed)
+    np.random.seed(recipe.train.seed)
+
+
+def prepare_data(recipe: Recipe, runtime: strategy_apply.Runtime, comm, log, progress: bool) -> str:
+    """The prepared data folder; with several ranks rank 0 prepares and the others wait for it."""
+    from naohai.data.pipeline import ensure_prepared
+    if runtime.world == 1:
+        return ensure_prepared(recipe, progress=progress, log=log)[0]
+    # shared file system assumed (or run `naohai data prepare` first)
+    failed = None
+    if runtime.rank == 0:
+        try:
+            ensure_prepared(recipe, progress=False, log=log)
+        except UserError as exc:
+            failed = exc
+    if not comm.all_ok(failed is None):
+        raise failed or UserError("rank 0 could not prepare the data (see its log)", where=recipe.source,
+                                  key="data")
+    return ensure_prepared(recipe, progress=False)[0]
+
+
+def layout_info(resolved, runtime: strategy_apply.Runtime) -> Dict[str, Any]:
+    """What a checkpoint records about the layout that wrote it."""
+    if runtime.mode == "semi_auto":
+        key = {"mesh": resolved.mesh, "ops": sorted((k, [list(d) for d in v]) for k, v in resolved.op_strategy.items()),
+               "stages": list(resolved.stage_of_layer), "opt": list(resolved.optimizer_parallel.__dict__.items())
+               if hasattr(resolved.optimizer_parallel, "__dict__") else str(resolved.optimizer_parallel)}
+        signature = "sharded-" + hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        ranks = list(range(runtime.world))
+    else:
+        signature, ranks = "full", [0]
+    return {"mode": runtime.mode, "world": runtime.world, "signature": signature, "ranks_with_files": ranks,
+            "mesh": dict(getattr(resolved, "mesh", {}) or {"data": 1, "model": 1, "pipeline": 1}),
+            "stages": runtime.stages, "describe": strategy_apply.describe(resolved, runtime)}
+
+
+def _strategy_text(resolved) -> Optional[str]:
+    src = getattr(resolved, "source", None)
+    if src and os.path.isfile(src):
+        with open(src, "r", encoding="utf-8") as fh:
+            return fh.read()
+    return None
+
+
+def write_run_files(recipe: Recipe, resolved, out: str) -> None:
+    """The resolved recipe and the strategy (as given and as resolved) in the run folder."""
+    import yaml
+    os.makedirs(out, exist_ok=True)
+    raw = recipe.to_dict()
+    with open(os.path.join(out, "recipe.resolved.yaml"), "w", encoding="utf-8") as fh:
+        yaml.safe_dump(raw, fh, sort_keys=False)
+    if resolved is None:
+        return
+    src = getattr(resolved, "source", None)
+    if src and os.path.isfile(src):
+        shutil.copyfile(src, os.path.join(out, "strategy.yaml"))
+    summary = {"name": resolved.name, "mesh": resolved.mesh, "micro_batches": resolved.micro_batches,
+               "layers_per_stage": list(resolved.layers_per_stage), "stage_of_layer": list(resolved.stage_of_layer),
+               "optimizer_parallel": str(resolved.optimizer_parallel), "recompute": [str(r) for r in resolved.recompute],
+               "op_strategy": {k: [list(d) for d in v] for k, v in resolved.op_strategy.items()}}
+    with open(os.path.join(out, "strategy.resolved.json"), "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=1)
+
+
+def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: Callable[[str], None] = print,
+          progress: bool = True, max_steps: Optional[int] = None, callbacks: Sequence[Any] = ()) -> Trainer:
+    """Everything before the first step (see the module docstring)."""
+    where = "command line" if device else (recipe.source or "recipe")
+    device = resolve_device(device or recipe.train.device, where=where,
+                            key="--device" if where == "command line" else "train.device")
+    strategy_apply.check_runnable(resolved, device)
+    set_context(recipe, device)
+    runtime = strategy_apply.init_runtime(resolved, device)
+    writer_log = log if runtime.is_writer else (lambda *_: None)
+    comm = strategy_apply.HostComm(runtime)
+    out = recipe.train.output_dir
+    os.makedirs(out, exist_ok=True)
+    prepared_dir = prepare_data(recipe, runtime, comm, writer_log, progress and runtime.is_writer)
+    strategy_file = None
+    if runtime.mode == "semi_auto":
+        strategy_file = os.path.join(out, "strategy", f"rank_{runtime.rank}.ckpt")
+        os.makedirs(os.path.dirname(strategy_file), exist_ok=True)
+    built = build(recipe, resolved, runtime, strategy_file=strategy_file)
+    t = recipe.train
+    peak, peak_source = peak_tflops(device, recipe.model.compute_dtype, t.device_peak_tflops, t.device_profile)
+    writer_log(f"device: {device} (train.device={t.device if where != 'command line' else device}); "
+               f"MFU peak {peak:.3g} TFLOP/s per device: {peak_source}")
+    if runtime.is_writer:
+        write_run_files(recipe, resolved, out)
+    info = layout_info(resolved, runtime)
+    manifest = {"recipe": recipe.to_dict(), "seed": t.seed, "layout": info,
+                "strategy": None if resolved is None else {"name": resolved.name, "source": resolved.source,
+                                                           "text": _strategy_text(resolved)}}
+    store = CheckpointStore(out, runtime.rank, runtime.world, writes=runtime.rank in info["ranks_with_files"],
+                            all_ok=comm.all_ok, keep_last=t.keep_checkpoints, keep_every=t.keep_every)
+    hooks = [ConsoleLog(log), MetricsFiles(out), LossPlot(out, log), *callbacks]
+    return Trainer(recipe, built, prepared_dir, store=store, manifest=manifest, log=log, callbacks=hooks,
+                   max_steps=max_steps, peak_tflops=peak, strategy_file=strategy_file)
+
+
+def train(recipe: Recipe, resolved=None, *, resume: bool = True, resume_from: Optional[str] = None,
+          **kwargs) -> TrainResult:
+    """Start, resume (unless told not to), run."""
+    trainer = start(recipe, resolved, **kwargs)
+    if resume or resume_from:
+        trainer.resume(resume_from)
+    return trainer.run()

@@ -1,0 +1,205 @@
+"""The host side of a semi-auto run, exercised on CPU: the real Trainer, checkpoint store and
+callbacks on 8 simulated ranks (threads) of a data 2 x model 2 x pipeline 2 layout, each with a
+stand-in for its compiled step (a sharded step cannot execute on CPU).
+
+What is checked against independent references: which rows each rank feeds (the loader
+reading the whole global batch on one rank, sliced by data-parallel index, and MindSpore's
+device-matrix rule ``dp = (rank % per_stage) // (per_stage // dp)``), that only rank 0 logs
+and writes metrics, the eval and checkpoint cadence of the recipe, one parameter file per
+rank in every checkpoint, and that a resumed run continues at the same data position with
+each rank's own slices restored.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor
+
+from naohai.checkpoint.store import CheckpointStore, list_checkpoints, read_manifest
+from naohai.data.loader import TokenWindowLoader
+from naohai.strategy.apply import Runtime
+from naohai.train.builder import StepResult
+from naohai.train.callbacks import ConsoleLog, MetricsFiles
+from naohai.train.loop import Trainer
+from tests.conftest import micro_recipe
+
+WORLD, DP, STAGES, MICRO = 8, 2, 2, 4
+PER_STAGE = WORLD // STAGES
+
+
+class ThreadComm:
+    """HostComm's contract (all_ok / barrier / mean) between threads; mean is the identity, as
+    under semi-auto (the compiled step already returns global means)."""
+
+    def __init__(self, world):
+        self.world = world
+        self._barrier = threading.Barrier(world)
+        self._flags = [True] * world
+        self.lock = threading.Lock()
+
+    def bind(self, rank):
+        comm = self
+
+        class _Rank:
+            def all_ok(self, flag):
+                comm._flags[rank] = bool(flag)
+                comm._barrier.wait()
+                result = all(comm._flags)
+                comm._barrier.wait()
+                return result
+
+            def barrier(self):
+                self.all_ok(True)
+
+            def mean(self, value):
+                return value
+        return _Rank()
+
+
+class StandInSteps:
+    """What the loop calls on a compiled step; records the rows it was fed."""
+
+    def __init__(self, rank, rows, eval_rows, seq, params):
+        self.rank, self.rows, self.eval_rows, self.seq_length = rank, rows, eval_rows, seq
+        self.notes = ["stand-in step"]
+        self.fed, self.evals, self.compiled = [], 0, 0
+        self.params = params
+        self.train_step = self   # the loop / checkpoint code reads its parameter layout
+        self.parameter_layout_dict = {p.name: None for p in params if p.name != "global_step"}
+
+    def compile(self):
+        self.compiled += 1
+
+    def train(self, batch):
+        self.fed.append(np.array(batch))
+        for p in self.params:   # a deterministic "update" of this rank's slices
+            p.set_data(Tensor(p.asnumpy() + 1.0))
+        step = len(self.fed)
+        return StepResult(loss=10.0 / step, grad_norm=1.0, applied=True, loss_scale=1.0)
+
+    def evaluate(self, batch):
+        self.evals += 1
+        assert batch.shape[0] == self.eval_rows
+        return 3.0
+
+
+class StandInBuilt:
+    def __init__(self, runtime, comm, steps, params):
+        self.runtime, self.comm, self.steps, self.params = runtime, comm, steps, params
+
+    def saved_params(self):
+        return self.params
+
+    @staticmethod
+    def optional_in_checkpoint(name):
+        return False
+
+    def loss_scale(self):
+        return 1.0
+
+    def learning_rate(self, recipe):
+        return 1e-3
+
+
+def _rank_params(rank):
+    # this rank's slices: different per stage and model-parallel position, replicated over data
+    stage, local = rank // PER_STAGE, rank % PER_STAGE
+    w = Parameter(Tensor(np.full((2, 3), 100.0 * stage + local % (PER_STAGE // DP), np.float32)),
+                  name=f"layers.{stage}.w")
+    return [w, Parameter(Tensor(np.zeros((1,), np.float32)), name="global_step")]
+
+
+def _run_ranks(recipe, prepared, max_steps, resume):
+    comm = ThreadComm(WORLD)
+    logs = {r: [] for r in range(WORLD)}
+    trainers, errors = {}, []
+    t = recipe.train
+    for rank in range(WORLD):
+        dp_rank = (rank % PER_STAGE) // (PER_STAGE // DP)
+        runtime = Runtime("semi_auto", rank, WORLD, dp_rank, DP, STAGES, MICRO)
+        params = _rank_params(rank)
+        steps = StandInSteps(rank, t.global_batch_size // DP, t.global_batch_size // DP,
+                             recipe.model.seq_length, params)
+        rank_comm = comm.bind(rank)
+        built = StandInBuilt(runtime, rank_comm, steps, params)
+        store = CheckpointStore(t.output_dir, rank, WORLD, writes=True, all_ok=rank_comm.all_ok,
+                                keep_last=10)
+        manifest = {"recipe": recipe.to_dict(), "seed": t.seed,
+                    "layout": {"signature": "sharded-test", "describe": "stand-in dp2 x mp2 x pp2",
+                               "ranks_with_files": list(range(WORLD))}}
+        log = logs[rank].append
+        trainers[rank] = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=log,
+                                 callbacks=[ConsoleLog(log), MetricsFiles(t.output_dir)], max_steps=max_steps)
+
+    def body(rank):
+        try:
+            if resume:
+                trainers[rank].resume()
+            trainers[rank].run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append((rank, repr(exc)))
+            comm._barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(WORLD)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    return trainers, logs
+
+
+def test_semi_auto_host_loop_on_eight_simulated_ranks(tmp_path, micro_data):
+    prepared, tok = micro_data
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    recipe = micro_recipe(tmp_path / "run", prepared, tok, steps=6, global_batch_size=4, micro_batch_size=1,
+                          log_every=2, eval_every=3, eval_batches=2, save_every=4)
+    trainers, logs = _run_ranks(recipe, prepared, max_steps=4, resume=False)
+
+    # who logs: rank 0 only; metrics written once
+    assert logs[0] and all(not logs[r] for r in range(1, WORLD))
+    assert any("layout: stand-in dp2 x mp2 x pp2" in line for line in logs[0])
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [2, 4]      # log_every 2, written once
+    assert [r["step"] for r in rows if r["split"] == "valid"] == [0, 3]
+
+    # which rows: the global batch read on one rank, sliced by data-parallel index
+    reference = TokenWindowLoader(prepared, "train", 4, 0, 1, seed=recipe.data.shuffle_seed)
+    global_batches = [reference.next_batch() for _ in range(6)]
+    for rank, tr in trainers.items():
+        d = (rank % PER_STAGE) // (PER_STAGE // DP)
+        assert len(tr.steps.fed) == 4
+        for i, batch in enumerate(tr.steps.fed):
+            np.testing.assert_array_equal(batch, global_batches[i][2 * d:2 * d + 2])
+    # model-parallel peers and both stages of a data-parallel group feed the same rows
+    for a, b in [(0, 1), (0, 4), (0, 5), (2, 3), (2, 7)]:
+        np.testing.assert_array_equal(trainers[a].steps.fed[0], trainers[b].steps.fed[0])
+    assert not np.array_equal(trainers[0].steps.fed[0], trainers[2].steps.fed[0])
+
+    # eval cadence: steps 0 and 3, eval_batches each, on every rank
+    assert all(tr.steps.evals == 2 * 2 for tr in trainers.values())
+
+    # checkpoint cadence: save_every 4 -> step 4 (= end of this invocation); one file per rank
+    [ckpt] = list_checkpoints(str(tmp_path / "run"))
+    man = read_manifest(ckpt)
+    assert man["step"] == 4 and sorted(man["files"]) == sorted(
+        [f"rank_{r}.ckpt" for r in range(WORLD)] + [f"rank_{r}.json" for r in range(WORLD)])
+    for rank in range(WORLD):
+        saved = ms.load_checkpoint(str(Path(ckpt) / f"rank_{rank}.ckpt"))
+        expected = _rank_params(rank)[0].asnumpy() + 4.0
+        np.testing.assert_array_equal(saved[f"layers.{rank // PER_STAGE}.w"].asnumpy(), expected)
+
+    # resume: every rank compiles first, loads its own file, continues at the data position
+    resumed, logs2 = _run_ranks(recipe, prepared, max_steps=None, resume=True)
+    assert any("resumed from" in line for line in logs2[0])
+    for rank, tr in resumed.items():
+        d = (rank % PER_STAGE) // (PER_STAGE // DP)
+        assert tr.steps.compiled == 1 and len(tr.steps.fed) == 2 and tr.step == 6
+        for i, batch in enumerate(tr.steps.fed):
+            np.testing.assert_array_equal(batch, global_batches[4 + i][2 * d:2 * d + 2])
+        np.testing.assert_array_equal(tr.built.params[0].asnumpy(), _rank_params(rank)[0].asnumpy() + 6.0)
+    assert [read_manifest(c)["step"] for c in list_checkpoints(str(tmp_path / "run"))] == [4, 6]
