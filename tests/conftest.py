@@ -37,3 +37,25 @@ def micro_data(tmp_path_factory):
     recipe = micro_recipe(root)
     prepared, tok = ensure_prepared(recipe, progress=False)
     return prepared, os.path.join(str(root), "tokenizer.model")
+
+
+@pytest.fixture(scope="session")
+def compiled_layout(tmp_path_factory):
+    """``get(argv) -> (exit code, workdir, stdout)`` of ``naohai check ARGV --compile --save-slices``,
+    compiled once per test session (the compile tests and the resharding tests share them)."""
+    import contextlib
+    import io
+
+    cache = {}
+
+    def get(argv):
+        key = tuple(argv)
+        if key not in cache:
+            from naohai.cli import main
+            workdir = tmp_path_factory.mktemp("compiled")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc = main(["check", *argv, "--compile", "--save-slices", "--workdir", str(workdir)])
+            cache[key] = (rc, workdir, out.getvalue())
+        return cache[key]
+    return get

@@ -32,6 +32,8 @@ def register(sub) -> None:
     p.add_argument("--scale-down", action="store_true", help="shrink a cluster layout to fit --ranks")
     p.add_argument("--workdir", help="where logs, per-rank results and strategy files go")
     p.add_argument("--keep-ir", action="store_true", help="keep MindSpore's IR files per rank")
+    p.add_argument("--save-slices", action="store_true",
+                   help="write each rank's compile-time parameter slices to rank_<r>/slices.ckpt")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before the job is killed")
     p.add_argument("--compat-fixes", action="store_true",
                    help="fix known MindSpore 2.10 incompatibilities in a copy of the strategy (printed)")
@@ -157,7 +159,7 @@ def run(args) -> int:
     print(kernel_note())
     print(f"compiling on {ranks} simulated devices in {workdir} ...", flush=True)
     report = run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=args.timeout,
-                         kwargs=kwargs, keep_ir=args.keep_ir,
+                         kwargs=kwargs, keep_ir=args.keep_ir, save_slices=args.save_slices,
                          ir_check={"stages": resolved.stages, "clip": recipe_for_check.train.grad_clip > 0})
     print(report.render())
     print(param_table(report))

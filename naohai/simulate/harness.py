@@ -188,14 +188,16 @@ def _tail(path: Path, n_chars: int = 3000) -> str:
 def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
                 kwargs: Optional[Dict[str, Any]] = None, precompile_only: bool = True,
                 keep_ir: bool = False, sys_path: Sequence[str] = (),
-                cluster_time_out: int = 300, ir_check: Optional[Dict[str, Any]] = None) -> CompileReport:
+                cluster_time_out: int = 300, ir_check: Optional[Dict[str, Any]] = None,
+                save_slices: bool = False) -> CompileReport:
     """Compile ``target`` (``"module:function"``) on ``ranks`` simulated GPUs.
 
     ``kwargs`` go to the target function; ``sys_path`` entries are prepended to the
     workers' ``sys.path`` (for targets outside installed packages).  Everything is
     written under ``workdir``: ``spec.json``, ``logs/worker_<r>.log``,
     ``rank_<r>/{result.json,strategy.ckpt,final.ir,<graph>.ir}``, ``summary.json``.
-    ``ir_check`` (``{"stages": S, "clip": bool}``) turns on the IR deadlock checks.
+    ``ir_check`` (``{"stages": S, "clip": bool}``) turns on the IR deadlock checks;
+    ``save_slices`` writes each rank's compile-time parameter slices (``rank_<r>/slices.ckpt``).
     """
     if ranks < 1:
         raise UserError(f"ranks must be >= 1, got {ranks}", key="ranks")
@@ -209,7 +211,7 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
     stubs = ensure_stubs()
     marker = uuid.uuid4().hex
     spec = {"target": target, "kwargs": kwargs or {}, "out_dir": str(workdir),
-            "keep_ir": keep_ir, "sys_path": [str(Path(p).resolve()) for p in sys_path]}
+            "keep_ir": keep_ir, "save_slices": save_slices, "sys_path": [str(Path(p).resolve()) for p in sys_path]}
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     env = dict(os.environ)

@@ -12,7 +12,8 @@ MindSpore message, op and parameter names found in it, which graph), the first
 graph's per-parameter layouts and shard shapes, communication op counts per graph
 read from its last front-end IR (kept as ``rank_<r>/<name>.ir``; the first graph's
 also as ``final.ir``), compile times and peak RSS.  The first graph's parameter
-strategy file goes to ``<out_dir>/rank_<r>/strategy.ckpt``.
+strategy file goes to ``<out_dir>/rank_<r>/strategy.ckpt``; with ``save_slices`` in the
+spec, this rank's compile-time parameter slices go to ``rank_<r>/slices.ckpt``.
 """
 from __future__ import annotations
 
@@ -105,6 +106,19 @@ def _collect_ir(rank: int, rank_dir: Path, name: str, result: dict, first: bool)
     rank_ir.rename(keep)  # kept (or removed below) per graph
 
 
+def _save_slices(network, path: Path) -> str:
+    """This rank's compile-time parameter values (its slices, optimizer-shard slices included, plus
+    replicated scalars; not accumulation buffers or the learning-rate table), as a checkpoint
+    would hold them."""
+    import mindspore as ms
+    layout = getattr(network, "parameter_layout_dict", None) or {}
+    params = [p for p in network.get_parameters()
+              if (p.name in layout or int(p.size) <= 1) and not p.name.startswith("accu_grads")
+              and p.name != "learning_rate"]
+    ms.save_checkpoint([{"name": p.name, "data": p} for p in params], str(path))
+    return str(path)
+
+
 def _write(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
@@ -147,6 +161,8 @@ def main(argv) -> int:
             _collect_ir(rank, rank_dir, name, result, first=(i == 0))
             if i == 0:
                 result["parameters"] = _layouts(network)
+                if spec.get("save_slices"):
+                    result["slices_file"] = _save_slices(network, rank_dir / "slices.ckpt")
         result["ok"] = True
         result["stage"] = "done"
         result["strategy_file"] = str(strategy_path) if strategy_path.exists() else None

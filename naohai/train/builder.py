@@ -148,10 +148,12 @@ class Built:
         layout = self.steps.train_step.parameter_layout_dict or {}
         return [p for p in params if p.name in layout or int(np.prod(p.shape)) <= 1]
 
-    @staticmethod
-    def optional_in_checkpoint(name: str) -> bool:
-        """Tensors a loaded checkpoint may lack (none for the same layout)."""
-        return False
+    def optional_in_checkpoint(self, name: str) -> bool:
+        """Tensors a loaded checkpoint may lack: none for the same layout; after a reshard into a
+        pipeline layout, the tied word embedding on the last stage (MindSpore's transform writes
+        the shared table for the stage that owns it; the compiled step sends it across)."""
+        return (self.runtime.stages > 1 and self.runtime.stage == self.runtime.stages - 1
+                and name == "embedding.word_embedding")
 
     def loss_scale(self) -> float:
         return float(self.guard.loss_scale.asnumpy())

@@ -60,6 +60,16 @@ def prepare_data(recipe: Recipe, runtime: strategy_apply.Runtime, comm, log, pro
     return ensure_prepared(recipe, progress=False)[0]
 
 
+def layout_for(resolved) -> Dict[str, Any]:
+    """:func:`layout_info` of a strategy without starting it (e.g. the destination of a reshard)."""
+    mode = strategy_apply.layout_mode(resolved)
+    world = int(getattr(resolved, "device_num", 1) or 1) if resolved is not None else 1
+    dp = int(resolved.data) if resolved is not None else 1
+    stages = int(resolved.stages) if resolved is not None else 1
+    runtime = strategy_apply.Runtime(mode, 0, world, 0, dp, stages, strategy_apply.in_graph_micro(resolved))
+    return layout_info(resolved, runtime)
+
+
 def layout_info(resolved, runtime: strategy_apply.Runtime) -> Dict[str, Any]:
     """What a checkpoint records about the layout that wrote it."""
     if runtime.mode == "semi_auto":

@@ -18,6 +18,7 @@ updates in a row were skipped (non-finite or spiking gradient norm).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -86,25 +87,48 @@ class Trainer:
                 fn(self, *args)
 
     # ------------------------------------------------------------------ checkpoints
+    def _same_layout(self, manifest: Dict[str, Any]) -> bool:
+        return (manifest.get("layout") or {}).get("signature") == self.manifest["layout"]["signature"]
+
     def _needed_files(self, manifest: Dict[str, Any]) -> List[str]:
-        """The parameter file(s) this rank reads from a checkpoint of this same layout."""
-        layout = manifest.get("layout") or {}
-        mine = self.manifest["layout"]
-        if layout.get("signature") != mine["signature"]:
-            raise UserError(f"was written by another layout ({layout.get('describe')}; this run: {mine['describe']}); "
-                            f"reshard it first: naohai ckpt reshard")
+        """The files this rank checks in a checkpoint: its own parameter file for this layout; for a
+        checkpoint of another layout (to be resharded by rank 0) rank 0 checks every file."""
+        if not self._same_layout(manifest):
+            return sorted((manifest.get("files") or {})) if self.runtime.rank == 0 else []
         if self.runtime.mode == "semi_auto":
             return [ckpt_store.rank_file(self.runtime.rank)]
         return [ckpt_store.rank_file(0)]
 
+    def _reshard(self, chosen: str, man: Dict[str, Any]) -> str:
+        """Rank 0 writes ``chosen`` for this run's layout (strategy files of this run's own compile);
+        every rank then loads from the result."""
+        from naohai.checkpoint.reshard import reshard_checkpoint
+        mine = self.manifest["layout"]
+        out = os.path.join(self.out, "resharded", f"{os.path.basename(chosen)}-{mine['signature']}")
+        error = None
+        if self.runtime.rank == 0 and not os.path.exists(out):
+            self.log(f"checkpoint {chosen} was written by another layout ({(man.get('layout') or {}).get('describe')}); "
+                     f"resharding it for {mine['describe']} -> {out}")
+            try:
+                strategy_dir = os.path.join(self.out, "strategy") if mine["signature"] != "full" else None
+                reshard_checkpoint(chosen, out, strategy_dir, mine if strategy_dir else None)
+            except UserError as exc:
+                error = exc
+        if not self.comm.all_ok(error is None):
+            raise error or UserError("rank 0 could not reshard the checkpoint (see its log)", where=chosen)
+        return out
+
     def resume(self, path: Optional[str] = None) -> bool:
-        """Load the newest checkpoint that verifies (or ``path``); False when there is none."""
+        """Load the newest checkpoint that verifies (or ``path``); False when there is none.  A checkpoint
+        of another layout is resharded for this one first (MindSpore's checkpoint transform)."""
         self.steps.compile()      # semi-auto parameters are sliced by the compile: load after it
+        self.comm.barrier()       # ... and every rank's strategy file is written
         chosen = self.store.select(self.recipe.to_dict()["model"], self._needed_files, explicit=path, log=self.log)
         if chosen is None:
             return False
         man = ckpt_store.read_manifest(chosen)
-        ckpt_store.load_into(chosen, self._needed_files(man), self.built.saved_params(),
+        source = chosen if self._same_layout(man) else self._reshard(chosen, man)
+        ckpt_store.load_into(source, self._needed_files(ckpt_store.read_manifest(source)), self.built.saved_params(),
                              optional=self.built.optional_in_checkpoint)
         self.step = int(man["step"])
         self.loader.load_state_dict(man["data"]["loader"])

@@ -1,0 +1,176 @@
+"""`naohai ckpt inspect|verify|merge|reshard|export`: look at and move checkpoints.
+
+  naohai ckpt inspect CKPT                       step, layout, files, tensors per rank and merged shapes
+  naohai ckpt verify CKPT                        manifest, every file's size and SHA-256 (exit 2 if bad)
+  naohai ckpt merge CKPT --out DIR               one full checkpoint (for one device, generate, eval)
+  naohai ckpt reshard CKPT --to STRATEGY --recipe RECIPE [key=value ...] --out DIR [--compiled WORKDIR]
+        the destination's strategy files come from a simulated compile of STRATEGY (run here, or the
+        workdir of an earlier `naohai check --compile`), then MindSpore's checkpoint transform
+  naohai ckpt export CKPT --format safetensors --out FILE    the full model weights
+
+CKPT is a checkpoint folder or a run folder (its newest checkpoint).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from naohai.commands._args import allow_intermixed
+from naohai.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ckpt", help="inspect, verify, merge, reshard or export a checkpoint")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    a = actions.add_parser("inspect", help="what a checkpoint holds")
+    a.add_argument("checkpoint")
+    a.add_argument("--tensors", type=int, default=20, help="tensors listed (default 20, 0 = all)")
+    a = actions.add_parser("verify", help="check every file against the manifest")
+    a.add_argument("checkpoint")
+    a = actions.add_parser("merge", help="merge a sharded checkpoint into full tensors")
+    a.add_argument("checkpoint")
+    a.add_argument("--out", required=True, help="new checkpoint folder")
+    a = actions.add_parser("reshard", help="move a checkpoint to another strategy")
+    a.add_argument("checkpoint")
+    a.add_argument("overrides", nargs="*", help="recipe overrides for the destination, e.g. train.micro_batch_size=2")
+    a.add_argument("--to", required=True, metavar="STRATEGY", help="destination strategy file")
+    a.add_argument("--recipe", help="recipe of the destination (default: the checkpoint's own)")
+    a.add_argument("--out", required=True, help="new checkpoint folder")
+    a.add_argument("--compiled", metavar="WORKDIR",
+                   help="workdir of a `naohai check --compile` of the destination (skips compiling here)")
+    a.add_argument("--timeout", type=float, default=1800.0, help="seconds for the destination compile")
+    allow_intermixed(a)
+    a = actions.add_parser("export", help="write the full model weights in another format")
+    a.add_argument("checkpoint")
+    a.add_argument("--format", choices=("safetensors",), default="safetensors")
+    a.add_argument("--out", required=True, help="output file (.safetensors)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from naohai.checkpoint import store
+    if not getattr(args, "action", None):
+        raise UserError("give an action: inspect, verify, merge, reshard or export", where="command line",
+                        key="ACTION")
+    path = store.resolve_checkpoint(args.checkpoint)
+    return {"inspect": _inspect, "verify": _verify, "merge": _merge, "reshard": _reshard,
+            "export": _export}[args.action](args, path)
+
+
+def _inspect(args, path) -> int:
+    import mindspore as ms
+    from naohai.checkpoint import store
+    man = store.read_manifest(path)
+    layout = man.get("layout") or {}
+    print(f"checkpoint {path}")
+    print(f"  step {man.get('step')}, saved {man.get('saved_at')}, loss scale {man.get('loss_scale')}, "
+          f"versions {man.get('versions')}")
+    print(f"  layout: {layout.get('describe')} (signature {layout.get('signature')}, world {layout.get('world')})")
+    if man.get("strategy"):
+        print(f"  strategy: {man['strategy'].get('name')} ({man['strategy'].get('source')})")
+    if man.get("resharded_from"):
+        print(f"  resharded from {man['resharded_from']['path']}")
+    files = man.get("files") or {}
+    print(f"  files: {len(files)}, {sum(int(e.get('bytes', 0)) for e in files.values()) / 1e6:.2f} MB")
+    for rank in layout.get("ranks_with_files") or [0]:
+        name = store.rank_file(int(rank))
+        tensors = ms.load_checkpoint(os.path.join(path, name))
+        n = sum(int(v.size) for v in tensors.values())
+        print(f"  {name}: {len(tensors)} tensors, {n:,} values")
+        if rank == (layout.get("ranks_with_files") or [0])[0]:
+            limit = args.tensors or len(tensors)
+            for k, v in list(sorted(tensors.items()))[:limit]:
+                print(f"    {k:60s} {list(v.shape)} {v.dtype}")
+    if layout.get("signature", "full") != "full":
+        from naohai.checkpoint.reshard import merged_tensors
+        merged = merged_tensors(path)
+        print(f"  merged (full) tensors: {len(merged)}")
+        limit = args.tensors or len(merged)
+        for k, v in list(sorted(merged.items()))[:limit]:
+            print(f"    {k:60s} {list(v.shape)}")
+    return 0
+
+
+def _verify(args, path) -> int:
+    from naohai.checkpoint import store
+    verdict = store.verify(path)
+    if not verdict.ok:
+        raise UserError(f"does not verify: {verdict.reason()}", where=path)
+    man = store.read_manifest(path)
+    print(f"{path}: ok ({len(man.get('files') or {})} files, sizes and SHA-256 match the manifest)")
+    return 0
+
+
+def _merge(args, path) -> int:
+    from naohai.checkpoint.reshard import reshard_checkpoint
+    out = reshard_checkpoint(path, args.out)
+    print(f"merged {path} -> {out} (full tensors; usable by one device, data parallel, generate)")
+    return 0
+
+
+def _reshard(args, path) -> int:
+    from naohai.checkpoint import store
+    from naohai.checkpoint.reshard import reshard_checkpoint
+    from naohai.config import recipe_from_dict
+    if os.path.exists(args.out):
+        raise UserError("already exists; choose a new folder (nothing is overwritten)", where=args.out, key="--out")
+    man = store.read_manifest(path)
+    work = Path(tempfile.mkdtemp(prefix="naohai-reshard-"))
+    try:
+        if args.recipe:
+            from naohai.config import load_recipe
+            recipe = load_recipe(args.recipe, list(args.overrides))
+        else:
+            from naohai.config import parse_overrides, _merge  # noqa: PLC2701 - shared merge helper
+            raw = _merge(dict(man["recipe"]), parse_overrides(list(args.overrides)))
+            recipe = recipe_from_dict(raw, where=os.path.join(path, store.MANIFEST))
+        from naohai.strategy.compat import validated_strategy
+        from naohai.train.job import layout_for
+        resolved = validated_strategy(recipe, args.to)
+        layout = layout_for(resolved)
+        strategy_dir = work / "strategy"
+        strategy_dir.mkdir()
+        if layout["signature"] != "full":
+            compiled = Path(args.compiled) if args.compiled else _compile(recipe, args.to, work, args.timeout)
+            for r in range(int(layout["world"])):
+                src = compiled / f"rank_{r}" / "strategy.ckpt"
+                if not src.exists():
+                    raise UserError(f"has no rank_{r}/strategy.ckpt: not a compile of this strategy",
+                                    where=str(compiled), key="--compiled")
+                shutil.copyfile(src, strategy_dir / store.rank_file(r))
+            out = reshard_checkpoint(path, args.out, str(strategy_dir), layout)
+        else:
+            out = reshard_checkpoint(path, args.out)
+        print(f"resharded {path} -> {out} for {layout['describe']}")
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _compile(recipe, strategy, work: Path, timeout: float) -> Path:
+    """Simulated compile of the destination: its per-rank strategy files."""
+    import yaml
+    from naohai.simulate.harness import run_compile
+    from naohai.strategy.resolve import check_strategy, load_strategy
+    resolved = check_strategy(load_strategy(strategy), recipe)
+    raw = recipe.to_dict()
+    raw["name"] = recipe.name
+    recipe_file = work / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = work / "compile"
+    print(f"compiling the destination layout on {resolved.device_num} simulated devices ...", flush=True)
+    rep = run_compile("naohai.train.compile_target:build_for_compile", resolved.device_num, out, timeout=timeout,
+                      kwargs={"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy).resolve()),
+                              "overrides": []})
+    if not rep.compiled:
+        raise UserError(f"the destination strategy did not compile:\n{rep.render()}", where=strategy, key="--to")
+    return out
+
+
+def _export(args, path) -> int:
+    from naohai.checkpoint.reshard import export_safetensors
+    names = export_safetensors(path, args.out)
+    print(f"exported {len(names)} model tensors of {path} -> {args.out} ({args.format})")
+    return 0

@@ -1,0 +1,186 @@
+"""Fault-recovery check (not a unit test): SIGKILL a training run at random moments, resume it each
+time, and compare every logged step loss with an uninterrupted run of the same recipe.
+
+Usage:
+  python run/kill_resume.py [--kills 20] [--layout standalone|dp2] [--seed 0] [--workdir DIR]
+                            [--prepared DIR --tokenizer FILE]
+
+The recipe is the micro model the tests use (2 layers, hidden 32) with a checkpoint every 2
+steps and a loss logged every step.  Each kill moment is random: after a random number (0-4)
+of newly logged steps, plus a random 0-0.5 s, so kills land in start-up, compile, steps and
+checkpoint saves alike.  Every
+row of the interrupted run's ``metrics.jsonl`` (steps re-run after a kill appear again) must
+equal the uninterrupted loss of its step exactly.  ``dp2`` runs 2 data-parallel workers through
+``naohai launch`` (msrun) and kills every process of the job.  Prints one JSON line; exit 0
+when all losses match.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MARK = "NAOHAI_KILL_RESUME_RUN"
+
+
+def write_recipe(path: Path, out: Path, prepared: str, tokenizer: str, steps: int) -> None:
+    import yaml
+    recipe = {"name": "kill-resume",
+              "model": {"preset": "tiny", "vocab_size": 320, "vocab_pad_multiple": 64, "hidden_size": 32,
+                        "num_layers": 2, "num_heads": 4, "ffn_hidden_size": 64, "seq_length": 32},
+              "data": {"corpus": ["builtin:pydoc"], "holdout_fraction": 0.05, "prepared_dir": prepared,
+                       "tokenizer": tokenizer},
+              "train": {"steps": steps, "global_batch_size": 4, "micro_batch_size": 2, "lr": 3e-3, "min_lr": 3e-4,
+                        "warmup_steps": 2, "log_every": 1, "eval_every": steps, "eval_batches": 1,
+                        "save_every": 2, "keep_checkpoints": 2, "output_dir": str(out)}}
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+
+
+def command(recipe: Path, layout: str, log_dir: Path):
+    if layout == "standalone":
+        return [sys.executable, "-m", "naohai.cli", "train", str(recipe)]
+    strategy = log_dir.parent / "dp2.yaml"
+    strategy.write_text("name: dp2\nmesh: {data: 2}\n")
+    return [sys.executable, "-m", "naohai.cli", "launch", str(recipe), "--strategy", str(strategy),
+            "--log-dir", str(log_dir), "--master-port", str(_free_port()), "--node-time-out", "5"]
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _marked(marker: str):
+    needle = f"{MARK}={marker}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if needle in fh.read().split(b"\0"):
+                        yield int(entry)
+            except OSError:
+                continue
+
+
+def run_once(cmd, env, timeout: float, kill_when=None):
+    """Run ``cmd``; once ``kill_when()`` is true, SIGKILL it and every process it started.
+    Returns (finished normally, exit code, seconds, stderr tail)."""
+    marker = uuid.uuid4().hex
+    env = dict(env, **{MARK: marker})
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        while kill_when is not None and proc.poll() is None and time.time() - t0 < timeout:
+            if kill_when():
+                raise subprocess.TimeoutExpired(cmd, 0)
+            time.sleep(0.02)
+        proc.wait(timeout=max(1.0, timeout - (time.time() - t0)))
+        return True, proc.returncode, time.time() - t0, proc.stderr.read().decode(errors="replace")[-2000:]
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *_marked(marker)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait()
+        for pid in _marked(marker):   # msrun's workers live in their own sessions
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return False, None, time.time() - t0, ""
+
+
+def losses(out: Path):
+    """(step, loss) of every complete train row of metrics.jsonl (a row cut by a kill is ignored)."""
+    rows = []
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("split") == "train":
+            rows.append((int(rec["step"]), rec["loss"]))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--layout", choices=("standalone", "dp2"), default="standalone")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir")
+    ap.add_argument("--prepared", help="prepared data folder (default: prepare the builtin corpus here)")
+    ap.add_argument("--tokenizer")
+    args = ap.parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="naohai-kill-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    prepared, tokenizer = args.prepared, args.tokenizer
+    if not prepared:
+        prepared, tokenizer = str(work / "data"), str(work / "tokenizer.model")
+    ref_recipe, cut_recipe = work / "reference.yaml", work / "interrupted.yaml"
+    write_recipe(ref_recipe, work / "reference", prepared, tokenizer, args.steps)
+    write_recipe(cut_recipe, work / "interrupted", prepared, tokenizer, args.steps)
+    timeout = 900.0
+    ok, code, ref_s, err = run_once(command(ref_recipe, args.layout, work / "logs-ref"), env, timeout)
+    if not ok or code != 0:
+        print(json.dumps({"error": f"reference run failed ({code})", "stderr": err}))
+        return 1
+    reference = dict(losses(work / "reference"))
+    rng = random.Random(args.seed)
+    kills, finished_early, runs = 0, 0, 0
+    while True:
+        runs += 1
+        kill_when = None
+        if kills < args.kills:
+            start_rows, new_rows, delay = len(losses(work / "interrupted")), rng.randint(0, 4), rng.uniform(0, 0.5)
+            reached = []
+
+            def kill_when(start_rows=start_rows, new_rows=new_rows, delay=delay, reached=reached):
+                if not reached and len(losses(work / "interrupted")) - start_rows >= new_rows:
+                    reached.append(time.time())
+                return bool(reached) and time.time() - reached[0] >= delay
+        ok, code, _, err = run_once(command(cut_recipe, args.layout, work / f"logs-{runs}"), env, timeout, kill_when)
+        if not ok:
+            kills += 1
+            continue
+        if code != 0:
+            print(json.dumps({"error": f"run {runs} exited {code}", "stderr": err}))
+            return 1
+        if kills >= args.kills:
+            break
+        finished_early += 1   # it completed before its kill moment: start over from scratch
+        import shutil
+        shutil.rmtree(work / "interrupted", ignore_errors=True)
+    rows = losses(work / "interrupted")
+    mismatches = [(s, v, reference.get(s)) for s, v in rows if reference.get(s) != v]
+    covered = sorted({s for s, _ in rows})
+    result = {"layout": args.layout, "kills": kills, "runs": runs, "completed_before_kill": finished_early,
+              "reference_wall_s": round(ref_s, 1), "rows": len(rows), "reexecuted_rows": len(rows) - len(covered),
+              "steps_covered": len(covered) == args.steps and covered == list(range(1, args.steps + 1)),
+              "mismatches": mismatches[:5], "ok": not mismatches and covered == list(range(1, args.steps + 1))}
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
