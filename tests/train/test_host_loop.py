@@ -12,10 +12,12 @@ each rank's own slices restored.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
@@ -27,6 +29,7 @@ from naohai.train.callbacks import ConsoleLog, MetricsFiles
 from naohai.train.loop import Trainer
 from tests.conftest import micro_recipe
 
+ROOT = Path(__file__).resolve().parents[2]
 WORLD, DP, STAGES, MICRO = 8, 2, 2, 4
 PER_STAGE = WORLD // STAGES
 
@@ -203,3 +206,82 @@ def test_semi_auto_host_loop_on_eight_simulated_ranks(tmp_path, micro_data):
             np.testing.assert_array_equal(batch, global_batches[4 + i][2 * d:2 * d + 2])
         np.testing.assert_array_equal(tr.built.params[0].asnumpy(), _rank_params(rank)[0].asnumpy() + 6.0)
     assert [read_manifest(c)["step"] for c in list_checkpoints(str(tmp_path / "run"))] == [4, 6]
+
+
+@pytest.mark.slow
+def test_resume_reshards_a_full_checkpoint_for_a_pipeline_layout(tmp_path, micro_data, compiled_layout):
+    """A run under dp2 x mp2 x pp2 finds a full checkpoint (another layout): rank 0 reshards it with
+    the strategy files of this run's compile (here: MindSpore's simulated compile of that layout),
+    every rank loads its slices.  Reference: MindSpore's own compile-time slices of the same weights."""
+    from naohai.checkpoint.files import sha256_file, write_json
+    from naohai.checkpoint.reshard import reshard_checkpoint
+    from naohai.config import load_recipe
+    from naohai.strategy.resolve import check_strategy, load_strategy
+    from naohai.train.job import layout_for
+
+    prepared, tok = micro_data
+    strategy = ROOT / "strategies" / "tiny-dp2-mp2-pp2.yaml"
+    rc, workdir, out = compiled_layout(["tiny", str(strategy), "train.micro_batch_size=2"])
+    assert rc == 0, out[-2000:]
+    tiny = load_recipe(str(ROOT / "recipes" / "tiny.yaml"), ["train.micro_batch_size=2"])
+    layout = layout_for(check_strategy(load_strategy(str(strategy)), tiny))
+    slices = {r: ms.load_checkpoint(str(workdir / f"rank_{r}" / "slices.ckpt")) for r in range(WORLD)}
+
+    # a full checkpoint of the same weights: the compile's slices merged by MindSpore's transform
+    sharded = tmp_path / "sharded"
+    (sharded / "strategy").mkdir(parents=True)
+    files = {}
+    for r in range(WORLD):
+        ms.save_checkpoint([{"name": k, "data": v} for k, v in slices[r].items()], str(sharded / f"rank_{r}.ckpt"))
+        shutil.copyfile(workdir / f"rank_{r}" / "strategy.ckpt", sharded / "strategy" / f"rank_{r}.ckpt")
+        for name in (f"rank_{r}.ckpt", f"strategy/rank_{r}.ckpt"):
+            files[name] = {"sha256": sha256_file(str(sharded / name)), "bytes": (sharded / name).stat().st_size}
+    run = tmp_path / "run"
+    recipe = micro_recipe(run, prepared, tok, steps=6, global_batch_size=4, micro_batch_size=1, save_every=100)
+    recipe.model = tiny.model            # the checkpoint's model
+    loader_state = TokenWindowLoader(prepared, "train", 4, 0, 1, seed=recipe.data.shuffle_seed).state_dict()
+    loader_state["sample"] = 8
+    write_json(str(sharded / "manifest.json"), {"format": "naohai-checkpoint/1", "step": 2, "recipe": recipe.to_dict(),
+                                                 "layout": dict(layout, ranks_with_files=list(range(WORLD))),
+                                                 "files": files, "data": {"loader": loader_state}})
+    reshard_checkpoint(str(sharded), str(run / "checkpoints" / "step_00000002"))   # -> full tensors
+
+    # this run's compile wrote its strategy files where the trainer keeps them
+    (run / "strategy").mkdir(parents=True)
+    for r in range(WORLD):
+        shutil.copyfile(workdir / f"rank_{r}" / "strategy.ckpt", run / "strategy" / f"rank_{r}.ckpt")
+
+    def params_of(rank):
+        return [Parameter(Tensor(np.zeros(v.shape, v.asnumpy().dtype)), name=k) for k, v in slices[rank].items()]
+
+    comm = ThreadComm(WORLD)
+    trainers, logs, errors = {}, {r: [] for r in range(WORLD)}, []
+    for rank in range(WORLD):
+        dp_rank = (rank % PER_STAGE) // (PER_STAGE // DP)
+        runtime = Runtime("semi_auto", rank, WORLD, dp_rank, DP, STAGES, MICRO)
+        params = params_of(rank)
+        steps = StandInSteps(rank, 2, 2, 32, params)
+        rank_comm = comm.bind(rank)
+        built = StandInBuilt(runtime, rank_comm, steps, params)
+        store = CheckpointStore(str(run), rank, WORLD, all_ok=rank_comm.all_ok)
+        manifest = {"recipe": recipe.to_dict(), "seed": 0, "layout": layout}
+        trainers[rank] = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=logs[rank].append)
+
+    def body(rank):
+        try:
+            assert trainers[rank].resume()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append((rank, repr(exc)))
+            comm._barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(WORLD)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(300)
+    assert not errors, errors
+    assert any("resharding it for" in line for line in logs[0]), logs[0]
+    for rank, tr in trainers.items():
+        assert tr.step == 2 and tr.loader.sample == 8
+        for p in tr.built.params:
+            np.testing.assert_array_equal(p.asnumpy(), slices[rank][p.name].asnumpy(), err_msg=f"rank {rank} {p.name}")
