@@ -11,8 +11,10 @@ of newly logged steps, plus a random 0-0.5 s, so kills land in start-up, compile
 checkpoint saves alike.  Every
 row of the interrupted run's ``metrics.jsonl`` (steps re-run after a kill appear again) must
 equal the uninterrupted loss of its step exactly.  ``dp2`` runs 2 data-parallel workers through
-``naohai launch`` (msrun) and kills every process of the job.  Prints one JSON line; exit 0
-when all losses match.
+``naohai launch`` (msrun) and kills every process of the job.  A pass runs from scratch to the
+last step (killed and resumed as often as the kill budget allows); passes repeat until all
+kills are spent.  Prints one JSON line; exit 0 when all losses match and every pass logged
+every step.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,43 +144,49 @@ def main(argv=None) -> int:
     write_recipe(ref_recipe, work / "reference", prepared, tokenizer, args.steps)
     write_recipe(cut_recipe, work / "interrupted", prepared, tokenizer, args.steps)
     timeout = 900.0
+    for old in ("reference", "interrupted"):   # never compare against a previous invocation's files
+        shutil.rmtree(work / old, ignore_errors=True)
     ok, code, ref_s, err = run_once(command(ref_recipe, args.layout, work / "logs-ref"), env, timeout)
     if not ok or code != 0:
         print(json.dumps({"error": f"reference run failed ({code})", "stderr": err}))
         return 1
     reference = dict(losses(work / "reference"))
     rng = random.Random(args.seed)
-    kills, finished_early, runs = 0, 0, 0
-    while True:
-        runs += 1
-        kill_when = None
-        if kills < args.kills:
-            start_rows, new_rows, delay = len(losses(work / "interrupted")), rng.randint(0, 4), rng.uniform(0, 0.5)
-            reached = []
-
-            def kill_when(start_rows=start_rows, new_rows=new_rows, delay=delay, reached=reached):
-                if not reached and len(losses(work / "interrupted")) - start_rows >= new_rows:
-                    reached.append(time.time())
-                return bool(reached) and time.time() - reached[0] >= delay
-        ok, code, _, err = run_once(command(cut_recipe, args.layout, work / f"logs-{runs}"), env, timeout, kill_when)
-        if not ok:
-            kills += 1
-            continue
-        if code != 0:
-            print(json.dumps({"error": f"run {runs} exited {code}", "stderr": err}))
-            return 1
-        if kills >= args.kills:
-            break
-        finished_early += 1   # it completed before its kill moment: start over from scratch
-        import shutil
+    kills, runs, passes, rows_checked, reexecuted, mismatches, gaps = 0, 0, 0, 0, 0, [], []
+    while kills < args.kills:
+        # one pass: from scratch to the last step, killed at random moments and resumed each time
+        passes += 1
         shutil.rmtree(work / "interrupted", ignore_errors=True)
-    rows = losses(work / "interrupted")
-    mismatches = [(s, v, reference.get(s)) for s, v in rows if reference.get(s) != v]
-    covered = sorted({s for s, _ in rows})
-    result = {"layout": args.layout, "kills": kills, "runs": runs, "completed_before_kill": finished_early,
-              "reference_wall_s": round(ref_s, 1), "rows": len(rows), "reexecuted_rows": len(rows) - len(covered),
-              "steps_covered": len(covered) == args.steps and covered == list(range(1, args.steps + 1)),
-              "mismatches": mismatches[:5], "ok": not mismatches and covered == list(range(1, args.steps + 1))}
+        while True:
+            runs += 1
+            kill_when = None
+            if kills < args.kills:
+                start_rows, new_rows, delay = len(losses(work / "interrupted")), rng.randint(0, 4), rng.uniform(0, 0.5)
+                reached = []
+
+                def kill_when(start_rows=start_rows, new_rows=new_rows, delay=delay, reached=reached):
+                    if not reached and len(losses(work / "interrupted")) - start_rows >= new_rows:
+                        reached.append(time.time())
+                    return bool(reached) and time.time() - reached[0] >= delay
+            ok, code, _, err = run_once(command(cut_recipe, args.layout, work / f"logs-{runs}"), env, timeout,
+                                        kill_when)
+            if not ok:
+                kills += 1
+                continue
+            if code != 0:
+                print(json.dumps({"error": f"run {runs} exited {code}", "stderr": err}))
+                return 1
+            break
+        rows = losses(work / "interrupted")
+        covered = sorted({s for s, _ in rows})
+        rows_checked += len(rows)
+        reexecuted += len(rows) - len(covered)
+        mismatches += [(passes, s, v, reference.get(s)) for s, v in rows if reference.get(s) != v]
+        if covered != list(range(1, args.steps + 1)):
+            gaps.append((passes, covered))
+    result = {"layout": args.layout, "kills": kills, "runs": runs, "passes": passes,
+              "reference_wall_s": round(ref_s, 1), "rows_checked": rows_checked, "reexecuted_rows": reexecuted,
+              "steps_covered": not gaps, "mismatches": mismatches[:5], "ok": not mismatches and not gaps}
     print(json.dumps(result))
     return 0 if result["ok"] else 1
 
