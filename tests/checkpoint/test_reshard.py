@@ -133,3 +133,33 @@ def test_layout_round_trips_bit_for_bit(compiled_layout, tmp_path):
             assert set(a) == set(b), (other, r, set(a) ^ set(b))
             for name in a:
                 np.testing.assert_array_equal(a[name], b[name], err_msg=f"A->{other}->A rank {r}: {name}")
+
+
+@pytest.mark.slow
+def test_ckpt_reshard_command_moves_a_pipeline_checkpoint_to_another_layout(compiled_layout, tmp_path, capsys):
+    """`naohai ckpt reshard A --to B --compiled WORKDIR`: B's rank files equal B's own compile-time slices."""
+    from naohai.cli import main
+    recipe_a, lay_a = _layout("A")
+    work_a, work_b = _compiled(compiled_layout, "A"), _compiled(compiled_layout, "B")
+    sdir_a = _strategy_dir(work_a, tmp_path, 8)
+    ckpt = _as_checkpoint(tmp_path / "A", _compile_slices(work_a, 8), lay_a, recipe_a, sdir_a)
+    name, override = LAYOUTS["B"]
+    code = main(["ckpt", "reshard", ckpt, override, "--to", str(ROOT / "strategies" / f"{name}.yaml"),
+                 "--compiled", str(work_b), "--out", str(tmp_path / "B")])
+    assert code == 0, capsys.readouterr().err
+    man = store.read_manifest(str(tmp_path / "B"))
+    assert man["layout"]["world"] == 4 and man["resharded_from"]["path"] == ckpt and store.verify(str(tmp_path / "B")).ok
+    expected = _compile_slices(work_b, 4)
+    for r in range(4):
+        got = _load(str(tmp_path / "B"), r)
+        model_names = [n for n in expected[r] if not n.startswith(("adam_", "guard.", "beta", "global_step"))]
+        assert model_names and set(model_names) <= set(got)
+        for n in model_names:
+            np.testing.assert_array_equal(got[n], expected[r][n].asnumpy(), err_msg=f"rank {r}: {n}")
+    # the CLI refuses to overwrite and names a compile workdir that does not fit
+    assert main(["ckpt", "reshard", ckpt, override, "--to", str(ROOT / "strategies" / f"{name}.yaml"),
+                 "--compiled", str(work_b), "--out", str(tmp_path / "B")]) == 2
+    assert main(["ckpt", "reshard", ckpt, "train.micro_batch_size=2", "--to",
+                 str(ROOT / "strategies" / "tiny-dp4-pp2.yaml"), "--compiled", str(work_b),
+                 "--out", str(tmp_path / "C")]) == 2
+    assert "rank_4/strategy.ckpt" in capsys.readouterr().err
