@@ -1,8 +1,10 @@
 """MindSpore 2.10 traps on the pipeline + optimizer-parallel path, pinned by compiling them.
 
-naohai's own pipeline step (naohai.strategy.apply.wrap_train_step) avoids both: it uses
-no PipelineGradReducer and no accumulation buffers.  If a MindSpore upgrade fixes a trap,
-its test here fails and the workaround can be revisited.  Both cases run on 4 simulated
+naohai's own pipeline step (``AccumulatedGrads`` in naohai/strategy/apply.py) avoids both: it
+uses no PipelineGradReducer; it reads the ``accu_grads`` buffers MindSpore's pipeline pass
+fills and, with optimizer parallel, the returned reduce-scattered gradients while clearing
+the buffers (as MindFormers' ``MFPipelineWithLossScaleCell`` does).  If a MindSpore upgrade
+fixes a trap, its test here fails and the workaround can be revisited.  Both cases run on 4 simulated
 ranks (data 2 x pipeline 2) with the toy tied-embedding pipeline of targets.py.
 """
 import pytest
