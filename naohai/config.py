@@ -204,6 +204,7 @@ class TrainConfig:
     save_every: int = 100
     keep_checkpoints: int = 3        # keep the last K checkpoints ...
     keep_every: int = 0              # ... and every checkpoint whose step is a multiple of this (0 = none)
+    async_save: bool = False         # write checkpoint files in the background while training goes on
     output_dir: str = "runs/default"
     device: str = "auto"             # auto | CPU | GPU | Ascend (auto: Ascend, else GPU, else CPU)
     device_profile: Optional[str] = None  # planner profile for the MFU peak; None = detect on Ascend

@@ -167,6 +167,27 @@ class SaveOutcome:
     error: Optional[str] = None  # why it failed (this rank's or another's)
 
 
+@dataclass
+class PendingSave:
+    """A save whose files may still be being written; ``finish()`` publishes it (every rank)."""
+
+    store: Any
+    step: int
+    tmp: str
+    final: str
+    manifest: Dict[str, Any]
+    failed: Optional[str] = None      # the save failed before writing (the ranks agreed on it)
+    error: Optional[str] = None       # this rank's write error
+    thread: Any = None
+
+    def finish(self) -> SaveOutcome:
+        if self.failed is not None:
+            return SaveOutcome(None, self.failed)
+        if self.thread is not None:
+            self.thread.join()
+        return self.store._commit(self)  # noqa: SLF001 - the store's own second phase
+
+
 class CheckpointStore:
     """Checkpoints of one run as seen by one rank.
 
@@ -187,6 +208,14 @@ class CheckpointStore:
     def save(self, step: int, params: Sequence[ms.Parameter], manifest: Dict[str, Any],
              strategy_file: Optional[str] = None) -> SaveOutcome:
         """Write this rank's part of the checkpoint for ``step`` and publish it (rank 0)."""
+        return self.save_async(step, params, manifest, strategy_file, background=False).finish()
+
+    def save_async(self, step: int, params: Sequence[ms.Parameter], manifest: Dict[str, Any],
+                   strategy_file: Optional[str] = None, background: bool = True) -> "PendingSave":
+        """Start a save: the tensors are copied to host memory now, written (and fsynced, hashed,
+        read back) by a background thread; :meth:`PendingSave.finish` -- called at the same point
+        of the loop on every rank -- waits for the writes, then agrees and publishes as
+        :meth:`save` does.  Training steps run while the files are written."""
         final = step_dir(self.output_dir, step)
         tmp = final + ".tmp"
         error = None
@@ -198,21 +227,41 @@ class CheckpointStore:
         except OSError as exc:
             error = f"rank 0 cannot create {tmp}: {exc}"
         if not self.all_ok(error is None):
-            return SaveOutcome(None, error or "another rank failed")
-        try:
-            if self.writes:
-                self._write_rank(tmp, params)
-            if strategy_file and os.path.exists(strategy_file):
-                self._copy_strategy(tmp, strategy_file)
-        except (OSError, RuntimeError, ValueError) as exc:
-            error = f"rank {self.rank}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            return PendingSave(self, step, tmp, final, manifest, failed=error or "another rank failed")
+        # a snapshot of the values of this step (the next steps change the parameters in place)
+        if not self.writes:
+            snapshot = []
+        elif background:
+            snapshot = [(p.name, ms.Tensor(p.asnumpy().copy())) for p in params]
+        else:
+            snapshot = [(p.name, p) for p in params]
+        pending = PendingSave(self, step, tmp, final, manifest)
+
+        def write():
+            try:
+                if self.writes:
+                    self._write_rank(tmp, snapshot)
+                if strategy_file and os.path.exists(strategy_file):
+                    self._copy_strategy(tmp, strategy_file)
+            except (OSError, RuntimeError, ValueError) as exc:
+                pending.error = f"rank {self.rank}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        if background:
+            import threading
+            pending.thread = threading.Thread(target=write, name=f"naohai-save-{step}", daemon=True)
+            pending.thread.start()
+        else:
+            write()
+        return pending
+
+    def _commit(self, pending: "PendingSave") -> SaveOutcome:
+        tmp, final, error = pending.tmp, pending.final, pending.error
         if not self.all_ok(error is None):
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             return SaveOutcome(None, error or "another rank failed to write its part")
         if self.rank == 0:
             try:
-                self._publish(tmp, final, step, manifest)
+                self._publish(tmp, final, pending.step, pending.manifest)
             except (OSError, ValueError) as exc:
                 error = f"rank 0 cannot publish: {exc}"
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -222,21 +271,22 @@ class CheckpointStore:
             self._retain()
         return SaveOutcome(final)
 
-    def _write_rank(self, tmp: str, params: Sequence[ms.Parameter]) -> None:
+    def _write_rank(self, tmp: str, tensors: Sequence[Any]) -> None:
+        """Write ``(name, tensor)`` pairs as this rank's file (temporary name, fsync, read back, rename)."""
         name = rank_file(self.rank)
         part = os.path.join(tmp, f"rank_{self.rank}.part.ckpt")   # MindSpore appends .ckpt to other names
-        ms.save_checkpoint([{"name": p.name, "data": p} for p in params], part)
+        ms.save_checkpoint([{"name": n, "data": t} for n, t in tensors], part)
         if not os.path.exists(part):
             raise OSError(f"MindSpore wrote no file {part}")
         fsync_file(part)
         digest, size = sha256_file(part), os.path.getsize(part)
         # read back: a write cut short by a full disk or a file-size limit must not pass
         check = ms.load_checkpoint(part)
-        if len(check) != len(params):
-            raise OSError(f"{name}: wrote {len(params)} tensors, read back {len(check)}")
+        if len(check) != len(tensors):
+            raise OSError(f"{name}: wrote {len(tensors)} tensors, read back {len(check)}")
         os.replace(part, os.path.join(tmp, name))
         entry = {"rank": self.rank, "sha256": digest, "bytes": size,
-                 "tensors": {p.name: list(p.shape) for p in params}}
+                 "tensors": {n: list(t.shape) for n, t in tensors}}
         write_json(os.path.join(tmp, f"rank_{self.rank}.json"), entry)
 
     def _copy_strategy(self, tmp: str, strategy_file: str) -> None:

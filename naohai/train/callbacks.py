@@ -49,7 +49,7 @@ class ConsoleLog:
 
     def on_save(self, trainer, path: Optional[str]) -> None:
         if trainer.writer and path:
-            self.log(f"{time.strftime('%H:%M:%S')} step {trainer.step:6d} | checkpoint {path}")
+            self.log(f"{time.strftime('%H:%M:%S')} step {trainer.step:6d} | checkpoint published: {path}")
 
 
 class MetricsFiles:

@@ -78,6 +78,7 @@ class Trainer:
         self.flops_token = flops_per_token(recipe.model)
         self.peak = float(peak_tflops)
         self.skip_streak = 0
+        self.pending = None       # a checkpoint save in flight (train.async_save)
 
     # ------------------------------------------------------------------ hooks
     def _emit(self, event: str, *args) -> None:
@@ -135,14 +136,30 @@ class Trainer:
         self.log(f"resumed from {chosen} at step {self.step} (loss scale {self.built.loss_scale():.0f})")
         return True
 
-    def save(self) -> Optional[str]:
+    def save(self, wait: bool = False) -> Optional[str]:
+        """Checkpoint the current step.  With ``train.async_save`` the files are written in the
+        background and published at the next save or at the end of the run (the same point on
+        every rank); ``wait`` publishes at once.  Returns the published folder, if any yet."""
+        published = self.finish_save()
         man = dict(self.manifest)
         man["data"] = {"loader": self.loader.state_dict()}
         man["loss_scale"] = self.built.loss_scale()
-        outcome = self.store.save(self.step, self.built.saved_params(), man, self.strategy_file)
+        background = bool(self.recipe.train.async_save) and not wait
+        self.pending = self.store.save_async(self.step, self.built.saved_params(), man, self.strategy_file,
+                                             background=background)
+        if not background:
+            published = self.finish_save()
+        return published
+
+    def finish_save(self) -> Optional[str]:
+        """Publish the save in flight (if any); a failure is logged and the previous checkpoint kept."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        outcome = pending.finish()
         if outcome.path is None:
             previous = ckpt_store.list_checkpoints(self.out)
-            self.log(f"WARNING: checkpoint at step {self.step} FAILED ({outcome.error}); the previous checkpoint "
+            self.log(f"WARNING: checkpoint at step {pending.step} FAILED ({outcome.error}); the previous checkpoint "
                      f"{previous[-1] if previous else '(none)'} is intact; training continues")
         self._emit("on_save", outcome.path)
         return outcome.path
@@ -204,7 +221,7 @@ class Trainer:
                 window_t, window_steps = time.time(), 0
             self._emit("on_step", rec)
             if self.skip_streak >= t.max_skipped_steps:
-                result.checkpoint = self.save()
+                result.checkpoint = self.save(wait=True)
                 self._emit("on_end")
                 raise TrainingStopped(
                     f"{self.skip_streak} updates in a row were skipped (last: {rec['skip_reason']}, gradient norm "
@@ -218,8 +235,9 @@ class Trainer:
                 self._emit("on_eval", self.step, ev)
                 window_t = time.time()
             if self.step % t.save_every == 0 or self.step == end:
-                result.checkpoint = self.save()
+                result.checkpoint = self.save(wait=self.step == end) or result.checkpoint
                 window_t = time.time()
+        result.checkpoint = self.finish_save() or result.checkpoint
         result.steps_done = self.step
         self._emit("on_end")
         return result
