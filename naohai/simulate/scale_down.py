@@ -11,7 +11,8 @@ what decides MindSpore's parallel passes:
 * kept if it fits, else reduced (and said so): the pipeline stage count;
 * shrunk: data parallel, layers (one per stage, at least two so that a normal
   layer and the last (query) layer both exist), widths (heads, hidden, ffn,
-  vocab, all divisible by the model-parallel size), sequence length, batch.
+  vocab, all divisible by the model-parallel size), sequence length, batch, and
+  micro-batches beyond 2 x stages (the graph holds one network copy per micro-batch).
 
 Every change is returned as a human-readable line; nothing is changed silently.
 """
@@ -106,6 +107,12 @@ def scale_down(recipe, raw_strategy: Dict[str, Any], max_ranks: int = 8) -> Tupl
         micro = 1
     elif micro < new_pp:
         micro = new_pp
+    elif micro > 2 * new_pp:
+        # the compiled graph holds one copy of the network per micro-batch: compile time grows with
+        # them, while 2 x stages already has 1F1B's warm-up, steady state and cool-down
+        changes.append(f"micro_batches {micro} -> {2 * new_pp} (2 x stages: every 1F1B phase, "
+                       f"a shorter compile)")
+        micro = 2 * new_pp
     s["micro_batches"] = micro
 
     opt = s.get("optimizer_parallel")
