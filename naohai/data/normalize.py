@@ -16,8 +16,10 @@ from __future__ import annotations
 import re
 import unicodedata
 
-_DROP_CATEGORIES = {"Cc", "Cf", "Co", "Cs", "Cn"}
-_KEEP = {"\n", "\t", "\r"}   # \r is turned into \n by the whitespace step
+import regex
+
+# \p{C} = control, format, private use, surrogate, unassigned; \r is kept for the whitespace step
+_GARBAGE = regex.compile(r"[^\P{C}\t\n\r]|\ufffd")
 _ODD_SPACES = re.compile(r"[\u00a0\u2000-\u200a\u202f\u205f\u3000]")
 _INNER_RUN = re.compile(r"(?<=\S)[ \t]{2,}(?=\S)")
 _LINE_END = re.compile(r"[ \t]+\n")
@@ -40,8 +42,7 @@ def remove_garbage(text: str) -> str:
     """Drop control/format/private-use/surrogate/unassigned characters and U+FFFD."""
     if _ASCII_PRINTABLE.fullmatch(text):
         return text
-    return "".join(ch for ch in text
-                   if ch in _KEEP or (ch != "\ufffd" and unicodedata.category(ch) not in _DROP_CATEGORIES))
+    return _GARBAGE.sub("", text)
 
 
 def normalize_whitespace(text: str) -> str:
