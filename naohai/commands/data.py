@@ -27,6 +27,15 @@ def register(subparsers) -> None:
     c.add_argument("--no-progress", action="store_true", help="no progress bars")
     c.set_defaults(run=run_clean)
 
+    m = sub.add_parser("mix", help="mix cleaned sources by weight (with epoch caps) into a mixture.json "
+                                   "that `data prepare` takes as a corpus source")
+    m.add_argument("sources", nargs="+", metavar="PATH:WEIGHT[:MAX_EPOCHS]",
+                   help="a clean output dir, .jsonl file or glob; its byte share; repetition cap (default 1)")
+    m.add_argument("--out", required=True, help="mixture file to write, e.g. data/mixture.json")
+    m.add_argument("--seed", type=int, default=0, help="seed of the order (default 0)")
+    m.add_argument("--text-key", default="text", help="key of the text in the sources (default 'text')")
+    m.set_defaults(run=run_mix)
+
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE tokenizer")
     t.add_argument("recipe", nargs="?", help="recipe file or name (corpus, vocab size, jieba, output_dir)")
     t.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. model.vocab_size=1024")
@@ -76,6 +85,20 @@ def run_clean(args) -> int:
         print(f"  malformed: {item['where']}: {item['reason']}")
     if problems["total"] > 20:
         print(f"  ... {problems['total'] - 20} more in {os.path.join(args.out, 'report.json')}")
+    return 0
+
+
+def run_mix(args) -> int:
+    from naohai.data.mix import build_mixture, parse_source_spec
+
+    if not args.out.endswith(".json"):
+        raise UserError("must end in .json (data.corpus recognises mixtures by it)", where="command line",
+                        key="--out")
+    desc = build_mixture([parse_source_spec(s) for s in args.sources], args.out, args.seed, args.text_key)
+    print(f"wrote {args.out}: {desc['documents']} documents, seed {desc['seed']}")
+    for s in desc["sources"]:
+        print(f"  {s['path']}: share {s['share']:.3f}, {s['taken']} of {s['documents']} documents "
+              f"({s['epochs']:.2f} epochs, cap {s['max_epochs']})")
     return 0
 
 

@@ -49,7 +49,7 @@ class QualityConfig:
     min_alpha_words: float = 0.8              # fraction of words with a letter
     min_stop_words: int = 2                   # English stop words (the, be, to, of, and, that, have, with)
     max_digit_ratio: float = 0.3              # digits among non-space characters
-    max_garbage_ratio: float = 0.01           # U+FFFD, private-use, unassigned, box drawing
+    max_garbage_ratio: float = 0.01           # U+FFFD and private-use characters
     max_duplicate_lines: float = 0.3          # Gopher repetition rules
     max_duplicate_paragraphs: float = 0.3
     max_duplicate_line_chars: float = 0.2

@@ -3,11 +3,12 @@
 :func:`quality_reason` returns ``None`` for a document to keep, or the name of the
 first rule it breaks.  The rules and default thresholds are those of Gopher's
 MassiveWeb filter (Rae et al. 2021, appendix A.1.1 "quality filters" and "repetition
-removal"); the words of a document are its Latin/digit runs plus each CJK character
-on its own, so the counts also mean something for Chinese.  Rules that only make
-sense for Latin-script text (mean word length, stop words, alphabetic words) are
-applied to documents with fewer than half CJK characters; ``zh_min_cjk_ratio``
-applies to documents whose language was identified as Chinese.
+removal").  Words are whitespace-separated runs, except in Chinese documents
+(identified as ``zh``, or with CJK characters in at least half their words), whose
+words come from jieba, so word counts and repeated n-grams mean the same there.
+Rules that only make sense for Latin-script text (mean word length, stop words) are
+not applied to Chinese documents; ``zh_min_cjk_ratio`` (CJK among non-space
+characters) applies only to them.
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from typing import Dict, List, Optional, Sequence
 _WORD = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\s\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _SPACE = re.compile(r"\s")
+_WORDLIKE = re.compile(r"[^\W_]")
 _DIGIT = re.compile(r"\d")
 _ALPHA = re.compile(r"[^\W\d_]")
-_GARBAGE = re.compile(r"[\ufffd\ue000-\uf8ff\u2500-\u257f]")
+_GARBAGE = re.compile(r"[\ufffd\ue000-\uf8ff]")
 _BULLETS = ("•", "●", "○", "■", "□", "▪", "▫", "◆", "◇", "-", "*", "·", "‣", "⁃", "➢", "►")
 _ELLIPSES = ("...", "…", "。。。")
 STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
@@ -28,6 +30,13 @@ STOP_WORDS = frozenset(("the", "be", "to", "of", "and", "that", "have", "with"))
 
 def words(text: str) -> List[str]:
     return _WORD.findall(text)
+
+
+def chinese_words(text: str) -> List[str]:
+    """jieba's words (the segmenter the tokenizer's PanGu mode uses) that hold a letter or digit."""
+    import jieba
+    jieba.setLogLevel(60)
+    return [w for w in jieba.lcut(text) if _WORDLIKE.search(w)]
 
 
 def _dup_fraction(items: Sequence[str]):
@@ -98,6 +107,9 @@ def quality_reason(text: str, cfg, language: Optional[str] = None, blocklist: Se
     if n_chars > cfg.max_chars:
         return "max_chars"
     ws = words(text)
+    cjk_doc = len(_CJK.findall(text)) >= 0.5 * len(ws) if ws else False
+    if language == "zh" or cjk_doc:
+        ws = chinese_words(text)
     if len(ws) < cfg.min_words:
         return "min_words"
     if len(ws) > cfg.max_words:
@@ -108,8 +120,10 @@ def quality_reason(text: str, cfg, language: Optional[str] = None, blocklist: Se
         return "max_garbage_ratio"
     if len(_DIGIT.findall(text)) / non_space > cfg.max_digit_ratio:
         return "max_digit_ratio"
-    if n_cjk / non_space < 0.5:
-        mean = sum(len(w) for w in ws) / len(ws)
+    chinese = language == "zh" or cjk_doc
+    latin = [w for w in ws if not _CJK.match(w)]
+    if not chinese and latin:
+        mean = sum(len(w) for w in latin) / len(latin)
         if not cfg.min_mean_word_length <= mean <= cfg.max_mean_word_length:
             return "mean_word_length"
         if sum(1 for w in ws if _ALPHA.search(w)) / len(ws) < cfg.min_alpha_words:
