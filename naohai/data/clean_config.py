@@ -57,7 +57,7 @@ class QualityConfig:
     max_top_ngram_chars: Dict[int, float] = field(default_factory=lambda: {2: 0.20, 3: 0.18, 4: 0.16})
     max_duplicate_ngram_chars: Dict[int, float] = field(default_factory=lambda: {
         5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10})
-    zh_min_cjk_ratio: float = 0.3             # Chinese documents: CJK among non-space characters
+    zh_min_cjk_ratio: float = 0.3             # Chinese documents: CJK among CJK + Latin letters
     blocklist: Optional[str] = None           # file, one word/phrase a line (ads, gambling, unsafe text)
     max_blocklist_hits: int = 0
 

@@ -7,8 +7,8 @@ removal").  Words are whitespace-separated runs, except in Chinese documents
 (identified as ``zh``, or with CJK characters in at least half their words), whose
 words come from jieba, so word counts and repeated n-grams mean the same there.
 Rules that only make sense for Latin-script text (mean word length, stop words) are
-not applied to Chinese documents; ``zh_min_cjk_ratio`` (CJK among non-space
-characters) applies only to them.
+not applied to Chinese documents; ``zh_min_cjk_ratio`` (CJK characters among
+CJK characters and Latin letters) applies only to them.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence
 _WORD = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\s\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _SPACE = re.compile(r"\s")
+_LATIN = re.compile(r"[A-Za-z]")
 _WORDLIKE = re.compile(r"[^\W_]")
 _DIGIT = re.compile(r"\d")
 _ALPHA = re.compile(r"[^\W\d_]")
@@ -130,7 +131,7 @@ def quality_reason(text: str, cfg, language: Optional[str] = None, blocklist: Se
             return "min_alpha_words"
         if language in (None, "en") and sum(1 for w in ws if w.lower() in STOP_WORDS) < cfg.min_stop_words:
             return "min_stop_words"
-    if language == "zh" and n_cjk / non_space < cfg.zh_min_cjk_ratio:
+    if language == "zh" and n_cjk / ((n_cjk + len(_LATIN.findall(text))) or 1) < cfg.zh_min_cjk_ratio:
         return "zh_min_cjk_ratio"
     symbols = text.count("#") + sum(text.count(e) for e in _ELLIPSES)
     if symbols / len(ws) > cfg.max_symbol_word_ratio:
