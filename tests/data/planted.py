@@ -144,7 +144,7 @@ def build(seed: int = 0, n_en: int = 60, n_zh: int = 60) -> Planted:
         for kind, values in items.items():
             for v in values:
                 at = rng.randrange(len(lines) + 1)
-                lines.insert(at, rng.choice(["联系方式：{} 。", "Contact: {} today.", "{}"]).format(v))
+                lines.insert(at, rng.choice(["联系方式：{} 。", "地址:{}", "Contact: {} today.", "{}"]).format(v))
         lines.insert(rng.randrange(len(lines) + 1), decoy_text(rng))
         j = p.add("\n".join(lines), "pii", i)
         p.pii[j] = items
