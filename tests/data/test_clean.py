@@ -113,8 +113,7 @@ def test_malformed_lines_are_reported_not_fatal(tmp_path):
             ("a.jsonl:6", "not"), ("a.jsonl:7", "line")} <= probs
     assert any(w.startswith("c.jsonl.gz:") and r == "file" for w, r in probs)
     assert report["read"]["problems"]["by_file"][str(tmp_path / "a.jsonl")] == 6
-    assert report["read"]["docs_in"] == 3 + 1 + report["read"]["docs_in"] - 4   # a:2, b:1, c: what was readable
-    assert report["read"]["docs_in"] >= 4
+    assert 3 <= report["read"]["docs_in"] < 3 + 200     # a: 2, b: 1, c: the lines before the cut
 
 
 def test_report_counts_add_up_and_workers_do_not_change_the_output(corpus, tmp_path):
