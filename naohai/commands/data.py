@@ -1,4 +1,4 @@
-"""`naohai data ...`: train a tokenizer, prepare packed shards, show a prepared dir."""
+"""`naohai data ...`: clean and mix raw corpora, score them, train a tokenizer, prepare packed shards, show a prepared dir."""
 from __future__ import annotations
 
 import os
@@ -12,8 +12,29 @@ def _log(msg: str) -> None:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("data", help="train a tokenizer and prepare packed token shards")
+    p = subparsers.add_parser("data", help="clean and mix corpora, train a tokenizer, prepare packed token shards")
     sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(p))
+
+    c = sub.add_parser("clean", help="normalise, filter, de-identify and deduplicate raw .jsonl/.txt(.gz) "
+                                     "into cleaned .jsonl shards and report.json (resumable)")
+    c.add_argument("inputs", nargs="*", metavar="INPUT", help="files, directories or globs")
+    c.add_argument("--out", help="output directory (re-running with the same inputs and config resumes)")
+    c.add_argument("--config", default=None, help="YAML file with the steps' settings (default: all defaults)")
+    c.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    c.add_argument("--restart", action="store_true", help="discard an earlier run in --out with another "
+                                                         "config or other inputs")
+    c.add_argument("--print-config", action="store_true", help="print the effective config as YAML and exit")
+    c.add_argument("--no-progress", action="store_true", help="no progress bars")
+    c.set_defaults(run=run_clean)
+
+    m = sub.add_parser("mix", help="mix cleaned sources by weight (with epoch caps) into a mixture.json "
+                                   "that `data prepare` takes as a corpus source")
+    m.add_argument("sources", nargs="+", metavar="PATH:WEIGHT[:MAX_EPOCHS]",
+                   help="a clean output dir, .jsonl file or glob; its byte share; repetition cap (default 1)")
+    m.add_argument("--out", required=True, help="mixture file to write, e.g. data/mixture.json")
+    m.add_argument("--seed", type=int, default=0, help="seed of the order (default 0)")
+    m.add_argument("--text-key", default="text", help="key of the text in the sources (default 'text')")
+    m.set_defaults(run=run_mix)
 
     t = sub.add_parser("tokenizer", help="train a sentencepiece BPE tokenizer")
     t.add_argument("recipe", nargs="?", help="recipe file or name (corpus, vocab size, jieba, output_dir)")
@@ -41,6 +62,44 @@ def register(subparsers) -> None:
     i.set_defaults(run=run_info)
 
     p.set_defaults(run=lambda args: (p.print_help(), 2)[1])
+
+
+def run_clean(args) -> int:
+    from naohai.data.clean import clean, report_table
+    from naohai.data.clean_config import load_clean_config
+
+    cfg = load_clean_config(args.config)
+    if args.print_config:
+        import yaml
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True), end="")
+        return 0
+    if not args.inputs or not args.out:
+        raise UserError("give INPUT... and --out DIR", where="command line")
+    if args.workers is not None and args.workers < 1:
+        raise UserError("must be >= 1", where="command line", key="--workers")
+    report = clean(args.inputs, args.out, cfg, workers=args.workers, progress=not args.no_progress,
+                   restart=args.restart)
+    print(report_table(report))
+    problems = report["read"]["problems"]
+    for item in problems["listed"][:20]:
+        print(f"  malformed: {item['where']}: {item['reason']}")
+    if problems["total"] > 20:
+        print(f"  ... {problems['total'] - 20} more in {os.path.join(args.out, 'report.json')}")
+    return 0
+
+
+def run_mix(args) -> int:
+    from naohai.data.mix import build_mixture, parse_source_spec
+
+    if not args.out.endswith(".json"):
+        raise UserError("must end in .json (data.corpus recognises mixtures by it)", where="command line",
+                        key="--out")
+    desc = build_mixture([parse_source_spec(s) for s in args.sources], args.out, args.seed, args.text_key)
+    print(f"wrote {args.out}: {desc['documents']} documents, seed {desc['seed']}")
+    for s in desc["sources"]:
+        print(f"  {s['path']}: share {s['share']:.3f}, {s['taken']} of {s['documents']} documents "
+              f"({s['epochs']:.2f} epochs, cap {s['max_epochs']})")
+    return 0
 
 
 def run_tokenizer(args) -> int:

@@ -14,7 +14,10 @@ a path, directory or glob
     ``data.jsonl_key`` is one document.  ``.txt`` / ``.text`` / ``.md`` files are
     split into documents at runs of two or more blank lines (``\\n\\n\\n``); single
     blank lines (paragraph breaks) stay inside a document.  A directory means all
-    such files below it.  Matches are read in sorted order.
+    such files below it, hidden directories left out.  Matches are read in sorted order.
+a ``.json`` mixture file
+    written by `naohai data mix` (:mod:`naohai.data.mix`): the documents of its
+    sources in the mixture's recorded order.
 
 Documents that are empty or whitespace-only are skipped.  Every problem (missing
 path, glob with no matches, unsupported file type, bad JSON line, non-UTF-8 text,
@@ -37,6 +40,7 @@ FORTUNES_DIR = "/usr/share/games/fortunes"
 FORTUNES_FILES = ("chinese", "song100", "tang300")
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSONL_SUFFIXES = (".jsonl",)
+MIXTURE_SUFFIXES = (".json",)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _DOC_BREAK = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")   # two or more blank lines
@@ -138,8 +142,16 @@ def jsonl_documents(path: str, key: str = "text") -> Iterator[str]:
             yield value
 
 
-def _supported(path: str) -> bool:
-    return path.lower().endswith(TEXT_SUFFIXES + JSONL_SUFFIXES)
+def _supported(path: str, mixtures: bool = True) -> bool:
+    """A corpus file type; mixture files count only when named directly."""
+    return path.lower().endswith(TEXT_SUFFIXES + JSONL_SUFFIXES + (MIXTURE_SUFFIXES if mixtures else ()))
+
+
+def _walk_visible(path: str):
+    """os.walk without hidden directories (e.g. the .work/ of a `naohai data clean` output)."""
+    for d, dirs, files in os.walk(path):
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        yield d, dirs, files
 
 
 def resolve_source(source: str, index: Optional[int] = None) -> List[str]:
@@ -154,20 +166,20 @@ def resolve_source(source: str, index: Optional[int] = None) -> List[str]:
         matches = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
         if not matches:
             raise _err(f"the pattern '{source}' matches no files", where=source, index=index)
-        files = [p for p in matches if _supported(p)]
+        files = [p for p in matches if _supported(p, mixtures=False)]
         if not files:
             raise _err(f"the pattern '{source}' matches no .txt/.md/.jsonl files", where=source, index=index)
         return files
     if os.path.isdir(path):
-        files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs
-                       if _supported(f))
+        files = sorted(os.path.join(d, f) for d, _, fs in _walk_visible(path) for f in fs
+                       if _supported(f, mixtures=False))
         if not files:
             raise _err("the directory holds no .txt/.md/.jsonl files", where=source, index=index)
         return files
     if not os.path.exists(path):
         raise _err("corpus file not found", where=source, index=index)
     if not _supported(path):
-        raise _err(f"unsupported corpus file type; use {', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)} "
+        raise _err(f"unsupported corpus file type; use {', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}, a mixture .json "
                    f"or a builtin ({', '.join(BUILTINS)})", where=source, index=index)
     return [path]
 
@@ -179,6 +191,9 @@ def _documents_of(item: str, jsonl_key: str) -> Iterator[str]:
         return fortunes_documents()
     if item.lower().endswith(JSONL_SUFFIXES):
         return jsonl_documents(item, jsonl_key)
+    if item.lower().endswith(MIXTURE_SUFFIXES):
+        from naohai.data.mix import iter_mixture
+        return iter_mixture(item)
     return text_file_documents(item)
 
 

@@ -1,0 +1,437 @@
+"""`naohai data clean`: raw ``.jsonl`` / ``.txt`` (``.gz``) -> cleaned ``.jsonl`` shards + ``report.json``.
+
+Steps, in order, each switched on or off in the config (:mod:`naohai.data.clean_config`):
+``normalize`` (:mod:`~naohai.data.normalize`), ``language`` and ``classifier``
+(:mod:`~naohai.data.fasttext_models`), ``quality`` (:mod:`~naohai.data.quality`),
+``pii`` (:mod:`~naohai.data.pii`), ``exact_dedup`` and ``near_dedup``
+(:mod:`~naohai.data.dedup`).
+
+How it runs
+    Stage 1: the main process streams the inputs (:mod:`~naohai.data.reader`; bad
+    lines are recorded as problems with file and line) and cuts the documents into
+    work units of ``batch_docs``.  Worker processes run the per-document steps and
+    the MinHash signatures of a unit and write ``.work/unit-N.jsonl``, ``unit-N.npy``
+    and, last, ``unit-N.json`` (its statistics), each renamed into place, so a unit
+    is either complete or absent.  Stage 2 goes through the units in order in one
+    process for the two deduplication steps (a set of hashes, an LSH index) and
+    writes ``part-NNNNN.jsonl`` shards, then ``report.json``.
+
+Resuming
+    ``.work/plan.json`` records the config and the inputs (path, size, mtime).  A
+    second run with the same plan skips every unit whose ``unit-N.json`` exists and
+    redoes stage 2, which is deterministic, so the output equals that of an
+    uninterrupted run; a finished run (``report.json`` present) is not redone.  A
+    different plan is refused unless ``restart=True``.  A non-empty output
+    directory that is not a clean run's is never written into.
+
+Output records are the input object with the cleaned text under ``text_key`` and
+``naohai: {source: "file:line", lang, lang_score}`` added.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import glob
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from naohai.data import dedup, normalize as norm, pii, quality
+from naohai.data.clean_config import CleanConfig
+from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
+from naohai.errors import UserError
+
+FORMAT = "naohai-clean-v1"
+STEPS = ("normalize", "language", "quality", "pii", "classifier", "exact_dedup", "near_dedup")
+WORK = ".work"
+REPORT = "report.json"
+MAX_PROBLEMS_LISTED = 1000
+_EXCERPT = 300
+
+
+@dataclass
+class StepStats:
+    docs_in: int = 0
+    bytes_in: int = 0
+    kept: int = 0
+    dropped: int = 0
+    changed: int = 0
+    bytes_out: int = 0
+    reasons: Dict[str, int] = field(default_factory=dict)
+    samples: List[Dict[str, str]] = field(default_factory=list)
+
+    def merge(self, other: Dict[str, Any], max_samples: int) -> None:
+        for k in ("docs_in", "bytes_in", "kept", "dropped", "changed", "bytes_out"):
+            setattr(self, k, getattr(self, k) + other[k])
+        for r, n in other["reasons"].items():
+            self.reasons[r] = self.reasons.get(r, 0) + n
+        self.samples.extend(other["samples"][: max(0, max_samples - len(self.samples))])
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _nbytes(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+class _Step:
+    """Counts for one step over a stream of documents."""
+
+    def __init__(self, max_samples: int):
+        self.s = StepStats()
+        self.max_samples = max_samples
+
+    def seen(self, text: str) -> None:
+        self.s.docs_in += 1
+        self.s.bytes_in += _nbytes(text)
+
+    def drop(self, where: str, reason: str, text: str) -> None:
+        self.s.dropped += 1
+        self.s.reasons[reason] = self.s.reasons.get(reason, 0) + 1
+        if len(self.s.samples) < self.max_samples:
+            self.s.samples.append({"where": where, "reason": reason, "text": text[:_EXCERPT]})
+
+    def keep(self, before: str, after: str, where: str, reason: str = "changed") -> None:
+        self.s.kept += 1
+        self.s.bytes_out += _nbytes(after)
+        if after != before:
+            self.s.changed += 1
+            self.s.reasons[reason] = self.s.reasons.get(reason, 0) + 1
+            if len(self.s.samples) < self.max_samples:
+                self.s.samples.append({"where": where, "reason": reason, "before": before[:_EXCERPT],
+                                       "after": after[:_EXCERPT]})
+
+
+# --------------------------------------------------------------------------- stage 1 (workers)
+class _Models:
+    """What the per-document steps load once per process (inherited by forked workers)."""
+
+    def __init__(self, cfg: CleanConfig):
+        from naohai.data.fasttext_models import Classifier, LanguageIdentifier
+        self.cfg = cfg
+        self.lid = LanguageIdentifier(cfg.language.model) if cfg.language.enabled else None
+        self.classifier = (Classifier(cfg.classifier.model, cfg.classifier.drop_labels)
+                           if cfg.classifier.enabled else None)
+        self.blocklist = quality.load_blocklist(cfg.quality.blocklist) if cfg.quality.enabled else []
+        if cfg.near_dedup.enabled:
+            import datasketch  # noqa: F401  (slow to import: once, before the workers fork)
+
+
+_MODELS: Optional[_Models] = None
+
+
+def _atomic_write(path: str, write) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def process_unit(unit: int, batch: List[tuple], work_dir: str) -> int:
+    """Run the per-document steps on one unit and write its three files; returns the unit index."""
+    models = _MODELS
+    cfg = models.cfg
+    steps = {name: _Step(cfg.samples) for name in STEPS[:5]}
+    kept = []
+    for text, where, extra in batch:
+        lang, score = None, None
+        if cfg.normalize.enabled:
+            st = steps["normalize"]
+            st.seen(text)
+            new = norm.normalize(text, cfg.normalize)
+            if not new.strip():
+                st.drop(where, "empty", text)
+                continue
+            st.keep(text, new, where)
+            text = new
+        if models.lid is not None:
+            st = steps["language"]
+            st.seen(text)
+            lang, score = models.lid.identify(text)
+            if lang not in cfg.language.keep:
+                st.drop(where, f"language {lang}", text)
+                continue
+            if score < cfg.language.min_score:
+                st.drop(where, f"score < {cfg.language.min_score}", text)
+                continue
+            st.keep(text, text, where)
+        if cfg.quality.enabled:
+            st = steps["quality"]
+            st.seen(text)
+            reason = quality.quality_reason(text, cfg.quality, lang, models.blocklist)
+            if reason:
+                st.drop(where, reason, text)
+                continue
+            st.keep(text, text, where)
+        if cfg.pii.enabled:
+            st = steps["pii"]
+            st.seen(text)
+            new, counts = pii.deidentify(text, cfg.pii)
+            st.keep(text, new, where, reason="+".join(sorted(counts)) or "changed")
+            for kind, n in counts.items():
+                st.s.reasons[f"{kind} replaced"] = st.s.reasons.get(f"{kind} replaced", 0) + n
+            text = new
+        if models.classifier is not None:
+            st = steps["classifier"]
+            st.seen(text)
+            p = models.classifier.drop_probability(text)
+            if p >= cfg.classifier.threshold:
+                st.drop(where, f"p={p:.2f}", text)
+                continue
+            st.keep(text, text, where)
+        kept.append((text, where, extra, lang, score))
+
+    base = os.path.join(work_dir, f"unit-{unit:06d}")
+    texts = [k[0] for k in kept]
+
+    def write_docs(tmp):
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for text, where, extra, lang, score in kept:
+                fh.write(json.dumps({"text": text, "where": where, "extra": extra, "lang": lang,
+                                     "score": None if score is None else round(score, 4),
+                                     "key": dedup.exact_key(text) if cfg.exact_dedup.enabled else None},
+                                    ensure_ascii=False) + "\n")
+
+    def write_sigs(tmp):
+        sigs = dedup.signatures(texts, cfg.near_dedup) if cfg.near_dedup.enabled else np.zeros((len(texts), 0),
+                                                                                                np.uint32)
+        with open(tmp, "wb") as fh:
+            np.save(fh, sigs)
+
+    def write_stats(tmp):
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"docs": len(batch), "kept": len(kept),
+                       "steps": {k: v.s.as_dict() for k, v in steps.items()}}, fh, ensure_ascii=False)
+
+    _atomic_write(base + ".jsonl", write_docs)
+    _atomic_write(base + ".npy", write_sigs)
+    _atomic_write(base + ".json", write_stats)
+    return unit
+
+
+# --------------------------------------------------------------------------- the run
+def _plan(files: Sequence[str], cfg: CleanConfig) -> Dict[str, Any]:
+    return {"format": FORMAT, "config": cfg.to_dict(), "inputs": fingerprint(files)}
+
+
+def _prepare_out(out_dir: str, plan: Dict[str, Any], restart: bool) -> str:
+    work = os.path.join(out_dir, WORK)
+    plan_path = os.path.join(work, "plan.json")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.exists(plan_path):
+        raise UserError("is not empty and holds no `naohai data clean` run; choose a new --out directory "
+                        "(nothing there is replaced)", where=out_dir, key="--out")
+    if os.path.exists(plan_path):
+        with open(plan_path, "r", encoding="utf-8") as fh:
+            old = json.load(fh)
+        if old != json.loads(json.dumps(plan)):
+            if not restart:
+                raise UserError("holds a clean run with another config or other inputs (changed files?); "
+                                "pass --restart to discard it and start again, or choose a new --out",
+                                where=out_dir, key="--out")
+            shutil.rmtree(work)
+            for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")) + [os.path.join(out_dir, REPORT)]:
+                if os.path.exists(p):
+                    os.remove(p)
+        elif restart:
+            shutil.rmtree(work)
+            for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")) + [os.path.join(out_dir, REPORT)]:
+                if os.path.exists(p):
+                    os.remove(p)
+    os.makedirs(work, exist_ok=True)
+    if not os.path.exists(plan_path):
+        _atomic_write(plan_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(json.dumps(plan, indent=1)))
+    return work
+
+
+class _Problems:
+    def __init__(self):
+        self.total = 0
+        self.by_file: Dict[str, int] = collections.Counter()
+        self.listed: List[Dict[str, str]] = []
+
+    def add(self, p: Problem) -> None:
+        self.total += 1
+        self.by_file[p.where.rsplit(":", 1)[0]] += 1
+        if len(self.listed) < MAX_PROBLEMS_LISTED:
+            self.listed.append({"where": p.where, "reason": p.reason})
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"total": self.total, "by_file": dict(self.by_file), "listed": self.listed}
+
+
+def _bar(total, desc, enabled, unit="doc"):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, file=sys.stderr, dynamic_ncols=True)
+
+
+def _stage1(files, cfg: CleanConfig, work: str, workers: int, progress: bool):
+    global _MODELS
+    _MODELS = _Models(cfg)   # loaded before forking: workers inherit them; bad paths fail here
+    problems = _Problems()
+    read = StepStats()
+    units = 0
+    pool = None
+    if workers > 1:
+        pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    pending: collections.deque = collections.deque()
+
+    def submit(unit, batch):
+        if os.path.exists(os.path.join(work, f"unit-{unit:06d}.json")):
+            return
+        if pool is None:
+            process_unit(unit, batch, work)
+            return
+        pending.append(pool.submit(process_unit, unit, batch, work))
+        while len(pending) > 2 * workers:
+            pending.popleft().result()
+
+    try:
+        with _bar(None, "clean: read + filter", progress) as bar:
+            batch: List[tuple] = []
+            for item in read_inputs(files, cfg.text_key, cfg.max_line_bytes):
+                if isinstance(item, Problem):
+                    problems.add(item)
+                    continue
+                read.docs_in += 1
+                read.bytes_in += _nbytes(item.text)
+                batch.append((item.text, item.where, item.extra))
+                if len(batch) == cfg.batch_docs:
+                    submit(units, batch)
+                    units += 1
+                    batch = []
+                    bar.update(cfg.batch_docs)
+            if batch:
+                submit(units, batch)
+                units += 1
+                bar.update(len(batch))
+            while pending:
+                pending.popleft().result()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    read.kept = read.docs_in
+    read.bytes_out = read.bytes_in
+    return units, problems, read
+
+
+def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: bool):
+    steps = {name: StepStats() for name in STEPS}
+    ex, near = _Step(cfg.samples), _Step(cfg.samples)
+    seen = set()
+    index = dedup.NearDuplicateIndex(cfg.near_dedup) if cfg.near_dedup.enabled else None
+    for old in glob.glob(os.path.join(out_dir, "part-*.jsonl*")):
+        os.remove(old)
+    shard, in_shard, written, fh = 0, 0, 0, None
+
+    def close():
+        if fh is not None:
+            fh.close()
+            os.replace(os.path.join(out_dir, f"part-{shard:05d}.jsonl.tmp"), os.path.join(out_dir,
+                                                                                      f"part-{shard:05d}.jsonl"))
+    with _bar(units, "clean: deduplicate + write", progress, unit="unit") as bar:
+        for u in range(units):
+            base = os.path.join(work, f"unit-{u:06d}")
+            with open(base + ".json", "r", encoding="utf-8") as f:
+                stats = json.load(f)
+            for name, st in stats["steps"].items():
+                steps[name].merge(st, cfg.samples)
+            sigs = np.load(base + ".npy")
+            with open(base + ".jsonl", "r", encoding="utf-8") as f:
+                docs = [json.loads(line) for line in f]
+            for d, sig in zip(docs, sigs):
+                text, where = d["text"], d["where"]
+                if cfg.exact_dedup.enabled:
+                    ex.seen(text)
+                    if d["key"] in seen:
+                        ex.drop(where, "exact duplicate", text)
+                        continue
+                    seen.add(d["key"])
+                    ex.keep(text, text, where)
+                if index is not None:
+                    near.seen(text)
+                    if index.check(sig) is not None:
+                        near.drop(where, "near duplicate", text)
+                        continue
+                    near.keep(text, text, where)
+                if fh is None:
+                    fh = open(os.path.join(out_dir, f"part-{shard:05d}.jsonl.tmp"), "w", encoding="utf-8")
+                rec = dict(d["extra"] or {})
+                rec[cfg.text_key] = text
+                rec["naohai"] = {"source": where, "lang": d["lang"], "lang_score": d["score"]}
+                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                written += 1
+                in_shard += 1
+                if in_shard == cfg.shard_docs:
+                    close()
+                    fh, shard, in_shard = None, shard + 1, 0
+            bar.update(1)
+    close()
+    steps["exact_dedup"] = ex.s
+    steps["near_dedup"] = near.s
+    return steps, written, shard + (1 if in_shard else 0)
+
+
+def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Optional[int] = None,
+          progress: bool = True, restart: bool = False) -> Dict[str, Any]:
+    """Clean ``inputs`` into ``out_dir`` (resuming an interrupted run); returns the report."""
+    files = resolve_inputs(inputs)
+    out_dir = os.path.abspath(out_dir)
+    plan = _plan(files, cfg)
+    work = _prepare_out(out_dir, plan, restart)
+    report_path = os.path.join(out_dir, REPORT)
+    if os.path.exists(report_path):
+        with open(report_path, "r", encoding="utf-8") as fh:
+            return json.load(fh)
+    workers = max(1, int(workers or os.cpu_count() or 1))
+    units, problems, read = _stage1(files, cfg, work, workers, progress)
+    steps, written, shards = _stage2(out_dir, work, units, cfg, progress)
+    enabled = {name: getattr(cfg, name).enabled for name in STEPS}
+    report = {
+        "format": FORMAT,
+        "inputs": [f for f in files],
+        "config": cfg.to_dict(),
+        "read": {**read.as_dict(), "problems": problems.as_dict()},
+        "steps": {name: ({**steps[name].as_dict(), "enabled": True} if enabled[name] else {"enabled": False})
+                  for name in STEPS},
+        "output": {"documents": written, "shards": shards,
+                   "bytes": sum(os.path.getsize(p) for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")))},
+        "lsh": ({"bands": dedup.lsh_params(cfg.near_dedup)[0], "rows": dedup.lsh_params(cfg.near_dedup)[1]}
+                if cfg.near_dedup.enabled else None),
+    }
+    _atomic_write(report_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(
+        json.dumps(report, ensure_ascii=False, indent=1)))
+    return report
+
+
+def output_files(out_dir: str) -> List[str]:
+    """The cleaned shards of a finished run, in order."""
+    return sorted(glob.glob(os.path.join(out_dir, "part-*.jsonl")))
+
+
+def report_table(report: Dict[str, Any]) -> str:
+    """The report as a fixed-width table, one row per step."""
+    def mb(n):
+        return f"{n / 1e6:.2f}"
+    rows = [("step", "docs in", "MB in", "kept", "dropped", "changed", "MB out", "top reasons")]
+    r = report["read"]
+    rows.append(("read", r["docs_in"], mb(r["bytes_in"]), r["kept"], r["problems"]["total"], 0, mb(r["bytes_out"]),
+                 f"{r['problems']['total']} malformed lines"))
+    for name, s in report["steps"].items():
+        if not s.get("enabled"):
+            rows.append((name, "-", "-", "-", "-", "-", "-", "off"))
+            continue
+        top = ", ".join(f"{k} {v}" for k, v in sorted(s["reasons"].items(), key=lambda kv: -kv[1])[:3])
+        rows.append((name, s["docs_in"], mb(s["bytes_in"]), s["kept"], s["dropped"], s["changed"],
+                     mb(s["bytes_out"]), top))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(7)]
+    lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(row[:7], widths)))
+             + "  " + str(row[7]) for row in rows]
+    o = report["output"]
+    lines.append(f"output: {o['documents']} documents in {o['shards']} shards, {mb(o['bytes'])} MB")
+    return "\n".join(lines)

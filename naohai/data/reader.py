@@ -1,0 +1,174 @@
+"""Streaming input for `naohai data clean`: ``.jsonl`` / ``.txt`` files (optionally ``.gz``) -> records.
+
+Inputs are files, directories (every supported file below, sorted) or globs.  A
+``.jsonl`` line is one document (the string under ``text_key``; the other keys are
+kept); a ``.txt`` file is split into documents at runs of two or more blank lines, as
+:mod:`naohai.data.corpus` does.
+
+Nothing malformed stops the run or disappears: a line that is not UTF-8, not JSON,
+not a JSON object, has no (string) text field, or is longer than ``max_line_bytes``
+comes out as a :class:`Problem` with the file and line number, and so does a
+truncated or corrupt ``.gz`` file.  The caller counts and reports them.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Union
+
+from naohai.errors import UserError
+
+SUFFIXES = (".jsonl", ".txt", ".jsonl.gz", ".txt.gz")
+
+
+@dataclass
+class Record:
+    text: str
+    where: str                           # "path:line"
+    extra: Optional[Dict[str, object]]   # the other keys of a .jsonl object
+
+
+@dataclass
+class Problem:
+    where: str                           # "path:line" or "path"
+    reason: str
+
+
+def _supported(name: str) -> bool:
+    return name.lower().endswith(SUFFIXES)
+
+
+def resolve_inputs(inputs: Sequence[str]) -> List[str]:
+    """Files named by paths, directories and globs; a UserError for each that names nothing usable."""
+    if not inputs:
+        raise UserError("give at least one input file, directory or glob", where="command line")
+    files: List[str] = []
+    for item in inputs:
+        path = os.path.expanduser(item)
+        if any(ch in path for ch in "*?["):
+            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p) and _supported(p))
+            if not found:
+                raise UserError(f"the pattern matches no {'/'.join(SUFFIXES)} files", where=item)
+        elif os.path.isdir(path):
+            found = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if _supported(f))
+            if not found:
+                raise UserError(f"the directory holds no {'/'.join(SUFFIXES)} files", where=item)
+        elif not os.path.exists(path):
+            raise UserError("input not found", where=item)
+        elif not _supported(path):
+            raise UserError(f"unsupported input type; use {', '.join(SUFFIXES)}", where=item)
+        else:
+            found = [path]
+        files.extend(found)
+    return files
+
+
+def _open(path: str):
+    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+
+
+def _lines(path: str, max_line_bytes: int) -> Iterator[Union[tuple, Problem]]:
+    """(lineno, bytes) for each line, or a Problem for an over-long line / unreadable file."""
+    lineno = 0
+    try:
+        with _open(path) as fh:
+            while True:
+                raw = fh.readline(max_line_bytes + 1)
+                if not raw:
+                    return
+                lineno += 1
+                if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                    size = len(raw)
+                    while raw and not raw.endswith(b"\n"):   # skip the rest of the line
+                        raw = fh.readline(1 << 20)
+                        size += len(raw)
+                    yield Problem(f"{path}:{lineno}", f"line longer than {max_line_bytes} bytes ({size} bytes)")
+                    continue
+                yield lineno, raw
+    except (OSError, EOFError, zlib.error) as exc:
+        yield Problem(f"{path}:{lineno + 1}", f"file unreadable from here on: {exc}")
+
+
+def _jsonl(path: str, text_key: str, max_line_bytes: int) -> Iterator[Union[Record, Problem]]:
+    for item in _lines(path, max_line_bytes):
+        if isinstance(item, Problem):
+            yield item
+            continue
+        lineno, raw = item
+        where = f"{path}:{lineno}"
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield Problem(where, f"not UTF-8 (byte {exc.start})")
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield Problem(where, f"not valid JSON: {exc.msg} (column {exc.colno})")
+            continue
+        if not isinstance(obj, dict):
+            yield Problem(where, f"a JSON {type(obj).__name__}, not an object")
+            continue
+        text = obj.pop(text_key, None)
+        if text is None:
+            yield Problem(where, f"no '{text_key}' key (keys: {', '.join(map(str, obj)) or 'none'})")
+            continue
+        if not isinstance(text, str):
+            yield Problem(where, f"'{text_key}' is a {type(text).__name__}, not a string")
+            continue
+        yield Record(text, where, obj or None)
+
+
+def _txt(path: str, max_line_bytes: int) -> Iterator[Union[Record, Problem]]:
+    buf: List[str] = []
+    start = 0
+    blanks = 0
+    for item in _lines(path, max_line_bytes):
+        if isinstance(item, Problem):
+            yield item
+            continue
+        lineno, raw = item
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield Problem(f"{path}:{lineno}", f"not UTF-8 (byte {exc.start})")
+            continue
+        if not line.strip():
+            blanks += 1
+            if buf:
+                buf.append(line)
+            continue
+        if blanks >= 2 and buf:
+            yield Record("".join(buf).strip("\n"), f"{path}:{start}", None)
+            buf = []
+        if not buf:
+            start = lineno
+        blanks = 0
+        buf.append(line)
+    if buf:
+        yield Record("".join(buf).strip("\n"), f"{path}:{start}", None)
+
+
+def read_inputs(files: Sequence[str], text_key: str = "text",
+                max_line_bytes: int = 16 << 20) -> Iterator[Union[Record, Problem]]:
+    """Every record and problem of the files, in file order then line order."""
+    for path in files:
+        if path.lower().endswith((".jsonl", ".jsonl.gz")):
+            yield from _jsonl(path, text_key, max_line_bytes)
+        else:
+            yield from _txt(path, max_line_bytes)
+
+
+def fingerprint(files: Sequence[str]) -> List[list]:
+    """[abs path, size, mtime_ns] per file: enough to notice a changed input on resume."""
+    out = []
+    for p in files:
+        st = os.stat(p)
+        out.append([os.path.abspath(p), st.st_size, st.st_mtime_ns])
+    return out

@@ -1,0 +1,106 @@
+"""Benchmark `naohai data clean`: MB/s per step on this machine, and near-dedup time at 1x / 2x / 4x size.
+
+Corpus: the pydoc topics and fortunes-zh entries, with each copy of the corpus lightly
+edited (so deduplication has work that grows with size rather than dropping whole
+copies).  Per-step figures time each step's function on one core over the same
+documents; the end-to-end figure is the whole `clean` with all cores.
+
+    python run/bench_clean.py [--base-docs 2000] [--workers N]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import shutil
+import string
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from naohai.data import dedup, normalize, pii, quality  # noqa: E402
+from naohai.data.clean import clean  # noqa: E402
+from naohai.data.clean_config import CleanConfig  # noqa: E402
+from naohai.data.corpus import fortunes_documents, pydoc_documents  # noqa: E402
+from naohai.data.fasttext_models import LanguageIdentifier  # noqa: E402
+
+
+def corpus(n: int, copy: int):
+    rng = random.Random(copy)
+    base = list(pydoc_documents()) + [d for d in fortunes_documents() if len(d) > 100]
+    docs = list(itertools.islice(itertools.cycle(base), n))
+    out = []
+    for d in docs:   # edit ~5% of characters: distinct from every other copy at J well under 0.8
+        chars = list(d)
+        for i in rng.sample(range(len(chars)), max(1, len(chars) // 20)):
+            chars[i] = rng.choice(string.ascii_letters)
+        out.append("".join(chars))
+    return out
+
+
+def mbps(nbytes, seconds):
+    return nbytes / 1e6 / seconds
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-docs", type=int, default=2000)
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+    cfg = CleanConfig()
+    docs = corpus(args.base_docs, 0)
+    nbytes = sum(len(d.encode()) for d in docs)
+    print(f"corpus: {len(docs)} documents, {nbytes / 1e6:.2f} MB; {os.cpu_count()} cores")
+    lid = LanguageIdentifier()
+    steps = {
+        "normalize": lambda d: normalize.normalize(d, cfg.normalize),
+        "language": lid.identify,
+        "quality": lambda d: quality.quality_reason(d, cfg.quality, None),
+        "pii": lambda d: pii.deidentify(d, cfg.pii),
+        "exact_dedup (hash)": dedup.exact_key,
+    }
+    for name, fn in steps.items():
+        t = time.perf_counter()
+        for d in docs:
+            fn(d)
+        print(f"  {name:24s} {mbps(nbytes, time.perf_counter() - t):7.2f} MB/s (1 core)")
+    t = time.perf_counter()
+    sigs = dedup.signatures(docs, cfg.near_dedup)
+    print(f"  {'near_dedup (MinHash)':24s} {mbps(nbytes, time.perf_counter() - t):7.2f} MB/s (1 core)")
+    t = time.perf_counter()
+    index = dedup.NearDuplicateIndex(cfg.near_dedup)
+    for s in sigs:
+        index.check(s)
+    print(f"  {'near_dedup (LSH)':24s} {mbps(nbytes, time.perf_counter() - t):7.2f} MB/s (1 core)")
+
+    print("near dedup (signatures + LSH, 1 core) against corpus size:")
+    for k in (1, 2, 4):
+        big = [d for c in range(k) for d in corpus(args.base_docs, c)]
+        t = time.perf_counter()
+        index = dedup.NearDuplicateIndex(cfg.near_dedup)
+        dropped = sum(index.check(s) is not None for s in dedup.signatures(big, cfg.near_dedup))
+        sec = time.perf_counter() - t
+        print(f"  {k}x: {len(big)} documents, {sum(len(d.encode()) for d in big) / 1e6:.2f} MB, {sec:.2f} s "
+              f"({sec / k:.2f} s per 1x), {dropped} dropped")
+
+    tmp = tempfile.mkdtemp()
+    try:
+        path = os.path.join(tmp, "in.jsonl")
+        with open(path, "w", encoding="utf-8") as fh:
+            for d in docs:
+                fh.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+        t = time.perf_counter()
+        clean([path], os.path.join(tmp, "out"), cfg, workers=args.workers, progress=False)
+        sec = time.perf_counter() - t
+        print(f"end to end, all steps, {args.workers} workers: {sec:.2f} s, {mbps(nbytes, sec):.2f} MB/s "
+              f"(includes loading the models and forking)")
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
