@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import yaml
 
+from naohai import validate
 from naohai.errors import UserError, did_you_mean
 
 
@@ -272,22 +273,16 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
             raise UserError(f"must be a list, got {type(value).__name__}", where=where, key=key)
         return [_coerce(v, item_tp, where, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise UserError(f"must be true or false, got {value!r}", where=where, key=key)
+        return validate.boolean(value, where, key)
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise UserError(f"must be an integer, got {value!r}", where=where, key=key)
-        return int(value)
+        return validate.integer(value, where, key)
     if tp is float:
         if isinstance(value, str):
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UserError(f"must be a number, got {value!r}", where=where, key=key)
-        return float(value)
+        return validate.number(value, where, key)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise UserError(f"must be a string, got {value!r}", where=where, key=key)
@@ -352,7 +347,7 @@ def read_yaml(path: str, what: str = "file") -> Dict[str, Any]:
         raise UserError(f"{what} is a directory, expected a YAML file", where=path)
     try:
         with open(path, "r", encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = validate.load_yaml(fh)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
