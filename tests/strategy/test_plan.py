@@ -37,11 +37,13 @@ def _pangu200(recompute, sp, level):
 
 def test_param_bytes_per_device_pangu_200b_hand_calc():
     h, f, d, t = 16384, 65536, 16, 8
-    # per layer on one device: q,k,v,out (h x h) and up/down (h x 4h) split 8 ways -> 12 h^2 / 8 elements,
-    # all optimizer-sharded over 16 ranks; the biases and norms are under 64 KB per device -> whole.
+    # per layer on one device: q,k,v,out (h x h) and up/down (h x 4h) split 8 ways -> 12 h^2 / 8 elements.
     # naohai keeps float32 parameters (naohai.model.layers._param): 4 weight + 4 grad + 8 Adam m, v.
-    big = 12 * h * h // t
-    small = 3 * h // t + f // t + h + h + 4 * h     # qkv biases, up bias, out/down biases, 2 norms x (g, b)
+    # MindSpore shards over the 16 optimizer ranks every parameter of at least 64 KB ("parameters with
+    # size smaller than this threshold will not be sharded"): the h-sized out/down biases and the four
+    # norm vectors are exactly 16384 x 4 B = 64 KB -> sharded; the q/k/v biases (h/8) and up bias (f/8) whole.
+    big = 12 * h * h // t + 6 * h
+    small = 3 * h // t + f // t
     per_layer_bytes = big * (4 + 4 + 8 / d) + small * (4 + 4 + 8)
     plan = build_plan(P200, pangu200(), PROFILE)
     mid = plan.stages[1]
