@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from naohai.config import ModelConfig
 from naohai.model.flops import flops_per_token
@@ -150,25 +150,54 @@ def _sharding_table(placements: List[ParamPlacement], r: ResolvedStrategy) -> Li
     return out
 
 
-def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, model_name: str = "") -> Plan:
+class LayerCosts:
+    """Seconds one decoder layer adds to a stage's micro-batch, by recompute mode (shared with the search)."""
+
+    def __init__(self, cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile):
+        self.r = r
+        gmb = r.micro_batch_size * r.data                   # global micro-batch (sequences)
+        self.fwd = layer_forward_flops(cfg, gmb)
+        self.layer_fwd = sum(self.fwd.values())
+        self.head_fwd = 2.0 * gmb * cfg.seq_length * cfg.hidden_size * cfg.padded_vocab_size
+        self.flops_per_second = (r.devices_per_stage * profile.peak_tflops(cfg.compute_dtype) * 1e12
+                                 * profile.matmul_efficiency)
+        self.mp_link = profile.link_for(r.model_parallel)
+        # one micro-batch's hidden states per data-parallel rank
+        self.row_bytes = r.micro_batch_size * cfg.seq_length * cfg.hidden_size * dtype_bytes(cfg.compute_dtype)
+        self.allreduce_bytes = _ring("allreduce", r.model_parallel) * self.row_bytes
+
+    def flops(self, spec) -> float:
+        extra = 0.0
+        if spec.mode == "full":
+            extra = self.layer_fwd
+        elif spec.mode == "select":
+            extra = sum(self.fwd.get(op, 0.0) for op in spec.ops)
+        return 3 * self.layer_fwd + extra
+
+    def allreduces(self, spec) -> int:
+        """Model-parallel all-reduces of b*s*h: 2 forward + 2 backward, +2 when the comm is recomputed."""
+        return 4 + (2 if spec.mode == "full" and spec.comm else 0)
+
+    def seconds(self, spec) -> float:
+        return (self.flops(spec) / self.flops_per_second
+                + self.allreduces(spec) * self.allreduce_bytes / (self.mp_link.gbs * 1e9))
+
+
+def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, model_name: str = "",
+               placements: Optional[List[ParamPlacement]] = None, sharding_table: bool = True) -> Plan:
+    """The plan; ``placements`` (from :func:`place_params`) may be passed in to save recomputing them."""
     p, m, v, acc = r.stages, r.micro_batches, r.virtual_chunks, r.gradient_accumulation
     dp, mp = r.data, r.model_parallel
     per_stage_devices = r.devices_per_stage
-    placements = place_params(cfg, r)
+    placements = placements if placements is not None else place_params(cfg, r)
     states = stage_states(cfg, r, placements)
     acts = stage_activations(cfg, r)
     loss = loss_buffers(cfg, r)
     limit = (profile.memory_gb - profile.reserve_gb) * GB
-    peak = profile.peak_tflops(cfg.compute_dtype) * 1e12 * profile.matmul_efficiency
-    act_b = dtype_bytes(cfg.compute_dtype)
-    gmb = r.micro_batch_size * dp                      # global micro-batch (sequences)
-    s, h = cfg.seq_length, cfg.hidden_size
-    fwd = layer_forward_flops(cfg, gmb)
-    layer_fwd = sum(fwd.values())
-    head_fwd = 2.0 * gmb * s * h * cfg.padded_vocab_size
-    mp_link = profile.link_for(mp)
+    costs = LayerCosts(cfg, r, profile)
+    mp_link = costs.mp_link
     mp_bw = mp_link.gbs * 1e9
-    row_bytes = r.micro_batch_size * s * h * act_b      # one micro-batch's hidden states per dp rank
+    row_bytes = costs.row_bytes
     # the float32 logits gathered before the loss, and their gradient reduce-scattered back
     gather_bytes = 2 * _ring("allgather", mp) * loss.kept if loss.gathered else 0.0
 
@@ -176,25 +205,16 @@ def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, mo
     tp_bytes_stage: List[float] = []
     for k in range(p):
         layers = [i for i, st in enumerate(r.stage_of_layer) if st == k]
-        flops = 0.0
-        tp_ar = 0
-        for i in layers:
-            spec = r.recompute[i]
-            flops += 3 * layer_fwd
-            tp_ar += 4
-            if spec.mode == "full":
-                flops += layer_fwd
-                tp_ar += 2 if spec.comm else 0
-            elif spec.mode == "select":
-                flops += sum(fwd.get(op, 0.0) for op in spec.ops)
+        flops = sum(costs.flops(r.recompute[i]) for i in layers)
+        tp_ar = sum(costs.allreduces(r.recompute[i]) for i in layers)
         if k == p - 1:
-            flops += 3 * head_fwd
+            flops += 3 * costs.head_fwd
             tp_ar += 1 if r.vocab_parallel else 0
         if k == 0 and r.vocab_parallel:
             tp_ar += 1
-        tp_bytes = tp_ar * _ring("allreduce", mp) * row_bytes + (gather_bytes if k == p - 1 else 0.0)
+        tp_bytes = tp_ar * costs.allreduce_bytes + (gather_bytes if k == p - 1 else 0.0)
         tp_bytes_stage.append(tp_bytes)
-        mb_seconds = flops / (per_stage_devices * peak) + tp_bytes / mp_bw
+        mb_seconds = flops / costs.flops_per_second + tp_bytes / mp_bw
         st, ac = states[k], acts[k]
         total = st.total + ac.total
         loss_bytes = loss.kept * ac.in_flight + ac.loss_transient if k == p - 1 else 0.0
@@ -246,7 +266,8 @@ def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, mo
                      "float32 weights", dp_link.describe() if dp > 1 else ""),
             CommPlan("pipeline", p, pp_bytes, pp_seconds, "send/recv of b*s*h activations and their gradients",
                      pp_link.describe() if p > 1 else "")]
-    tokens = gmb * m * acc * s
+    gmb = r.micro_batch_size * dp                      # global micro-batch (sequences)
+    tokens = gmb * m * acc * cfg.seq_length
     mft = flops_per_token(cfg)
     mfu = mft * tokens / step / (r.device_num * profile.peak_tflops(cfg.compute_dtype) * 1e12)
     links = " < ".join(l.describe() for l in profile.links)
@@ -257,7 +278,7 @@ def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, mo
         comm=comm, bubble_fraction=bubble_fraction(p, m, v) if p > 1 else 0.0, step_seconds=step,
         tokens_per_second_per_device=tokens / step / r.device_num, model_flops_per_token=mft, mfu=mfu,
         fits=all(st.fits for st in stages), params_total=count_params(cfg),
-        param_sharding=_sharding_table(placements, r), warnings=list(r.warnings),
+        param_sharding=_sharding_table(placements, r) if sharding_table else [], warnings=list(r.warnings),
         assumptions=[profile.source, f"links {links}",
                      f"matmul efficiency {profile.matmul_efficiency:.0%}, data-parallel overlap "
                      f"{profile.dp_overlap:.0%}, reserve {profile.reserve_gb} GB"])

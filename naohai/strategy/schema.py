@@ -10,6 +10,8 @@ Format (every key optional except ``mesh``)::
     name: pangu-alpha-200b-2048p
     model: pangu-alpha-200b          # preset this layout targets (warned on mismatch)
     devices: 2048                    # if given, must equal the mesh product
+    global_batch: 2048               # sequences per step; used when no recipe gives one (a recipe
+    micro_batch_size: 1              #   that disagrees is an error); `plan --search --write` records both
     mesh: {data: 16, model: 8, pipeline: 16}
     sequence_parallel: false         # Megatron-style, on the model axis (needs model > 1)
     micro_batches: 32                # pipeline micro-batches per step (>= pipeline stages)
@@ -97,6 +99,8 @@ class Strategy:
     source: str = "strategy"
     model: Optional[str] = None
     devices: Optional[int] = None
+    global_batch: Optional[int] = None          # sequences per optimizer step
+    micro_batch_size: Optional[int] = None      # sequences per data-parallel rank per micro-batch
     sequence_parallel: bool = False
     micro_batches: int = 1
     pipeline: PipelineSpec = PipelineSpec()
@@ -132,7 +136,7 @@ DEFAULT_RULES: Dict[str, RuleValue] = {
     "batch": ("data",), "heads": ("model",), "kv_heads": ("model",), "mlp": ("model",),
 }
 
-TOP_KEYS = ("name", "model", "devices", "mesh", "sequence_parallel", "micro_batches", "pipeline",
+TOP_KEYS = ("name", "model", "devices", "global_batch", "micro_batch_size", "mesh", "sequence_parallel", "micro_batches", "pipeline",
             "optimizer_parallel", "embedding", "rules", "require_full_coverage", "layers", "ops", "comment")
 
 
@@ -344,6 +348,9 @@ def parse_strategy(raw: Dict[str, Any], where: str = "strategy") -> Strategy:
         source=where,
         model=model,
         devices=None if devices is None else ctx.integer(devices, "devices", 1, validate.MAX_DEVICES),
+        global_batch=None if raw.get("global_batch") is None else ctx.integer(raw["global_batch"], "global_batch"),
+        micro_batch_size=(None if raw.get("micro_batch_size") is None
+                          else ctx.integer(raw["micro_batch_size"], "micro_batch_size")),
         sequence_parallel=ctx.boolean(raw.get("sequence_parallel", False), "sequence_parallel"),
         micro_batches=ctx.integer(raw.get("micro_batches", 1), "micro_batches", 1, MAX_MICRO_BATCHES),
         pipeline=parse_pipeline(ctx, raw.get("pipeline")),
