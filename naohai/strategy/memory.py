@@ -7,8 +7,9 @@ plus a 4-byte float32 accumulation buffer per parameter when the step accumulate
 gradients over several micro-steps (``naohai.train.step.make_buffers``).
 Optimizer parallel over a group of ``g`` data-parallel ranks divides the optimizer
 state by g (level1), also the gradients (level2), also the weights (level3).  As in
-MindSpore, a parameter stays whole if its per-device weight is smaller than
-``threshold_kb`` or its first dimension does not split g ways.
+MindSpore, a parameter stays whole if the whole (unsliced) parameter is smaller than
+``threshold_kb`` or its slice's first dimension does not split g ways (checked
+against MindSpore's compile in tests/strategy/test_plan_vs_compile.py).
 
 A parameter's slice counts come from the op that consumes it (so escape-hatch
 tuples count), else from its logical axes and the layer's rules.  The embedding
@@ -175,7 +176,9 @@ def place_params(cfg: ModelConfig, r: ResolvedStrategy) -> List[ParamPlacement]:
         n = 1
         for d in local:
             n *= d
-        sharded = g > 1 and n * wb >= opt.threshold_kb * 1024 and bool(local) and local[0] % g == 0
+        # MindSpore compares the WHOLE parameter's size with the threshold (parallel_optimizer_threshold:
+        # "Parameter size = shape[0] * ... * shape[n] * size(dtype)"), and splits the slice's first dimension
+        sharded = g > 1 and p.size * wb >= opt.threshold_kb * 1024 and bool(local) and local[0] % g == 0
         out.append(ParamPlacement(p.name, p.shape, p.axes, sl, tuple(param_stages(p, r, cfg)), n, sharded))
     return out
 

@@ -39,22 +39,21 @@ def test_param_bytes_per_device_pangu_200b_hand_calc():
     h, f, d, t = 16384, 65536, 16, 8
     # per layer on one device: q,k,v,out (h x h) and up/down (h x 4h) split 8 ways -> 12 h^2 / 8 elements.
     # naohai keeps float32 parameters (naohai.model.layers._param): 4 weight + 4 grad + 8 Adam m, v.
-    # MindSpore shards over the 16 optimizer ranks every parameter of at least 64 KB ("parameters with
-    # size smaller than this threshold will not be sharded"): the h-sized out/down biases and the four
-    # norm vectors are exactly 16384 x 4 B = 64 KB -> sharded; the q/k/v biases (h/8) and up bias (f/8) whole.
-    big = 12 * h * h // t + 6 * h
-    small = 3 * h // t + f // t
-    per_layer_bytes = big * (4 + 4 + 8 / d) + small * (4 + 4 + 8)
+    # MindSpore shards over the 16 optimizer ranks every parameter whose WHOLE size is at least 64 KB
+    # ("Parameter size = shape[0] * ... * shape[n] * size(dtype)") and whose slice's first dim splits 16
+    # ways: every vector here has >= 16384 fp32 elements (64 KB) and a slice divisible by 16 -> all sharded.
+    big = 12 * h * h // t + 3 * h // t + f // t + h + h + 4 * h   # + qkv biases, up bias, out/down biases, norms
+    per_layer_bytes = big * (4 + 4 + 8 / d)
     plan = build_plan(P200, pangu200(), PROFILE)
     mid = plan.stages[1]
-    assert mid.params_per_device == 4 * (big + small)
+    assert mid.params_per_device == 4 * big
     assert mid.weight_bytes + mid.grad_bytes + mid.optimizer_bytes == pytest.approx(4 * per_layer_bytes, rel=1e-12)
     # stage 0 adds the vocab-parallel table (40000/8 rows: 5000 % 16 != 0 -> not optimizer-sharded)
     # and the learned position table (1024 x h, replicated over model, sharded over the 16 ranks)
     word = 40000 // t * h
     pos = 1024 * h
     s0 = plan.stages[0]
-    assert s0.params_per_device == 4 * (big + small) + word + pos
+    assert s0.params_per_device == 4 * big + word + pos
     want0 = 4 * per_layer_bytes + word * 16 + pos * (4 + 4 + 8 / d)
     assert s0.weight_bytes + s0.grad_bytes + s0.optimizer_bytes == pytest.approx(want0, rel=1e-12)
 
