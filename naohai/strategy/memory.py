@@ -7,7 +7,9 @@ plus a 4-byte float32 accumulation buffer per parameter when the step accumulate
 gradients over several micro-steps (``naohai.train.step.make_buffers``).
 Optimizer parallel over a group of ``g`` data-parallel ranks divides the optimizer
 state by g (level1), also the gradients (level2), also the weights (level3).  As in
-MindSpore, a parameter stays whole if the whole (unsliced) parameter is smaller than
+MindSpore, the group of a parameter (with shard_size -1) is every device of its stage
+holding the same slice, so a parameter the model axis does not split is divided over
+data x model ranks; it stays whole if the whole (unsliced) parameter is smaller than
 ``threshold_kb`` or its slice's first dimension does not split g ways (checked
 against MindSpore's compile in tests/strategy/test_plan_vs_compile.py).
 
@@ -150,7 +152,12 @@ class ParamPlacement:
     slices: Tuple[int, ...]
     stages: Tuple[int, ...]
     per_device: int                # elements per device (before optimizer sharding)
-    opt_sharded: bool              # split over the optimizer-parallel group
+    copies: int                    # devices of a stage holding this same slice (its gradient-reduction group)
+    opt_group: int                 # optimizer-parallel group it is split over (1 = whole)
+
+    @property
+    def opt_sharded(self) -> bool:
+        return self.opt_group > 1
 
 
 @dataclass(frozen=True)
@@ -165,10 +172,22 @@ class StateBytes:
         return self.weights + self.grads + self.optimizer
 
 
+def optimizer_group(r: ResolvedStrategy, copies: int) -> int:
+    """Ranks a parameter's optimizer state is split over, before the size and divisibility rules.
+
+    ``shard_size`` equal to the data-parallel size is MindSpore's -1 (``naohai.strategy.apply``
+    passes it so): every device holding the same slice, i.e. data x the model-axis replication for
+    a parameter the model axis does not split.  Otherwise the given size.
+    """
+    opt = r.optimizer_parallel
+    if not opt.enabled:
+        return 1
+    return copies if opt.shard_size == r.data else opt.shard_size
+
+
 def place_params(cfg: ModelConfig, r: ResolvedStrategy) -> List[ParamPlacement]:
     wb = state_bytes(cfg.compute_dtype)[0]
     opt = r.optimizer_parallel
-    g = opt.shard_size if opt.enabled else 1
     out = []
     for p in param_shapes(cfg):
         sl = param_slices(p, r)
@@ -176,10 +195,16 @@ def place_params(cfg: ModelConfig, r: ResolvedStrategy) -> List[ParamPlacement]:
         n = 1
         for d in local:
             n *= d
+        slices = 1
+        for k in sl:
+            slices *= k
+        copies = max(1, r.devices_per_stage // slices)
+        g = optimizer_group(r, copies)
         # MindSpore compares the WHOLE parameter's size with the threshold (parallel_optimizer_threshold:
         # "Parameter size = shape[0] * ... * shape[n] * size(dtype)"), and splits the slice's first dimension
         sharded = g > 1 and p.size * wb >= opt.threshold_kb * 1024 and bool(local) and local[0] % g == 0
-        out.append(ParamPlacement(p.name, p.shape, p.axes, sl, tuple(param_stages(p, r, cfg)), n, sharded))
+        out.append(ParamPlacement(p.name, p.shape, p.axes, sl, tuple(param_stages(p, r, cfg)), n, copies,
+                                  g if sharded else 1))
     return out
 
 
@@ -189,11 +214,10 @@ def stage_states(cfg: ModelConfig, r: ResolvedStrategy,
     wb, gb, ob = state_bytes(cfg.compute_dtype)
     gb += ACCUMULATION_BYTES if r.gradient_accumulation > 1 else 0
     opt = r.optimizer_parallel
-    g = opt.shard_size if opt.enabled else 1
     level = {"level1": 1, "level2": 2, "level3": 3}[opt.level]
     acc = [[0, 0.0, 0.0, 0.0] for _ in range(r.stages)]
     for pl in placements if placements is not None else place_params(cfg, r):
-        div = g if pl.opt_sharded else 1
+        div = pl.opt_group
         for k in pl.stages:
             a = acc[k]
             a[0] += pl.per_device

@@ -227,27 +227,24 @@ def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, mo
 
     slowest = max(st.micro_batch_seconds for st in stages)
     pipe_seconds = (m + (p - 1) / v) * slowest * acc
-    # data-parallel gradient sync (busiest stage), once per step; float32 gradients and weights
+    # data-parallel gradient sync (busiest stage), once per step; float32 gradients and weights.  A parameter's
+    # gradient is reduced over the devices holding its slice; an optimizer-sharded one is reduce-scattered
+    # over its group, all-reduced across the group's replicas, and its weights all-gathered back.
     opt = r.optimizer_parallel
     wb, gb, _ = state_bytes(cfg.compute_dtype)
-    g = opt.shard_size if opt.enabled else 1
-    dp_bytes = 0.0
-    sums = [[0, 0] for _ in range(p)]                  # per stage: [optimizer-sharded, whole] elements
+    vols = [0.0] * p
     for pl in placements:
-        for k in pl.stages:
-            sums[k][0 if pl.opt_sharded else 1] += pl.per_device
-    for k in range(p):
-        sharded, whole = sums[k]
-        vol = whole * gb * _ring("allreduce", dp)
+        e, n, g = pl.per_device, pl.copies, pl.opt_group
         if g > 1:
-            vol += sharded * gb * _ring("reducescatter", g)              # gradients to their owners
-            vol += sharded / g * gb * _ring("allreduce", dp // g)        # across the replicas of a shard
-            vol += sharded * wb * _ring("allgather", g)                  # updated weights back
+            vol = e * gb * _ring("reducescatter", g) + e / g * gb * _ring("allreduce", n // g)
+            vol += e * wb * _ring("allgather", g)
             if opt.level == "level3":
-                vol += 2 * m * acc * sharded * wb * _ring("allgather", g)  # re-gather fwd + bwd per micro-batch
+                vol += 2 * m * acc * e * wb * _ring("allgather", g)      # re-gather fwd + bwd per micro-batch
         else:
-            vol += sharded * gb * _ring("allreduce", dp)
-        dp_bytes = max(dp_bytes, vol)
+            vol = e * gb * _ring("allreduce", n)
+        for k in pl.stages:
+            vols[k] += vol
+    dp_bytes = max(vols)
     dp_link = profile.link_for(dp * mp)
     dp_seconds = dp_bytes / (dp_link.gbs * 1e9)
     pp_bytes = 0.0 if p == 1 else 2 * m * acc * v * row_bytes / (mp if r.sequence_parallel else 1)

@@ -39,11 +39,15 @@ def test_param_bytes_per_device_pangu_200b_hand_calc():
     h, f, d, t = 16384, 65536, 16, 8
     # per layer on one device: q,k,v,out (h x h) and up/down (h x 4h) split 8 ways -> 12 h^2 / 8 elements.
     # naohai keeps float32 parameters (naohai.model.layers._param): 4 weight + 4 grad + 8 Adam m, v.
-    # MindSpore shards over the 16 optimizer ranks every parameter whose WHOLE size is at least 64 KB
-    # ("Parameter size = shape[0] * ... * shape[n] * size(dtype)") and whose slice's first dim splits 16
-    # ways: every vector here has >= 16384 fp32 elements (64 KB) and a slice divisible by 16 -> all sharded.
-    big = 12 * h * h // t + 3 * h // t + f // t + h + h + 4 * h   # + qkv biases, up bias, out/down biases, norms
-    per_layer_bytes = big * (4 + 4 + 8 / d)
+    # MindSpore shards the optimizer state of every parameter whose WHOLE size is at least 64 KB
+    # ("Parameter size = shape[0] * ... * shape[n] * size(dtype)") over every device of the stage holding
+    # the same slice (shard_size -1; seen in the tiny compile: a model-replicated norm vector on data 2 x
+    # model 2 gets opt_shard_size 4): the 16 data ranks for a model-split parameter, 16 x 8 = 128 ranks
+    # for the model-replicated out/down biases and the four norm vectors (h = 16384 fp32 = 64 KB each).
+    split = 12 * h * h // t + 3 * h // t + f // t          # + q/k/v biases and the up bias, split 8 ways
+    repl = h + h + 4 * h
+    big = split + repl
+    per_layer_bytes = split * (4 + 4 + 8 / d) + repl * (4 + 4 + 8 / (d * t))
     plan = build_plan(P200, pangu200(), PROFILE)
     mid = plan.stages[1]
     assert mid.params_per_device == 4 * big
@@ -54,7 +58,7 @@ def test_param_bytes_per_device_pangu_200b_hand_calc():
     pos = 1024 * h
     s0 = plan.stages[0]
     assert s0.params_per_device == 4 * big + word + pos
-    want0 = 4 * per_layer_bytes + word * 16 + pos * (4 + 4 + 8 / d)
+    want0 = 4 * per_layer_bytes + word * 16 + pos * (4 + 4 + 8 / (d * t))   # position table: model-replicated
     assert s0.weight_bytes + s0.grad_bytes + s0.optimizer_bytes == pytest.approx(want0, rel=1e-12)
 
 
