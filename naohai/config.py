@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import yaml
 
+from naohai import validate
 from naohai.errors import UserError, did_you_mean
 
 
@@ -296,22 +297,16 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
             raise UserError(f"must be a list, got {type(value).__name__}", where=where, key=key)
         return [_coerce(v, item_tp, where, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise UserError(f"must be true or false, got {value!r}", where=where, key=key)
+        return validate.boolean(value, where, key)
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise UserError(f"must be an integer, got {value!r}", where=where, key=key)
-        return int(value)
+        return validate.integer(value, where, key)
     if tp is float:
         if isinstance(value, str):
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UserError(f"must be a number, got {value!r}", where=where, key=key)
-        return float(value)
+        return validate.number(value, where, key)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise UserError(f"must be a string, got {value!r}", where=where, key=key)
@@ -368,22 +363,6 @@ def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a mapping with the same key twice (YAML allows it, silently keeping the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, (str, int, float, bool)) or key is None:
-                continue  # unhashable keys are refused by SafeLoader itself
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def read_yaml(path: str, what: str = "file") -> Dict[str, Any]:
     """Read a YAML mapping, turning every failure into a UserError naming the file."""
     if not os.path.exists(path):
@@ -392,7 +371,7 @@ def read_yaml(path: str, what: str = "file") -> Dict[str, Any]:
         raise UserError(f"{what} is a directory, expected a YAML file", where=path)
     try:
         with open(path, "r", encoding="utf-8") as fh:
-            data = yaml.load(fh, Loader=_UniqueKeyLoader)
+            data = validate.load_yaml(fh)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -13,21 +13,25 @@ import os
 from typing import Optional, Tuple
 
 from naohai.errors import UserError
+from naohai.validate import MAX_DEVICES, cli_int
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="check a strategy file and print memory / time plan; search layouts")
     p.add_argument("targets", nargs="*", metavar="RECIPE_OR_STRATEGY",
                    help="RECIPE STRATEGY, or STRATEGY alone (uses its model: preset), or RECIPE with --search")
-    p.add_argument("--devices", type=int, help="device count (checked against the mesh; required for --search)")
+    p.add_argument("--devices", type=cli_int(1, MAX_DEVICES),
+                   help="device count (checked against the mesh; required for --search)")
     p.add_argument("--search", action="store_true", help="propose the fastest layouts that fit")
-    p.add_argument("--top", type=int, default=5, help="rows in the --search table")
+    p.add_argument("--top", type=cli_int(1, 1000), default=5, help="rows in the --search table")
     p.add_argument("--write", metavar="FILE", help="with --search: write the best layout as a strategy file")
     p.add_argument("--profile", default="ascend-910a-32g", help="ascend-910a-32g | ascend-910b-64g | a YAML file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.add_argument("--micro-batch-size", type=int, help="sequences per data-parallel rank per micro-batch "
+    p.add_argument("--micro-batch-size", type=cli_int(1), help="sequences per data-parallel rank per micro-batch "
                                                          "(default: recipe train.micro_batch_size, or 1 for a preset)")
-    p.add_argument("--global-batch", type=int, help="for --search with a preset (default: the device count)")
+    p.add_argument("--global-batch", type=cli_int(1), help="sequences per step (default: the recipe's, the "
+                                                             "strategy's, or for --search with a preset the "
+                                                             "device count x micro-batch size)")
     p.add_argument("--import-mindformers", metavar="FILE", help="turn a MindFormers YAML into a strategy file")
     p.add_argument("--out", metavar="FILE", help="with --import-mindformers: where to write the strategy")
     p.add_argument("--model", help="with --import-mindformers: preset name recorded in the strategy")
@@ -86,14 +90,20 @@ def _run_import(args) -> int:
 def _run_search(args, recipe, cfg, model_name) -> int:
     from naohai.strategy.profiles import load_profile
     from naohai.strategy.search import render_table, search, write_strategy
-    if not args.devices:
+    if args.devices is None:
         raise UserError("--search needs --devices N", where="command line", key="--devices", rule="devices given")
     profile = load_profile(args.profile)
-    mbs = args.micro_batch_size or (recipe.train.micro_batch_size if recipe else 1)
-    gb = args.global_batch or (recipe.train.global_batch_size if recipe else args.devices * mbs)
+    mbs = args.micro_batch_size if args.micro_batch_size is not None else (
+        recipe.train.micro_batch_size if recipe else 1)
+    gb = args.global_batch if args.global_batch is not None else (
+        recipe.train.global_batch_size if recipe else args.devices * mbs)
+    if gb % mbs:
+        raise UserError(f"global batch {gb} is not a multiple of the micro-batch size {mbs}", where="command line",
+                        key="--global-batch", rule="global_batch % micro_batch_size == 0")
     cands = search(cfg, args.devices, gb, mbs, profile, args.top, model_name)
     if args.json:
         print(json.dumps([{"strategy": c.raw, "step_seconds": c.plan.step_seconds, "mfu": c.plan.mfu,
+                           "tokens_per_second_per_device": c.plan.tokens_per_second_per_device,
                            "peak_bytes": c.peak_bytes} for c in cands], indent=1))
     else:
         print(f"search: {model_name} on {args.devices} devices, global batch {gb}, micro-batch size {mbs}, "
@@ -128,7 +138,7 @@ def run(args) -> int:
     if args.search:
         return _run_search(args, recipe, cfg, model_name)
     resolved = check_strategy(strategy, recipe if recipe is not None else cfg, args.devices,
-                              args.micro_batch_size)
+                              args.micro_batch_size, args.global_batch)
     plan = build_plan(cfg, resolved, load_profile(args.profile), model_name)
     print(plan.to_json() if args.json else render_text(plan))
     return 0

@@ -1,12 +1,17 @@
 """Per-device memory of a resolved strategy: model states and activations.
 
-Model states (bytes per parameter, before optimizer sharding):
-  float16/bfloat16 compute: 2 weight + 2 grad + 12 optimizer (fp32 master, Adam m, v) = 16
-  float32 compute:          4 weight + 4 grad +  8 optimizer (Adam m, v)               = 16
+Model states (bytes per parameter, before optimizer sharding): naohai's model keeps
+float32 parameters whatever the compute dtype (layers cast them to the compute
+dtype at each matmul), so: 4 weight + 4 gradient + 8 optimizer (Adam m, v) = 16,
+plus a 4-byte float32 accumulation buffer per parameter when the step accumulates
+gradients over several micro-steps (``naohai.train.step.make_buffers``).
 Optimizer parallel over a group of ``g`` data-parallel ranks divides the optimizer
 state by g (level1), also the gradients (level2), also the weights (level3).  As in
-MindSpore, a parameter stays whole if its per-device weight is smaller than
-``threshold_kb`` or its first dimension does not split g ways.
+MindSpore, the group of a parameter (with shard_size -1) is every device of its stage
+holding the same slice, so a parameter the model axis does not split is divided over
+data x model ranks; it stays whole if the whole (unsliced) parameter is smaller than
+``threshold_kb`` or its slice's first dimension does not split g ways (checked
+against MindSpore's compile in tests/strategy/test_plan_vs_compile.py).
 
 A parameter's slice counts come from the op that consumes it (so escape-hatch
 tuples count), else from its logical axes and the layer's rules.  The embedding
@@ -35,17 +40,31 @@ Recompute modes:
           (attention.scores, .scale, .mask, .softmax), because otherwise the
           input of the recomputed softmax must be kept and nothing is saved.
           Korthikanti's "selective recompute" sbh(10 + 24/t) is exactly that chain.
-  full    only the layer input: 2sbh (divided by t with slice_activation or
-          sequence parallel), the published 2sbh; plus, once per stage, the
-          working set of one layer being recomputed during its backward.
+  full    the layer input: 2sbh (divided by t with slice_activation or sequence
+          parallel), the published 2sbh; plus, once per stage, the working set of
+          one layer being recomputed during its backward.  Without ``comm: true``
+          (MindSpore's mp_comm_recompute) the model-parallel communication ops are
+          not recomputed, so their outputs are kept too: with t > 1 the two
+          all-reduces (after attention.out and mlp.down) 2 x 2sbh, or under
+          sequence parallel the two all-gathers 2 x 2sbh and the two
+          reduce-scatters 2 x 2sbh/t.
 Activation bytes are scaled by (bytes of compute dtype)/2.  Masks are counted
 as in the paper even when dropout is 0 (conservative).
 
 Micro-batches in flight on stage k of p, with m micro-batches: GPipe m;
 1F1B min(m, p - k); interleaved with v chunks (Megatron warm-up count)
-min(m, (2(p - k - 1) + (v - 1)p + 1) / v).  The last stage also keeps its
-fp32 logits 4sbV/t_vocab and the final norm's input and output (4sbh) per
-micro-batch in flight.
+min(m, (2(p - k - 1) + (v - 1)p + 1) / v).
+
+The last stage and the loss.  MindSpore 2.10's SoftmaxCrossEntropyWithLogits
+cannot split the class axis (see ``naohai.model.catalog``), so the head's logits,
+cast to float32 (4sbV/t_vocab per device), are all-gathered to the whole padded
+vocabulary V on every model-parallel rank.  Per micro-batch in flight the stage
+keeps the final norm's input and output (4sbh) and the loss gradient (the
+second output of the cross entropy, float32, 4sbV), kept from forward to
+backward; once, while the loss runs, it also holds the gathered logits (4sbV),
+the one-hot target (float32, 4sbV) and the logits slice (4sbV/t_vocab).  That
+transient and the full-recompute working set are never live together: the
+stage counts the larger of the two.
 """
 from __future__ import annotations
 
@@ -65,8 +84,13 @@ def dtype_bytes(compute_dtype: str) -> int:
 
 
 def state_bytes(compute_dtype: str) -> Tuple[int, int, int]:
-    """(weight, grad, optimizer) bytes per parameter."""
-    return (4, 4, 8) if compute_dtype == "float32" else (2, 2, 12)
+    """(weight, grad, optimizer) bytes per parameter: float32 parameters and Adam m, v in any compute dtype."""
+    del compute_dtype
+    return 4, 4, 8
+
+
+#: float32 gradient-accumulation buffer per parameter when a step accumulates micro-steps
+ACCUMULATION_BYTES = 4
 
 
 # --------------------------------------------------------------------------- parameters
@@ -128,7 +152,12 @@ class ParamPlacement:
     slices: Tuple[int, ...]
     stages: Tuple[int, ...]
     per_device: int                # elements per device (before optimizer sharding)
-    opt_sharded: bool              # split over the optimizer-parallel group
+    copies: int                    # devices of a stage holding this same slice (its gradient-reduction group)
+    opt_group: int                 # optimizer-parallel group it is split over (1 = whole)
+
+    @property
+    def opt_sharded(self) -> bool:
+        return self.opt_group > 1
 
 
 @dataclass(frozen=True)
@@ -143,10 +172,22 @@ class StateBytes:
         return self.weights + self.grads + self.optimizer
 
 
+def optimizer_group(r: ResolvedStrategy, copies: int) -> int:
+    """Ranks a parameter's optimizer state is split over, before the size and divisibility rules.
+
+    ``shard_size`` equal to the data-parallel size is MindSpore's -1 (``naohai.strategy.apply``
+    passes it so): every device holding the same slice, i.e. data x the model-axis replication for
+    a parameter the model axis does not split.  Otherwise the given size.
+    """
+    opt = r.optimizer_parallel
+    if not opt.enabled:
+        return 1
+    return copies if opt.shard_size == r.data else opt.shard_size
+
+
 def place_params(cfg: ModelConfig, r: ResolvedStrategy) -> List[ParamPlacement]:
     wb = state_bytes(cfg.compute_dtype)[0]
     opt = r.optimizer_parallel
-    g = opt.shard_size if opt.enabled else 1
     out = []
     for p in param_shapes(cfg):
         sl = param_slices(p, r)
@@ -154,8 +195,16 @@ def place_params(cfg: ModelConfig, r: ResolvedStrategy) -> List[ParamPlacement]:
         n = 1
         for d in local:
             n *= d
-        sharded = g > 1 and n * wb >= opt.threshold_kb * 1024 and bool(local) and local[0] % g == 0
-        out.append(ParamPlacement(p.name, p.shape, p.axes, sl, tuple(param_stages(p, r, cfg)), n, sharded))
+        slices = 1
+        for k in sl:
+            slices *= k
+        copies = max(1, r.devices_per_stage // slices)
+        g = optimizer_group(r, copies)
+        # MindSpore compares the WHOLE parameter's size with the threshold (parallel_optimizer_threshold:
+        # "Parameter size = shape[0] * ... * shape[n] * size(dtype)"), and splits the slice's first dimension
+        sharded = g > 1 and p.size * wb >= opt.threshold_kb * 1024 and bool(local) and local[0] % g == 0
+        out.append(ParamPlacement(p.name, p.shape, p.axes, sl, tuple(param_stages(p, r, cfg)), n, copies,
+                                  g if sharded else 1))
     return out
 
 
@@ -163,12 +212,12 @@ def stage_states(cfg: ModelConfig, r: ResolvedStrategy,
                  placements: Optional[Sequence[ParamPlacement]] = None) -> List[StateBytes]:
     """Model-state bytes per device on each stage."""
     wb, gb, ob = state_bytes(cfg.compute_dtype)
+    gb += ACCUMULATION_BYTES if r.gradient_accumulation > 1 else 0
     opt = r.optimizer_parallel
-    g = opt.shard_size if opt.enabled else 1
     level = {"level1": 1, "level2": 2, "level3": 3}[opt.level]
     acc = [[0, 0.0, 0.0, 0.0] for _ in range(r.stages)]
     for pl in placements if placements is not None else place_params(cfg, r):
-        div = g if pl.opt_sharded else 1
+        div = pl.opt_group
         for k in pl.stages:
             a = acc[k]
             a[0] += pl.per_device
@@ -227,7 +276,7 @@ def layer_activation_bytes(cfg: ModelConfig, r: ResolvedStrategy, i: int, spec: 
     mode = "none" if ignore_recompute else spec.mode
     if mode == "full":
         t_in = r.model_parallel if (spec.slice_activation or r.sequence_parallel) else 1
-        return scale * 2 * sbh / t_in
+        return scale * (2 * sbh / t_in + kept_comm_outputs(r, spec, sbh))
     selected = set(spec.ops) if mode == "select" else set()
     chain_done = all(op in selected for op in ATTENTION_CHAIN)
     total = 0.0
@@ -246,6 +295,16 @@ def layer_activation_bytes(cfg: ModelConfig, r: ResolvedStrategy, i: int, spec: 
     return scale * total
 
 
+def kept_comm_outputs(r: ResolvedStrategy, spec: RecomputeSpec, sbh: float) -> float:
+    """sbh-units (2-byte) of model-parallel communication outputs a fully recomputed layer keeps."""
+    t = r.model_parallel
+    if spec.mode != "full" or spec.comm or t == 1:
+        return 0.0
+    if r.sequence_parallel:
+        return 2 * 2 * sbh + 2 * 2 * sbh / t      # two all-gathers (whole rows), two reduce-scatters
+    return 2 * 2 * sbh                             # two all-reduces
+
+
 def in_flight(r: ResolvedStrategy, k: int) -> float:
     m, p, v = r.micro_batches, r.stages, r.virtual_chunks
     if r.scheduler == "gpipe":
@@ -256,11 +315,32 @@ def in_flight(r: ResolvedStrategy, k: int) -> float:
 
 
 @dataclass(frozen=True)
+class LossBuffers:
+    kept: float                  # per micro-batch in flight: the float32 loss gradient
+    transient: float             # once: gathered logits + one-hot target + the logits slice
+    gathered: bool               # the logits are all-gathered over the vocab slices
+
+
+def loss_buffers(cfg: ModelConfig, r: ResolvedStrategy) -> LossBuffers:
+    b = r.micro_batch_size * r.data / _slices_of(r.rules, "batch", r.mesh)
+    sbv = cfg.seq_length * b * cfg.padded_vocab_size
+    t_vocab = _slices_of(r.rules, "vocab", r.mesh)
+    gathered = t_vocab > 1
+    return LossBuffers(kept=4 * sbv, transient=4 * sbv + 4 * sbv / t_vocab + (4 * sbv if gathered else 0.0),
+                       gathered=gathered)
+
+
+@dataclass(frozen=True)
 class StageActivations:
-    per_micro_batch: float       # saved bytes of one micro-batch on this stage (layers + head)
+    per_micro_batch: float       # saved bytes of one micro-batch on this stage (layers + head + loss gradient)
     in_flight: float
     working_set: float           # one layer recomputed in backward (full recompute), once
+    loss_transient: float        # last stage: gathered logits + one-hot + logits slice, once
     total: float
+
+    @property
+    def peak_extra(self) -> float:
+        return max(self.working_set, self.loss_transient)
 
 
 def stage_activations(cfg: ModelConfig, r: ResolvedStrategy) -> List[StageActivations]:
@@ -268,17 +348,19 @@ def stage_activations(cfg: ModelConfig, r: ResolvedStrategy) -> List[StageActiva
     scale = dtype_bytes(cfg.compute_dtype) / 2
     b = r.micro_batch_size * r.data / _slices_of(r.rules, "batch", r.mesh)
     s, h = cfg.seq_length, cfg.hidden_size
-    t_vocab = _slices_of(r.rules, "vocab", r.mesh)
+    loss = loss_buffers(cfg, r)
     tensors = saved_tensors(cfg)
     for k in range(r.stages):
         layers = [i for i, st in enumerate(r.stage_of_layer) if st == k]
         per_mb = sum(layer_activation_bytes(cfg, r, i, tensors=tensors) for i in layers)
         working = max([layer_activation_bytes(cfg, r, i, ignore_recompute=True, tensors=tensors)
                        for i in layers if r.recompute[i].mode == "full"] or [0.0])
+        transient = 0.0
         if k == r.stages - 1:
-            per_mb += 4 * s * b * cfg.padded_vocab_size / t_vocab + scale * 4 * s * b * h
+            per_mb += loss.kept + scale * 4 * s * b * h
+            transient = loss.transient
         n = in_flight(r, k)
-        out.append(StageActivations(per_mb, n, working, per_mb * n + working))
+        out.append(StageActivations(per_mb, n, working, transient, per_mb * n + max(working, transient)))
     return out
 
 

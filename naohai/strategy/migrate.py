@@ -168,7 +168,8 @@ def import_mindformers(path: str, model: Optional[str] = None, swiglu: bool = Tr
                                  "level": level, "threshold_kb": int(opt_cfg.get("parallel_optimizer_threshold", 64))}
     out["embedding"] = {"vocab_parallel": not bool(pc.get("vocab_emb_dp", True))}
 
-    flags = {"comm": bool(rc.get("mp_comm_recompute", False)),
+    # MindSpore's Cell.recompute and MindFormers' recompute_config both default mp_comm_recompute to True
+    flags = {"comm": bool(rc.get("mp_comm_recompute", True)),
              "optimizer_comm": bool(rc.get("parallel_optimizer_comm_recompute", False)),
              "slice_activation": bool(rc.get("recompute_slice_activation", False))}
     out["layers"] = _recompute_layers(rc, flags, pp, split, swiglu, path, notes)

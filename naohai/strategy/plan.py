@@ -8,12 +8,20 @@ ready); ``render_text(plan)`` prints it.  Memory figures come from
   (forward + backward), +1 forward for fully recomputed layers, + the forward
   FLOPs of selected matmuls; the last stage adds the head (2*tokens*h*V x3).
   Time = FLOPs / (devices per stage * peak * matmul_efficiency), plus the
-  tensor-parallel all-reduces of that micro-batch (not overlapped).
+  tensor-parallel all-reduces of that micro-batch (not overlapped), plus on the
+  last stage the all-gather of the float32 logits to the whole vocabulary
+  before the loss and the reduce-scatter of their gradient (4sbV each way).
 * step = (m + p - 1) * slowest micro-batch (interleaved: (m + (p-1)/v) * ...),
   times gradient accumulation, + the exposed part of the data-parallel sync.
 * ring collectives: all-reduce moves 2(n-1)/n of the buffer per device;
-  reduce-scatter and all-gather (n-1)/n.  Groups that fit in one node use the
-  intra-node bandwidth, others the inter-node one.
+  reduce-scatter and all-gather (n-1)/n.
+* data-parallel traffic is float32: naohai keeps float32 parameters, so the
+  gradients reduced and the weights gathered are 4 bytes each.
+* topology: ranks are numbered model-innermost (rank = (stage * data + d) *
+  model + m), so a model-parallel group spans ``model`` consecutive devices, a
+  data-parallel group ``data * model`` and a pipeline hop ``2 * devices per
+  stage``; each group runs at the speed of the profile's smallest link group
+  that holds that span (:meth:`DeviceProfile.link_for`), and the plan names it.
 * model FLOPs per token from :mod:`naohai.model.flops` (PaLM appendix B, the
   same definition as the trainer's MFU); MFU = model FLOPs per second /
   (devices * peak).
@@ -23,13 +31,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from naohai.config import ModelConfig
 from naohai.model.flops import flops_per_token
 from naohai.model.params import count_params
-from naohai.strategy.memory import (ParamPlacement, dtype_bytes, layer_forward_flops,
-                                    place_params, stage_activations, stage_states)
+from naohai.strategy.memory import (ParamPlacement, dtype_bytes, layer_forward_flops, loss_buffers,
+                                    place_params, stage_activations, stage_states, state_bytes)
 from naohai.strategy.profiles import DeviceProfile
 from naohai.strategy.resolve import ResolvedStrategy
 
@@ -49,6 +57,7 @@ class StagePlan:
     activation_per_micro_batch: float
     micro_batches_in_flight: float
     recompute_working_set: float
+    loss_bytes: float                # last stage: loss gradient per micro-batch in flight + loss transient
     total_bytes: float
     limit_bytes: float
     fits: bool
@@ -62,6 +71,7 @@ class CommPlan:
     bytes_per_step: float            # per device, busiest stage
     seconds_per_step: float
     what: str
+    link: str = ""                   # the profile link this group is limited by
 
 
 @dataclass
@@ -116,8 +126,7 @@ def _ring(kind: str, n: int) -> float:
 
 
 def _bw(profile: DeviceProfile, span_devices: int) -> float:
-    gbs = profile.intra_node_gbs if span_devices <= profile.devices_per_node else profile.inter_node_gbs
-    return gbs * 1e9
+    return profile.link_for(span_devices).gbs * 1e9
 
 
 def _sharding_table(placements: List[ParamPlacement], r: ResolvedStrategy) -> List[Dict]:
@@ -141,92 +150,124 @@ def _sharding_table(placements: List[ParamPlacement], r: ResolvedStrategy) -> Li
     return out
 
 
-def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, model_name: str = "") -> Plan:
+class LayerCosts:
+    """Seconds one decoder layer adds to a stage's micro-batch, by recompute mode (shared with the search)."""
+
+    def __init__(self, cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile):
+        self.r = r
+        gmb = r.micro_batch_size * r.data                   # global micro-batch (sequences)
+        self.fwd = layer_forward_flops(cfg, gmb)
+        self.layer_fwd = sum(self.fwd.values())
+        self.head_fwd = 2.0 * gmb * cfg.seq_length * cfg.hidden_size * cfg.padded_vocab_size
+        self.flops_per_second = (r.devices_per_stage * profile.peak_tflops(cfg.compute_dtype) * 1e12
+                                 * profile.matmul_efficiency)
+        self.mp_link = profile.link_for(r.model_parallel)
+        # one micro-batch's hidden states per data-parallel rank
+        self.row_bytes = r.micro_batch_size * cfg.seq_length * cfg.hidden_size * dtype_bytes(cfg.compute_dtype)
+        self.allreduce_bytes = _ring("allreduce", r.model_parallel) * self.row_bytes
+
+    def flops(self, spec) -> float:
+        extra = 0.0
+        if spec.mode == "full":
+            extra = self.layer_fwd
+        elif spec.mode == "select":
+            extra = sum(self.fwd.get(op, 0.0) for op in spec.ops)
+        return 3 * self.layer_fwd + extra
+
+    def allreduces(self, spec) -> int:
+        """Model-parallel all-reduces of b*s*h: 2 forward + 2 backward, +2 when the comm is recomputed."""
+        return 4 + (2 if spec.mode == "full" and spec.comm else 0)
+
+    def seconds(self, spec) -> float:
+        return (self.flops(spec) / self.flops_per_second
+                + self.allreduces(spec) * self.allreduce_bytes / (self.mp_link.gbs * 1e9))
+
+
+def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, model_name: str = "",
+               placements: Optional[List[ParamPlacement]] = None, sharding_table: bool = True) -> Plan:
+    """The plan; ``placements`` (from :func:`place_params`) may be passed in to save recomputing them."""
     p, m, v, acc = r.stages, r.micro_batches, r.virtual_chunks, r.gradient_accumulation
     dp, mp = r.data, r.model_parallel
     per_stage_devices = r.devices_per_stage
-    placements = place_params(cfg, r)
+    placements = placements if placements is not None else place_params(cfg, r)
     states = stage_states(cfg, r, placements)
     acts = stage_activations(cfg, r)
+    loss = loss_buffers(cfg, r)
     limit = (profile.memory_gb - profile.reserve_gb) * GB
-    peak = profile.peak_tflops(cfg.compute_dtype) * 1e12 * profile.matmul_efficiency
-    act_b = dtype_bytes(cfg.compute_dtype)
-    gmb = r.micro_batch_size * dp                      # global micro-batch (sequences)
-    s, h = cfg.seq_length, cfg.hidden_size
-    fwd = layer_forward_flops(cfg, gmb)
-    layer_fwd = sum(fwd.values())
-    head_fwd = 2.0 * gmb * s * h * cfg.padded_vocab_size
-    mp_bw = _bw(profile, mp)
-    row_bytes = r.micro_batch_size * s * h * act_b      # one micro-batch's hidden states per dp rank
+    costs = LayerCosts(cfg, r, profile)
+    mp_link = costs.mp_link
+    mp_bw = mp_link.gbs * 1e9
+    row_bytes = costs.row_bytes
+    # the float32 logits gathered before the loss, and their gradient reduce-scattered back
+    gather_bytes = 2 * _ring("allgather", mp) * loss.kept if loss.gathered else 0.0
 
     stages: List[StagePlan] = []
     tp_bytes_stage: List[float] = []
     for k in range(p):
         layers = [i for i, st in enumerate(r.stage_of_layer) if st == k]
-        flops = 0.0
-        tp_ar = 0
-        for i in layers:
-            spec = r.recompute[i]
-            flops += 3 * layer_fwd
-            tp_ar += 4
-            if spec.mode == "full":
-                flops += layer_fwd
-                tp_ar += 2 if spec.comm else 0
-            elif spec.mode == "select":
-                flops += sum(fwd.get(op, 0.0) for op in spec.ops)
+        flops = sum(costs.flops(r.recompute[i]) for i in layers)
+        tp_ar = sum(costs.allreduces(r.recompute[i]) for i in layers)
         if k == p - 1:
-            flops += 3 * head_fwd
+            flops += 3 * costs.head_fwd
             tp_ar += 1 if r.vocab_parallel else 0
         if k == 0 and r.vocab_parallel:
             tp_ar += 1
-        tp_bytes = tp_ar * _ring("allreduce", mp) * row_bytes
+        tp_bytes = tp_ar * costs.allreduce_bytes + (gather_bytes if k == p - 1 else 0.0)
         tp_bytes_stage.append(tp_bytes)
-        mb_seconds = flops / (per_stage_devices * peak) + tp_bytes / mp_bw
+        mb_seconds = flops / costs.flops_per_second + tp_bytes / mp_bw
         st, ac = states[k], acts[k]
         total = st.total + ac.total
+        loss_bytes = loss.kept * ac.in_flight + ac.loss_transient if k == p - 1 else 0.0
         stages.append(StagePlan(
             stage=k, layers=_ranges(layers), num_layers=len(layers), params_per_device=st.params,
             weight_bytes=st.weights, grad_bytes=st.grads, optimizer_bytes=st.optimizer,
             activation_bytes=ac.total, activation_per_micro_batch=ac.per_micro_batch,
-            micro_batches_in_flight=ac.in_flight, recompute_working_set=ac.working_set, total_bytes=total,
-            limit_bytes=limit, fits=total <= limit, micro_batch_seconds=mb_seconds))
+            micro_batches_in_flight=ac.in_flight, recompute_working_set=ac.working_set, loss_bytes=loss_bytes,
+            total_bytes=total, limit_bytes=limit, fits=total <= limit, micro_batch_seconds=mb_seconds))
 
     slowest = max(st.micro_batch_seconds for st in stages)
     pipe_seconds = (m + (p - 1) / v) * slowest * acc
-    # data-parallel gradient sync (busiest stage), once per step
+    # data-parallel gradient sync (busiest stage), once per step; float32 gradients and weights.  A parameter's
+    # gradient is reduced over the devices holding its slice; an optimizer-sharded one is reduce-scattered
+    # over its group, all-reduced across the group's replicas, and its weights all-gathered back.
     opt = r.optimizer_parallel
-    wb, gb = (4, 4) if cfg.compute_dtype == "float32" else (2, 2)
-    g = opt.shard_size if opt.enabled else 1
-    dp_bytes = 0.0
-    sums = [[0, 0] for _ in range(p)]                  # per stage: [optimizer-sharded, whole] elements
+    wb, gb, _ = state_bytes(cfg.compute_dtype)
+    vols = [0.0] * p
     for pl in placements:
-        for k in pl.stages:
-            sums[k][0 if pl.opt_sharded else 1] += pl.per_device
-    for k in range(p):
-        sharded, whole = sums[k]
-        vol = whole * gb * _ring("allreduce", dp)
+        e, n, g = pl.per_device, pl.copies, pl.opt_group
         if g > 1:
-            vol += sharded * gb * _ring("reducescatter", g)              # gradients to their owners
-            vol += sharded / g * gb * _ring("allreduce", dp // g)        # across the replicas of a shard
-            vol += sharded * wb * _ring("allgather", g)                  # updated weights back
+            vol = e * gb * _ring("reducescatter", g) + e / g * gb * _ring("allreduce", n // g)
+            vol += e * wb * _ring("allgather", g)
             if opt.level == "level3":
-                vol += 2 * m * acc * sharded * wb * _ring("allgather", g)  # re-gather fwd + bwd per micro-batch
+                vol += 2 * m * acc * e * wb * _ring("allgather", g)      # re-gather fwd + bwd per micro-batch
         else:
-            vol += sharded * gb * _ring("allreduce", dp)
-        dp_bytes = max(dp_bytes, vol)
-    dp_seconds = dp_bytes / _bw(profile, dp * mp)
+            vol = e * gb * _ring("allreduce", n)
+        for k in pl.stages:
+            vols[k] += vol
+    dp_bytes = max(vols)
+    dp_link = profile.link_for(dp * mp)
+    dp_seconds = dp_bytes / (dp_link.gbs * 1e9)
     pp_bytes = 0.0 if p == 1 else 2 * m * acc * v * row_bytes / (mp if r.sequence_parallel else 1)
-    pp_seconds = pp_bytes / _bw(profile, per_stage_devices * 2)
+    pp_link = profile.link_for(per_stage_devices * 2)
+    pp_seconds = pp_bytes / (pp_link.gbs * 1e9)
     step = pipe_seconds + (1 - profile.dp_overlap) * dp_seconds + pp_seconds
-    comm = [CommPlan("model", mp, max(tp_bytes_stage) * m * acc, max(tp_bytes_stage) * m * acc / mp_bw,
+    tp_step = max(tp_bytes_stage) * m * acc
+    comm = [CommPlan("model", mp, tp_step, tp_step / mp_bw,
                      "tensor-parallel all-reduce of b*s*h per layer: 2 forward + 2 backward (+2 with comm "
-                     "recompute), + vocab-parallel embedding/head"),
+                     "recompute), + vocab-parallel embedding/head"
+                     + ("; last stage: all-gather of the float32 logits to the whole vocabulary for the loss "
+                        "and reduce-scatter of their gradient" if loss.gathered else ""),
+                     mp_link.describe() if mp > 1 else ""),
             CommPlan("data", dp, dp_bytes, dp_seconds,
-                     "gradient all-reduce; with optimizer parallel reduce-scatter + all-gather of weights"),
-            CommPlan("pipeline", p, pp_bytes, pp_seconds, "send/recv of b*s*h activations and their gradients")]
-    tokens = gmb * m * acc * s
+                     "float32 gradient all-reduce; with optimizer parallel reduce-scatter + all-gather of the "
+                     "float32 weights", dp_link.describe() if dp > 1 else ""),
+            CommPlan("pipeline", p, pp_bytes, pp_seconds, "send/recv of b*s*h activations and their gradients",
+                     pp_link.describe() if p > 1 else "")]
+    gmb = r.micro_batch_size * dp                      # global micro-batch (sequences)
+    tokens = gmb * m * acc * cfg.seq_length
     mft = flops_per_token(cfg)
     mfu = mft * tokens / step / (r.device_num * profile.peak_tflops(cfg.compute_dtype) * 1e12)
+    links = " < ".join(l.describe() for l in profile.links)
     return Plan(
         strategy=r.name, source=r.source, model=model_name, devices=r.device_num, mesh=dict(r.mesh),
         micro_batches=m, micro_batch_size=r.micro_batch_size, gradient_accumulation=acc,
@@ -234,9 +275,10 @@ def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, mo
         comm=comm, bubble_fraction=bubble_fraction(p, m, v) if p > 1 else 0.0, step_seconds=step,
         tokens_per_second_per_device=tokens / step / r.device_num, model_flops_per_token=mft, mfu=mfu,
         fits=all(st.fits for st in stages), params_total=count_params(cfg),
-        param_sharding=_sharding_table(placements, r), warnings=list(r.warnings),
-        assumptions=[profile.source, f"matmul efficiency {profile.matmul_efficiency:.0%}, data-parallel overlap "
-                                     f"{profile.dp_overlap:.0%}, reserve {profile.reserve_gb} GB"])
+        param_sharding=_sharding_table(placements, r) if sharding_table else [], warnings=list(r.warnings),
+        assumptions=[profile.source, f"links {links}",
+                     f"matmul efficiency {profile.matmul_efficiency:.0%}, data-parallel overlap "
+                     f"{profile.dp_overlap:.0%}, reserve {profile.reserve_gb} GB"])
 
 
 # --------------------------------------------------------------------------- text
@@ -261,19 +303,19 @@ def render_text(plan: Plan, sharding_rows: int = 40) -> str:
              f"{plan.global_batch} sequences/step; scheduler {plan.scheduler}"
              + (f" ({plan.virtual_chunks} chunks)" if plan.virtual_chunks > 1 else ""))
     L.append("")
-    L.append("stage  layers     n  params/dev  weights  grads  optim  activ (per-mb x in-flight)  total GB  "
+    L.append("stage  layers     n  params/dev  weights  grads  optim  activ (per-mb x in-flight)  loss  total GB  "
              "limit  verdict")
     for st in plan.stages:
         act = f"{_gb(st.activation_bytes)} ({_gb(st.activation_per_micro_batch)} x {st.micro_batches_in_flight:g})"
         L.append(f"{st.stage:>5}  {st.layers:<9} {st.num_layers:>2}  {_count(st.params_per_device):>10}  "
                  f"{_gb(st.weight_bytes):>7}  {_gb(st.grad_bytes):>5}  {_gb(st.optimizer_bytes):>5}  "
-                 f"{act:<27}  {_gb(st.total_bytes):>8}  {_gb(st.limit_bytes):>5}  "
+                 f"{act:<27}  {_gb(st.loss_bytes):>4}  {_gb(st.total_bytes):>8}  {_gb(st.limit_bytes):>5}  "
                  f"{'FITS' if st.fits else 'DOES NOT FIT'}")
     L.append("")
     L.append(f"pipeline bubble: {plan.bubble_fraction:.1%}")
     for c in plan.comm:
         L.append(f"comm {c.axis:<8} group {c.group_size:>4}: {c.bytes_per_step / GB:9.2f} GB/step/device, "
-                 f"{c.seconds_per_step:8.3g} s  ({c.what})")
+                 f"{c.seconds_per_step:8.3g} s" + (f" over {c.link}" if c.link else "") + f"  ({c.what})")
     L.append(f"predicted step: {plan.step_seconds:.4g} s, {plan.tokens_per_second_per_device:.0f} tokens/s/device, "
              f"MFU {plan.mfu:.1%} (model FLOPs/token {plan.model_flops_per_token:.3g})")
     L.append(f"verdict: {'FITS' if plan.fits else 'DOES NOT FIT'} on every stage" if plan.fits else

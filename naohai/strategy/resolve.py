@@ -338,14 +338,32 @@ def resolve(strategy: Strategy, model_cfg: ModelConfig, micro_batch_size: int = 
 
 
 def check_strategy(strategy: Strategy, recipe_or_model_cfg: Union[Recipe, ModelConfig], devices: Optional[int] = None,
-                   micro_batch_size: Optional[int] = None) -> ResolvedStrategy:
-    """Every semantic rule, then resolution.  With a Recipe the batch rules use its train section."""
+                   micro_batch_size: Optional[int] = None, global_batch: Optional[int] = None) -> ResolvedStrategy:
+    """Every semantic rule, then resolution.
+
+    The batch: ``micro_batch_size`` / ``global_batch`` (command-line flags) win; else the recipe's
+    train section and the strategy's own ``micro_batch_size`` / ``global_batch`` keys, which must
+    agree when both are given; else micro-batch size 1 and no global-batch rule.
+    """
+    s = strategy
     if isinstance(recipe_or_model_cfg, Recipe):
         r = recipe_or_model_cfg
+        where = r.source or r.name
+        for key, mine, theirs in (("micro_batch_size", s.micro_batch_size, r.train.micro_batch_size),
+                                  ("global_batch", s.global_batch, r.train.global_batch_size)):
+            flag = micro_batch_size if key == "micro_batch_size" else global_batch
+            if flag is None and mine is not None and mine != theirs:
+                _fail(s, key, f"the strategy says {mine}, the recipe {where} says train."
+                              f"{'global_batch_size' if key == 'global_batch' else key} {theirs}",
+                      "strategy and recipe agree on the batch")
         mbs = micro_batch_size or r.train.micro_batch_size
-        return _resolve(strategy, r.model, mbs, devices, r.train.global_batch_size,
-                        f"train.global_batch_size in {r.source or r.name}")
-    return _resolve(strategy, recipe_or_model_cfg, micro_batch_size or 1, devices, None, "")
+        gb = global_batch or r.train.global_batch_size
+        gb_where = "--global-batch" if global_batch else f"train.global_batch_size in {where}"
+        return _resolve(s, r.model, mbs, devices, gb, gb_where)
+    mbs = micro_batch_size or s.micro_batch_size or 1
+    gb = global_batch or s.global_batch
+    gb_where = "--global-batch" if global_batch else f"global_batch in {s.source}"
+    return _resolve(s, recipe_or_model_cfg, mbs, devices, gb, gb_where)
 
 
 def default_strategy(model_cfg: ModelConfig, micro_batch_size: int = 1) -> ResolvedStrategy:

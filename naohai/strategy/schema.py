@@ -10,6 +10,8 @@ Format (every key optional except ``mesh``)::
     name: pangu-alpha-200b-2048p
     model: pangu-alpha-200b          # preset this layout targets (warned on mismatch)
     devices: 2048                    # if given, must equal the mesh product
+    global_batch: 2048               # sequences per step; used when no recipe gives one (a recipe
+    micro_batch_size: 1              #   that disagrees is an error); `plan --search --write` records both
     mesh: {data: 16, model: 8, pipeline: 16}
     sequence_parallel: false         # Megatron-style, on the model axis (needs model > 1)
     micro_batches: 32                # pipeline micro-batches per step (>= pipeline stages)
@@ -39,6 +41,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple, Union
 
+from naohai import validate
 from naohai.config import read_yaml
 from naohai.errors import UserError, did_you_mean
 from naohai.model.catalog import LOGICAL_AXES
@@ -47,6 +50,7 @@ MESH_AXES = ("data", "model", "pipeline")
 SCHEDULERS = ("1f1b", "gpipe", "interleaved")
 OPT_LEVELS = ("level1", "level2", "level3")
 RECOMPUTE_MODES = ("none", "full", "select")
+MAX_MICRO_BATCHES = 1_000_000
 
 RuleValue = Optional[Tuple[str, ...]]          # None = replicate; tuple of mesh axes
 OpTuple = Tuple[Tuple[int, ...], ...]
@@ -95,6 +99,8 @@ class Strategy:
     source: str = "strategy"
     model: Optional[str] = None
     devices: Optional[int] = None
+    global_batch: Optional[int] = None          # sequences per optimizer step
+    micro_batch_size: Optional[int] = None      # sequences per data-parallel rank per micro-batch
     sequence_parallel: bool = False
     micro_batches: int = 1
     pipeline: PipelineSpec = PipelineSpec()
@@ -130,13 +136,13 @@ DEFAULT_RULES: Dict[str, RuleValue] = {
     "batch": ("data",), "heads": ("model",), "kv_heads": ("model",), "mlp": ("model",),
 }
 
-TOP_KEYS = ("name", "model", "devices", "mesh", "sequence_parallel", "micro_batches", "pipeline",
+TOP_KEYS = ("name", "model", "devices", "global_batch", "micro_batch_size", "mesh", "sequence_parallel", "micro_batches", "pipeline",
             "optimizer_parallel", "embedding", "rules", "require_full_coverage", "layers", "ops", "comment")
 
 
 # --------------------------------------------------------------------------- helpers
 class _Ctx:
-    """Carries the file name so every error names it."""
+    """Carries the file name so every error names it; the checks are :mod:`naohai.validate`'s."""
 
     def __init__(self, where: str):
         self.where = where
@@ -145,36 +151,19 @@ class _Ctx:
         raise UserError(msg, where=self.where, key=key, rule=rule)
 
     def mapping(self, value: Any, key: str) -> Dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.fail(key, f"must be a mapping, got {type(value).__name__}", "type")
-        return value
+        return validate.mapping(value, self.where, key)
 
     def known(self, data: Dict[str, Any], allowed, prefix: str) -> None:
-        for k in data:
-            if k not in allowed:
-                path = f"{prefix}.{k}" if prefix else str(k)
-                self.fail(path, f"unknown key '{k}'.{did_you_mean(str(k), allowed)} Known keys: "
-                                f"{', '.join(allowed)}.", "known keys")
+        validate.known_keys(data, allowed, self.where, prefix)
 
-    def integer(self, value: Any, key: str, minimum: Optional[int] = 1) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            self.fail(key, f"must be an integer, got {value!r}", "type")
-        if minimum is not None and value < minimum:
-            self.fail(key, f"must be >= {minimum}, got {value}", f"{key.split('.')[-1]} >= {minimum}")
-        return int(value)
+    def integer(self, value: Any, key: str, minimum: Optional[int] = 1, maximum: int = validate.INT_MAX) -> int:
+        return validate.integer(value, self.where, key, minimum, maximum)
 
     def boolean(self, value: Any, key: str) -> bool:
-        if not isinstance(value, bool):
-            self.fail(key, f"must be true or false, got {value!r}", "type")
-        return value
+        return validate.boolean(value, self.where, key)
 
     def choice(self, value: Any, allowed, key: str) -> str:
-        if not isinstance(value, str) or value not in allowed:
-            self.fail(key, f"'{value}' is not one of {', '.join(allowed)}.{did_you_mean(str(value), allowed)}",
-                      "allowed values")
-        return value
+        return validate.choice(value, allowed, self.where, key)
 
 
 def _q(text: str) -> str:
@@ -213,7 +202,7 @@ def parse_op_tuple(ctx: _Ctx, raw: Any, path: str) -> OpTuple:
         if not isinstance(item, list):
             ctx.fail(f"{path}[{i}]", f"must be a list of slice counts (one per dimension), got {item!r}",
                      "op strategy form")
-        out.append(tuple(ctx.integer(v, f"{path}[{i}][{j}]", 1) for j, v in enumerate(item)))
+        out.append(tuple(ctx.integer(v, f"{path}[{i}][{j}]", 1, validate.MAX_DEVICES) for j, v in enumerate(item)))
     return tuple(out)
 
 
@@ -281,9 +270,7 @@ def parse_layers(ctx: _Ctx, raw: Any, mesh: Dict[str, int]) -> Tuple[LayerEntry,
 def _cost(ctx: _Ctx, value: Any, path: str) -> Optional[float]:
     if value is None or value == "auto":
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        ctx.fail(path, f"must be 'auto' or a number >= 0 (layer-equivalents), got {value!r}", "type")
-    return float(value)
+    return validate.number(value, ctx.where, path, minimum=0, maximum=1e6)
 
 
 def parse_pipeline(ctx: _Ctx, raw: Any) -> PipelineSpec:
@@ -291,7 +278,7 @@ def parse_pipeline(ctx: _Ctx, raw: Any) -> PipelineSpec:
     ctx.known(data, ("scheduler", "virtual_chunks", "layers_per_stage", "embedding_cost", "head_cost"), "pipeline")
     scheduler = ctx.choice(data.get("scheduler", "1f1b"), SCHEDULERS, "pipeline.scheduler")
     chunks = ctx.integer(data.get("virtual_chunks", 2 if scheduler == "interleaved" else 1),
-                         "pipeline.virtual_chunks", 1)
+                         "pipeline.virtual_chunks", 1, 1024)
     if scheduler == "interleaved" and chunks < 2:
         ctx.fail("pipeline.virtual_chunks", f"interleaved scheduling needs virtual_chunks >= 2, got {chunks}",
                  "interleaved needs virtual_chunks >= 2")
@@ -332,7 +319,11 @@ def parse_mesh(ctx: _Ctx, raw: Any) -> Dict[str, int]:
     ctx.known(data, MESH_AXES, "mesh")
     mesh = {axis: 1 for axis in MESH_AXES}
     for axis, size in data.items():
-        mesh[axis] = ctx.integer(size, f"mesh.{axis}", 1)
+        mesh[axis] = ctx.integer(size, f"mesh.{axis}", 1, validate.MAX_DEVICES)
+    total = mesh["data"] * mesh["model"] * mesh["pipeline"]
+    if total > validate.MAX_DEVICES:
+        ctx.fail("mesh", f"data x model x pipeline = {total:,} devices, more than {validate.MAX_DEVICES:,}",
+                 f"devices <= {validate.MAX_DEVICES}")
     return mesh
 
 
@@ -356,9 +347,12 @@ def parse_strategy(raw: Dict[str, Any], where: str = "strategy") -> Strategy:
         name=str(raw.get("name", "strategy")),
         source=where,
         model=model,
-        devices=None if devices is None else ctx.integer(devices, "devices", 1),
+        devices=None if devices is None else ctx.integer(devices, "devices", 1, validate.MAX_DEVICES),
+        global_batch=None if raw.get("global_batch") is None else ctx.integer(raw["global_batch"], "global_batch"),
+        micro_batch_size=(None if raw.get("micro_batch_size") is None
+                          else ctx.integer(raw["micro_batch_size"], "micro_batch_size")),
         sequence_parallel=ctx.boolean(raw.get("sequence_parallel", False), "sequence_parallel"),
-        micro_batches=ctx.integer(raw.get("micro_batches", 1), "micro_batches", 1),
+        micro_batches=ctx.integer(raw.get("micro_batches", 1), "micro_batches", 1, MAX_MICRO_BATCHES),
         pipeline=parse_pipeline(ctx, raw.get("pipeline")),
         optimizer_parallel=parse_optimizer(ctx, raw.get("optimizer_parallel")),
         vocab_parallel=ctx.boolean(emb.get("vocab_parallel", True), "embedding.vocab_parallel"),

@@ -82,3 +82,13 @@ def test_select_true_and_full_bool(tmp_path):
     assert out["layers"]["all"]["recompute"]["select"] == ["attention.scores", "attention.scale", "attention.mask",
                                               "attention.softmax"]
     assert out["embedding"]["vocab_parallel"] is False and out["optimizer_parallel"]["enabled"] is False
+
+
+def test_missing_mp_comm_recompute_takes_mindspores_default_true(tmp_path):
+    # MindSpore's Cell.recompute(mp_comm_recompute=True) and MindFormers' recompute_config default it to True
+    raw = yaml.safe_load(open(FIXTURE, encoding="utf-8"))
+    del raw["recompute_config"]["mp_comm_recompute"]
+    path = tmp_path / "mf.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out, _ = import_mindformers(str(path), model="pengcheng-mind-7b")
+    assert out["layers"]["0-0"]["recompute"]["comm"] is True

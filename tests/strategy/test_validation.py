@@ -30,7 +30,7 @@ def recipe_with(gb, mbs):
 @pytest.mark.parametrize("raw,key,rule", [
     ({"mesh": {"data": 2}, "micro_batchs": 2}, "micro_batchs", "known keys"),
     ({"mesh": {"data": 2, "modle": 2}}, "mesh.modle", "known keys"),
-    ({"mesh": {"data": 0}}, "mesh.data", "data >= 1"),
+    ({"mesh": {"data": 0}}, "mesh.data", "1 <= data <= 1000000"),
     ({}, "mesh", "mesh required"),
     ({"mesh": {"data": 2}, "rules": {"heds": "model"}}, "rules.heds", "logical axis exists"),
     ({"mesh": {"data": 2}, "rules": {"heads": "modle"}}, "rules.heads", "mesh axis exists"),

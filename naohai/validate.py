@@ -1,0 +1,181 @@
+"""One checker for every number, flag and key a user writes.
+
+Recipes, strategy files, device profiles and command-line numbers all go through
+these functions, so the same mistake gets the same answer everywhere: a
+:class:`naohai.errors.UserError` naming the file (``where``), the key path and
+the rule, which the CLI prints as one paragraph with exit code 2.
+
+* YAML is read with :func:`load_yaml`, which refuses duplicate keys (plain
+  PyYAML keeps the last one and silently drops the first).
+* :func:`integer` and :func:`number` refuse booleans, strings, ``.nan`` and
+  ``.inf``, fractions where an integer is meant, and values outside the range
+  (every integer has an upper bound, so ``1e21`` devices is an error, not a plan).
+* :func:`cli_int` / :func:`cli_number` make argparse ``type=`` converters with
+  the same rules for flags.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, Dict, Iterable, Optional
+
+import yaml
+
+from naohai.errors import UserError, did_you_mean
+
+#: default upper bound of an integer setting (MindSpore's int32 attributes)
+INT_MAX = 2 ** 31 - 1
+#: upper bound of device counts and mesh axis sizes
+MAX_DEVICES = 1_000_000
+
+
+# --------------------------------------------------------------------------- YAML
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Dict:
+    loader.flatten_mapping(node)
+    seen: Dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(None, None, f"unhashable key {key!r}",
+                                                    key_node.start_mark) from None
+        if key in seen:
+            first = seen[key]
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first written at line {first.line + 1}); "
+                            f"YAML would silently keep only the last one", key_node.start_mark)
+        seen[key] = key_node.start_mark
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(stream) -> Any:
+    """``yaml.safe_load`` that raises ``yaml.YAMLError`` on duplicate keys."""
+    return yaml.load(stream, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+# --------------------------------------------------------------------------- values
+def _fail(where: Optional[str], key: str, msg: str, rule: str) -> None:
+    raise UserError(msg, where=where, key=key, rule=rule)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return ".nan"
+    if isinstance(value, float) and math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    return repr(value)
+
+
+def integer(value: Any, where: Optional[str], key: str, minimum: Optional[int] = None,
+            maximum: int = INT_MAX) -> int:
+    """A whole number in [minimum, maximum]; 8.0 is accepted as 8, 8.5, .inf, true and '8' are not."""
+    rng = f"an integer in [{minimum if minimum is not None else '-inf'}, {maximum}]"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(where, key, f"must be {rng}, got {_describe(value)}", "type: integer")
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(where, key, f"must be {rng}, got {_describe(value)}", "finite integer")
+    if int(value) != value:
+        _fail(where, key, f"must be {rng}, got {value!r} (not whole)", "type: integer")
+    n = int(value)
+    if (minimum is not None and n < minimum) or n > maximum:
+        _fail(where, key, f"must be {rng}, got {n:g}" if abs(n) > 1e12 else f"must be {rng}, got {n}",
+              f"{minimum if minimum is not None else ''} <= {key.split('.')[-1]} <= {maximum}")
+    return n
+
+
+def number(value: Any, where: Optional[str], key: str, minimum: Optional[float] = None,
+           maximum: Optional[float] = None, above: Optional[float] = None, below: Optional[float] = None) -> float:
+    """A finite number; ``minimum``/``maximum`` are inclusive bounds, ``above``/``below`` exclusive."""
+    parts = []
+    if minimum is not None:
+        parts.append(f">= {minimum:g}")
+    if above is not None:
+        parts.append(f"> {above:g}")
+    if maximum is not None:
+        parts.append(f"<= {maximum:g}")
+    if below is not None:
+        parts.append(f"< {below:g}")
+    rng = "a finite number" + (" " + " and ".join(parts) if parts else "")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(where, key, f"must be {rng}, got {_describe(value)}", "type: number")
+    x = float(value)
+    if not math.isfinite(x):
+        _fail(where, key, f"must be {rng}, got {_describe(value)}", "finite number")
+    bad = ((minimum is not None and x < minimum) or (maximum is not None and x > maximum)
+           or (above is not None and x <= above) or (below is not None and x >= below))
+    if bad:
+        _fail(where, key, f"must be {rng}, got {x:g}", f"{key.split('.')[-1]} {' and '.join(parts)}")
+    return x
+
+
+def boolean(value: Any, where: Optional[str], key: str) -> bool:
+    if not isinstance(value, bool):
+        _fail(where, key, f"must be true or false, got {_describe(value)}", "type: boolean")
+    return value
+
+
+def string(value: Any, where: Optional[str], key: str) -> str:
+    if not isinstance(value, str):
+        _fail(where, key, f"must be a string, got {_describe(value)}", "type: string")
+    return value
+
+
+def choice(value: Any, allowed: Iterable[str], where: Optional[str], key: str) -> str:
+    allowed = tuple(allowed)
+    if not isinstance(value, str) or value not in allowed:
+        _fail(where, key, f"'{value}' is not one of {', '.join(allowed)}.{did_you_mean(str(value), allowed)}",
+              "allowed values")
+    return value
+
+
+def mapping(value: Any, where: Optional[str], key: str) -> Dict[str, Any]:
+    """A YAML mapping (``None``, an empty section, counts as empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        _fail(where, key, f"must be a mapping, got {type(value).__name__}", "type: mapping")
+    return value
+
+
+def known_keys(data: Dict[str, Any], allowed: Iterable[str], where: Optional[str], prefix: str = "") -> None:
+    allowed = tuple(allowed)
+    for k in data:
+        if k not in allowed:
+            path = f"{prefix}.{k}" if prefix else str(k)
+            _fail(where, path, f"unknown key '{k}'.{did_you_mean(str(k), allowed)} Known keys: "
+                               f"{', '.join(allowed)}.", "known keys")
+
+
+# --------------------------------------------------------------------------- command line
+def cli_int(minimum: int = 1, maximum: int = INT_MAX):
+    """An argparse ``type=`` for an integer flag in [minimum, maximum]."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{minimum}, {maximum}], got {text!r}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{minimum}, {maximum}], got {value}")
+        return value
+    convert.__name__ = "integer"
+    return convert
+
+
+def cli_number(minimum: Optional[float] = None, above: Optional[float] = None, maximum: Optional[float] = None):
+    """An argparse ``type=`` for a finite float flag."""
+    def convert(text: str) -> float:
+        try:
+            return number(float(text), None, "flag", minimum=minimum, above=above, maximum=maximum)
+        except (ValueError, UserError) as exc:
+            msg = exc.message if isinstance(exc, UserError) else f"must be a finite number, got {text!r}"
+            raise argparse.ArgumentTypeError(msg) from None
+    convert.__name__ = "number"
+    return convert

@@ -1,0 +1,43 @@
+"""naohai.validate: the one checker for user-written numbers, keys and YAML."""
+import argparse
+import io
+import math
+
+import pytest
+import yaml
+
+from naohai import validate
+from naohai.errors import UserError
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 2.5, True, "8", None, 1e21, 0, -3])
+def test_integer_refuses(value):
+    with pytest.raises(UserError) as e:
+        validate.integer(value, "f.yaml", "mesh.data", 1, 1000)
+    assert e.value.where == "f.yaml" and e.value.key == "mesh.data" and e.value.rule
+
+
+def test_integer_accepts_whole_floats_in_range():
+    assert validate.integer(8.0, "f", "k", 1) == 8 and validate.integer(1000, "f", "k", 1, 1000) == 1000
+
+
+@pytest.mark.parametrize("value,kw", [(math.nan, {}), (math.inf, {}), (0, {"above": 0}), (1.5, {"maximum": 1}),
+                                      (2, {"below": 2}), (-1, {"minimum": 0}), ("x", {}), (False, {})])
+def test_number_refuses(value, kw):
+    with pytest.raises(UserError):
+        validate.number(value, "p.yaml", "memory_gb", **kw)
+
+
+def test_duplicate_yaml_keys_refused_at_any_depth():
+    assert validate.load_yaml(io.StringIO("a: 1\nb: {c: 2}\n")) == {"a": 1, "b": {"c": 2}}
+    for text in ("a: 1\na: 2\n", "b: {c: 1, c: 2}\n", "layers:\n  '0-9': {}\n  '0-9': {}\n"):
+        with pytest.raises(yaml.YAMLError, match="duplicate key"):
+            validate.load_yaml(io.StringIO(text))
+
+
+def test_cli_int_converter():
+    conv = validate.cli_int(1, 10)
+    assert conv("3") == 3
+    for bad in ("0", "-1", "11", "1e3", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            conv(bad)
