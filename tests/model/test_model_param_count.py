@@ -2,7 +2,6 @@
 import dataclasses
 import subprocess
 import sys
-import time
 import tracemalloc
 
 import pytest
@@ -97,28 +96,24 @@ def test_owner_split_adds_up():
     assert by["layers.31"] == 12 * h * h + 13 * h + 1024 * h      # + query embedding
 
 
-def test_counting_200b_is_fast_and_allocates_nothing():
+def test_counting_200b_allocates_nothing():
     cfg = ModelConfig(**MODEL_PRESETS["pangu-alpha-200b"])
     count_params(cfg)
     tracemalloc.start()
-    t0 = time.perf_counter()
     n = count_params(cfg)
-    dt = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert n > 2e11
-    assert dt < 0.05, dt                      # milliseconds (generous bound on a shared CPU)
-    assert peak < 1 << 20, peak              # < 1 MiB traced: no weight is materialised
+    assert peak < 1 << 20, peak              # < 1 MiB traced: no weight is materialised (no timing: rules)
 
 
 def test_counting_needs_no_mindspore():
-    code = ("import sys, time\n"
+    code = ("import sys\n"
             "from naohai.config import ModelConfig, MODEL_PRESETS\n"
             "from naohai.model.params import count_params\n"
-            "t = time.perf_counter(); n = count_params(ModelConfig(**MODEL_PRESETS['pangu-alpha-200b']))\n"
+            "n = count_params(ModelConfig(**MODEL_PRESETS['pangu-alpha-200b']))\n"
             "assert 'mindspore' not in sys.modules, 'mindspore imported'\n"
-            "print(n, time.perf_counter() - t)\n")
+            "print(n)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    n, dt = out.stdout.split()
-    assert int(n) == 206_861_008_896 and float(dt) < 0.05
+    assert int(out.stdout.split()[0]) == 206_861_008_896
