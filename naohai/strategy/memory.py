@@ -203,8 +203,12 @@ def place_params(cfg: ModelConfig, r: ResolvedStrategy) -> List[ParamPlacement]:
         # MindSpore compares the WHOLE parameter's size with the threshold (parallel_optimizer_threshold:
         # "Parameter size = shape[0] * ... * shape[n] * size(dtype)"), and splits the slice's first dimension
         sharded = g > 1 and p.size * wb >= opt.threshold_kb * 1024 and bool(local) and local[0] % g == 0
-        out.append(ParamPlacement(p.name, p.shape, p.axes, sl, tuple(param_stages(p, r, cfg)), n, copies,
-                                  g if sharded else 1))
+        stages = tuple(param_stages(p, r, cfg))
+        if len(stages) > 1:
+            # a table shared by two pipeline stages (the tied word embedding) stays whole for the
+            # optimizer: naohai.strategy.apply sets parallel_optimizer=False (MindSpore 2.10 fails otherwise)
+            sharded = False
+        out.append(ParamPlacement(p.name, p.shape, p.axes, sl, stages, n, copies, g if sharded else 1))
     return out
 
 
