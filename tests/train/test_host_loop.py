@@ -32,6 +32,7 @@ from tests.conftest import micro_recipe
 ROOT = Path(__file__).resolve().parents[2]
 WORLD, DP, STAGES, MICRO = 8, 2, 2, 4
 PER_STAGE = WORLD // STAGES
+MS_LOCK = threading.Lock()
 
 
 class ThreadComm:
@@ -79,8 +80,9 @@ class StandInSteps:
 
     def train(self, batch):
         self.fed.append(np.array(batch))
-        for p in self.params:   # a deterministic "update" of this rank's slices
-            p.set_data(Tensor(p.asnumpy() + 1.0))
+        with MS_LOCK:           # one rank at a time inside MindSpore's Python code (see _warm_up)
+            for p in self.params:   # a deterministic "update" of this rank's slices
+                p.set_data(Tensor(p.asnumpy() + 1.0))
         step = len(self.fed)
         return StepResult(loss=10.0 / step, grad_norm=1.0, applied=True, loss_scale=1.0)
 
@@ -116,7 +118,18 @@ def _rank_params(rank):
     return [w, Parameter(Tensor(np.zeros((1,), np.float32)), name="global_step")]
 
 
+def _warm_up(tmp):
+    """First uses of MindSpore's Python paths in the main thread: CPython 3.11's ast parser is not
+    thread-safe ("AST constructor recursion depth mismatch"), and real ranks are separate processes."""
+    p = Parameter(Tensor(np.zeros((2,), np.float32)), name="warm")
+    p.set_data(Tensor(p.asnumpy() + 1.0))
+    path = str(Path(tmp) / "warm.ckpt")
+    ms.save_checkpoint([{"name": "warm", "data": p}], path)
+    ms.load_checkpoint(path)
+
+
 def _run_ranks(recipe, prepared, max_steps, resume):
+    _warm_up(Path(recipe.train.output_dir).parent)
     comm = ThreadComm(WORLD)
     logs = {r: [] for r in range(WORLD)}
     trainers, errors = {}, []
