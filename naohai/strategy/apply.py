@@ -375,12 +375,6 @@ def compile_parallel(cell, resolved, runtime: Runtime, *, train: bool):
     return parallel
 
 
-def rows_per_rank(recipe, resolved, runtime: Runtime) -> int:
-    """Sequences one rank feeds per optimizer step."""
-    t = recipe.train
-    return t.global_batch_size // runtime.dp_size
-
-
 def describe(resolved, runtime: Runtime) -> str:
     """One line for the run log: how this layout runs."""
     if runtime.mode == "standalone":

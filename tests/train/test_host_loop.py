@@ -128,11 +128,31 @@ def _warm_up(tmp):
     ms.load_checkpoint(path)
 
 
+def _on_every_rank(comm, body, timeout):
+    """Run ``body(rank)`` on one thread per simulated rank; any rank's exception fails the test (the
+    barrier is aborted so the other ranks do not wait forever)."""
+    errors = []
+
+    def guarded(rank):
+        try:
+            body(rank)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append((rank, repr(exc)))
+            comm._barrier.abort()
+
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(WORLD)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout)
+    assert not errors, errors
+
+
 def _run_ranks(recipe, prepared, max_steps, resume):
     _warm_up(Path(recipe.train.output_dir).parent)
     comm = ThreadComm(WORLD)
     logs = {r: [] for r in range(WORLD)}
-    trainers, errors = {}, []
+    trainers = {}
     t = recipe.train
     for rank in range(WORLD):
         dp_rank = (rank % PER_STAGE) // (PER_STAGE // DP)
@@ -152,20 +172,11 @@ def _run_ranks(recipe, prepared, max_steps, resume):
                                  callbacks=[ConsoleLog(log), MetricsFiles(t.output_dir)], max_steps=max_steps)
 
     def body(rank):
-        try:
-            if resume:
-                trainers[rank].resume()
-            trainers[rank].run()
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append((rank, repr(exc)))
-            comm._barrier.abort()
+        if resume:
+            trainers[rank].resume()
+        trainers[rank].run()
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(WORLD)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    assert not errors, errors
+    _on_every_rank(comm, body, timeout=120)
     return trainers, logs
 
 
@@ -268,7 +279,7 @@ def test_resume_reshards_a_full_checkpoint_for_a_pipeline_layout(tmp_path, micro
         return [Parameter(Tensor(np.zeros(v.shape, v.asnumpy().dtype)), name=k) for k, v in slices[rank].items()]
 
     comm = ThreadComm(WORLD)
-    trainers, logs, errors = {}, {r: [] for r in range(WORLD)}, []
+    trainers, logs = {}, {r: [] for r in range(WORLD)}
     for rank in range(WORLD):
         dp_rank = (rank % PER_STAGE) // (PER_STAGE // DP)
         runtime = Runtime("semi_auto", rank, WORLD, dp_rank, DP, STAGES, MICRO)
@@ -281,18 +292,10 @@ def test_resume_reshards_a_full_checkpoint_for_a_pipeline_layout(tmp_path, micro
         trainers[rank] = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=logs[rank].append)
 
     def body(rank):
-        try:
-            assert trainers[rank].resume()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append((rank, repr(exc)))
-            comm._barrier.abort()
+        assert trainers[rank].resume()
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(WORLD)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(300)
-    assert not errors, errors
+    _warm_up(tmp_path)
+    _on_every_rank(comm, body, timeout=300)
     assert any("resharding it for" in line for line in logs[0]), logs[0]
     for rank, tr in trainers.items():
         assert tr.step == 2 and tr.loader.sample == 8
