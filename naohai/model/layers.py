@@ -323,6 +323,18 @@ class Attention(nn.Cell):
             bias = self.bias_table
         return self.attend(q, k, v, bias)
 
+    def step(self, x, positions, bias, past_k=None, past_v=None):
+        """Incremental attention for generation: x [b*t, h] are the t newest tokens at ``positions``
+        [b, t]; keys/values of earlier tokens come from the cache (``past_k``/``past_v`` [b, nkv, T, d]).
+        ``bias`` [1 or b, 1 or nh, t, T + t].  Returns (out [b*t, h], keys, values) with the new ones
+        appended."""
+        t = positions.shape[1]
+        q, k, v = self.project_qkv(x, self.query_source(x, positions, positions.shape[0]), t, positions)
+        if past_k is not None:
+            k = ops.concat((past_k, k), 2)
+            v = ops.concat((past_v, v), 2)
+        return self.attend(q, k, v, bias), k, v
+
     def shardable_ops(self) -> Dict[str, object]:
         out = {"q": self.q, "k": self.k, "v": self.v, "scores": self.scores, "scale": self.scale,
                "mask": self.mask, "softmax": self.softmax, "context": self.context, "out": self.out}
@@ -484,6 +496,16 @@ class Embedding(nn.Cell):
         if self.use_norm:
             x = self.norm(x)
         return self.dropout(x), positions, bias
+
+    def step(self, input_ids, positions):
+        """Embeddings of the newest tokens [b, t] at absolute ``positions`` [b, t] (generation)."""
+        x = self.lookup(self.word_embedding, input_ids, 0)
+        if self.learned:
+            x = self.add_pos(x, self.position(self.position_embedding, positions, 0))
+        x = self.reshape(x, (-1, self.h))
+        if self.use_norm:
+            x = self.norm(x)
+        return x
 
     def shardable_ops(self) -> Dict[str, object]:
         out = {"lookup": self.lookup}

@@ -41,6 +41,12 @@ class DecoderLayer(nn.Cell):
         x = self.attn_residual(x, self.attention(self.input_norm(x), positions, bias))
         return self.mlp_residual(x, self.mlp(self.post_attention_norm(x)))
 
+    def step(self, x, positions, bias, past_k=None, past_v=None):
+        """One generation step (see Attention.step): returns (x, keys, values)."""
+        a, k, v = self.attention.step(self.input_norm(x), positions, bias, past_k, past_v)
+        x = self.attn_residual(x, a)
+        return self.mlp_residual(x, self.mlp(self.post_attention_norm(x))), k, v
+
     def shardable_ops(self) -> Dict[str, object]:
         out = {f"attention.{k}": v for k, v in self.attention.shardable_ops().items()}
         out.update({f"mlp.{k}": v for k, v in self.mlp.shardable_ops().items()})
@@ -133,6 +139,23 @@ class NaohaiLM(nn.Cell):
         x = self.hidden(input_ids)
         logits = self.head(x, self.embedding.word_embedding)
         return self.loss(logits, labels, input_ids)
+
+    def step(self, input_ids, positions, bias, cache=None):
+        """Logits [b, t, vocab] of the t newest tokens given the key/value cache of the earlier ones.
+
+        ``cache`` is None or a list of (keys, values) per layer; returns (logits, new cache).  One call
+        costs the new tokens' work plus attention over the cache, not the whole window.
+        """
+        x = self.embedding.step(input_ids, positions)
+        new = []
+        for i, layer in enumerate(self.layers):
+            if self.norm_before_last and i == self.last:
+                x = self.head.final_norm(x)
+            past_k, past_v = (None, None) if cache is None else cache[i]
+            x, k, v = layer.step(x, positions, bias, past_k, past_v)
+            new.append((k, v))
+        y = self.head(x, self.embedding.word_embedding)
+        return y.reshape((input_ids.shape[0], input_ids.shape[1], self.vocab)), new
 
     def logits(self, input_ids):
         """[b, s] -> [b, s, vocab] float32."""
