@@ -153,7 +153,8 @@ class CachedDecoder:
 
 
 def load_model(checkpoint: str):
-    """(recipe, NaohaiLM with the checkpoint's weights): an imported model folder, or a trained run.
+    """(recipe, NaohaiLM with the checkpoint's weights, checkpoint folder or None, step or None): an
+    imported model folder, or a trained run.
 
     The one place generation reads weights, so the trainer's checkpoint store can replace it.
     """
@@ -166,14 +167,14 @@ def load_model(checkpoint: str):
         recipe, weights = load_model_dir(checkpoint)
         model = NaohaiLM(recipe.model, seed=0)
         assign_weights(model, weights, where=checkpoint)
-        return recipe, model, None
+        return recipe, model, None, None
     from naohai.train import checkpoint as ckpt
     path = ckpt.resolve_checkpoint(checkpoint)
     state = ckpt.read_state(path)
     recipe = recipe_from_dict(state["recipe"], where=os.path.join(path, "state.json"))
     model = NaohaiLM(recipe.model, seed=0)
     ckpt.load_params(path, list(model.get_parameters()))
-    return recipe, model, path
+    return recipe, model, path, int(state["step"])
 
 
 class Generator:
@@ -186,7 +187,7 @@ class Generator:
 
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(resolve_device(device))
-        recipe, self.model, path = load_model(checkpoint)
+        recipe, self.model, path, self.step = load_model(checkpoint)
         run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path))) if path else checkpoint
         tok_path = recipe.data.tokenizer or os.path.join(run_dir, "tokenizer.model")
         if not os.path.exists(tok_path):
