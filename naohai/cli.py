@@ -15,7 +15,7 @@ import textwrap
 from naohai.errors import UserError
 
 # Subcommands in the order `naohai --help` lists them.
-COMMANDS = ("train", "generate", "data", "plan", "check", "launch", "submit", "ckpt", "bench")
+COMMANDS = ("train", "generate", "eval", "ckpt", "data", "plan", "check", "launch", "submit", "bench")
 
 
 class _Parser(argparse.ArgumentParser):

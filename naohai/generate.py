@@ -1,14 +1,19 @@
-"""Text generation from a checkpoint: greedy, temperature, top-k and top-p sampling.
+"""Text generation from a checkpoint: greedy, temperature, top-k, top-p, repetition penalties.
 
-The model runs on a fixed ``[1, seq_length]`` window (padded on the right; the
-causal mask makes padding invisible), so one compiled graph serves every step.
-Sampling happens on the host with numpy from a seeded generator.
+Generation keeps a key/value cache (:class:`CachedDecoder`): the prompt is run
+once, then each step feeds only the newest token and attends over the cached
+keys and values, so a step's work does not grow with the window's recompute.
+Prompts of a batch are left-padded; the padding is masked out of attention and
+position ids count from each prompt's first token.  Sampling happens on the
+host with numpy from a seeded generator; PanGu-alpha's repetition penalties
+(src/generate.py: log_probs - count * frequency - (count > 0) * presence over the
+generated tokens) are applied before it.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -22,6 +27,8 @@ class SamplingConfig:
     top_k: int = 0               # 0 = off
     top_p: float = 1.0           # 1 = off
     seed: int = 0
+    frequency_penalty: float = 0.0   # PanGu-alpha's generate.py uses 1.5
+    presence_penalty: float = 0.0    # PanGu-alpha's generate.py uses 0.3
 
     def validate(self) -> None:
         if self.max_new_tokens <= 0:
@@ -32,11 +39,24 @@ class SamplingConfig:
             raise UserError("must be >= 0 (0 = off)", where="command line", key="--top-k")
         if not 0.0 < self.top_p <= 1.0:
             raise UserError("must be in (0, 1]", where="command line", key="--top-p")
+        for key in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, key)
+            if not np.isfinite(value) or value < 0:
+                raise UserError(f"must be a finite number >= 0, got {value}", where="command line",
+                                key="--" + key.replace("_", "-"))
 
 
-def sample_next(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, vocab: int) -> int:
-    """Pick the next id from 1-D logits (only the first ``vocab`` entries are real pieces)."""
+def sample_next(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, vocab: int,
+                counts: Optional[np.ndarray] = None) -> int:
+    """Pick the next id from 1-D logits (only the first ``vocab`` entries are real pieces).
+
+    ``counts`` [vocab]: how often each id was generated so far, for the repetition penalties.
+    """
     logits = np.asarray(logits[:vocab], np.float64)
+    if counts is not None and (cfg.frequency_penalty or cfg.presence_penalty):
+        m = logits.max()
+        logits = logits - (m + np.log(np.exp(logits - m).sum()))               # log-probabilities
+        logits = logits - counts * cfg.frequency_penalty - (counts > 0) * cfg.presence_penalty
     if cfg.temperature == 0:
         return int(np.argmax(logits))
     logits = logits / cfg.temperature
@@ -55,52 +75,138 @@ def sample_next(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generato
     return int(rng.choice(len(probs), p=probs))
 
 
+def step_bias(cfg, pads: Sequence[int], start: int, t: int) -> np.ndarray:
+    """Additive attention bias [b, 1 or heads, t, start + t] for t new tokens after ``start`` cached
+    ones: causal, left padding (``pads[r]`` columns of row r) blocked, ALiBi distances if configured."""
+    from naohai.model.layers import alibi_slopes
+
+    total = start + t
+    i = start + np.arange(t)[:, None]
+    j = np.arange(total)[None, :]
+    rows = []
+    for pad in pads:
+        allowed = (j <= i) & (j >= pad)
+        rows.append(np.where(allowed, 0.0, -1e9)[None])
+    bias = np.stack(rows).astype(np.float32)                                   # [b, 1, t, T]
+    if cfg.position == "alibi":
+        bias = bias + (alibi_slopes(cfg.num_heads)[:, None, None] * (j - i)[None])[None].astype(np.float32)
+    return bias
+
+
+class CachedDecoder:
+    """Batch generation with a key/value cache over a built :class:`~naohai.model.transformer.NaohaiLM`."""
+
+    def __init__(self, model, cfg, pad_id: int = 0):
+        self.model = model
+        self.cfg = cfg
+        self.pad_id = pad_id
+
+    def _run(self, ids: np.ndarray, positions: np.ndarray, bias: np.ndarray, cache):
+        from mindspore import Tensor
+        logits, cache = self.model.step(Tensor(ids.astype(np.int32)), Tensor(positions.astype(np.int32)),
+                                        Tensor(bias), cache)
+        return logits.asnumpy(), cache
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]], cfg: SamplingConfig, vocab: int,
+                     stop_id: Optional[int] = None,
+                     on_token: Optional[Callable[[int, int], None]] = None) -> List[List[int]]:
+        """New ids per prompt (stopping at ``stop_id``); ``on_token(row, id)`` streams each one."""
+        cfg.validate()
+        limit = self.cfg.positions
+        prompts = [list(p)[-(limit - 1):] or [self.pad_id] for p in prompts]
+        b, longest = len(prompts), max(len(p) for p in prompts)
+        pads = [longest - len(p) for p in prompts]
+        ids = np.full((b, longest), self.pad_id, np.int64)
+        for r, p in enumerate(prompts):
+            ids[r, pads[r]:] = p
+        positions = np.maximum(np.arange(longest)[None] - np.asarray(pads)[:, None], 0)
+        logits, cache = self._run(ids, positions, step_bias(self.cfg, pads, 0, longest), None)
+        last = logits[:, -1]
+        rng = np.random.default_rng(cfg.seed)
+        counts = np.zeros((b, vocab), np.int64)
+        out: List[List[int]] = [[] for _ in range(b)]
+        done = [False] * b
+        length = longest
+        for _ in range(cfg.max_new_tokens):
+            nxt = np.zeros((b, 1), np.int64)
+            for r in range(b):
+                if done[r]:
+                    nxt[r, 0] = self.pad_id
+                    continue
+                tok = sample_next(last[r], cfg, rng, vocab, counts[r])
+                if stop_id is not None and tok == stop_id:
+                    done[r] = True
+                    nxt[r, 0] = self.pad_id
+                    continue
+                out[r].append(tok)
+                counts[r, tok] += 1
+                nxt[r, 0] = tok
+                if on_token is not None:
+                    on_token(r, tok)
+            if all(done) or length - min(pads) >= limit:
+                break
+            positions = (length - np.asarray(pads))[:, None]
+            logits, cache = self._run(nxt, positions, step_bias(self.cfg, pads, length, 1), cache)
+            last = logits[:, -1]
+            length += 1
+        return out
+
+
+def load_model(checkpoint: str):
+    """(recipe, NaohaiLM with the checkpoint's weights, checkpoint folder or None, step or None): an
+    imported model folder, or a trained run.
+
+    The one place generation reads weights, so the trainer's checkpoint store can replace it.
+    """
+    from naohai.config import recipe_from_dict
+    from naohai.convert.model_dir import is_model_dir, load_model_dir
+    from naohai.convert.weights import assign_weights
+    from naohai.model.transformer import NaohaiLM
+
+    if is_model_dir(checkpoint):
+        recipe, weights = load_model_dir(checkpoint)
+        model = NaohaiLM(recipe.model, seed=0)
+        assign_weights(model, weights, where=checkpoint)
+        return recipe, model, None, None
+    from naohai.checkpoint import store as ckpt
+    path = ckpt.resolve_checkpoint(checkpoint)
+    state = ckpt.read_manifest(path)
+    recipe = recipe_from_dict(state["recipe"], where=os.path.join(path, ckpt.MANIFEST))
+    model = NaohaiLM(recipe.model, seed=0)
+    ckpt.load_weights(path, list(model.get_parameters()))
+    return recipe, model, path, int(state["step"])
+
+
 class Generator:
     def __init__(self, checkpoint: str, device: Optional[str] = None):
         import mindspore as ms
-        from mindspore import Tensor
 
-        from naohai.config import recipe_from_dict
         from naohai.data.pipeline import default_tokenizer_path
         from naohai.data.tokenizer import Tokenizer
-        from naohai.model.transformer import LogitsNet, NaohaiLM
-        from naohai.checkpoint import store as ckpt
+        from naohai.train.device import resolve_device
 
-        path = ckpt.resolve_checkpoint(checkpoint)
-        state = ckpt.read_manifest(path)
-        recipe = recipe_from_dict(state["recipe"], where=os.path.join(path, ckpt.MANIFEST))
-        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
+        recipe, self.model, path, self.step = load_model(checkpoint)
+        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path))) if path else checkpoint
         tok_path = recipe.data.tokenizer or os.path.join(run_dir, "tokenizer.model")
         if not os.path.exists(tok_path):
             tok_path = default_tokenizer_path(recipe)
         self.tokenizer = Tokenizer.load(tok_path)
-        ms.set_context(mode=ms.GRAPH_MODE)
-        from naohai.train.device import resolve_device
-        ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
         self.cfg = recipe.model
-        self.model = NaohaiLM(self.cfg, seed=0)
-        ckpt.load_weights(path, list(self.model.get_parameters()))
-        self.net = LogitsNet(self.model)
-        self.net.set_train(False)
-        self._tensor = Tensor
-        self.step = int(state["step"])
+        self.model.set_train(False)
+        self.decoder = CachedDecoder(self.model, self.cfg, pad_id=self.tokenizer.pad_id)
+
+    def generate_batch(self, prompts: Sequence[str], cfg: SamplingConfig,
+                       stream: Optional[Callable[[int, str], None]] = None) -> List[str]:
+        ids = [self.tokenizer.encode(p) if p else [] for p in prompts]
+        ids = [x or [self.tokenizer.eod_id] for x in ids]
+        on_token = None
+        if stream is not None:
+            def on_token(row, tok):
+                stream(row, self.tokenizer.decode([tok]))
+        new = self.decoder.generate_ids(ids, cfg, self.tokenizer.vocab_size, self.tokenizer.eod_id, on_token)
+        return [self.tokenizer.decode(x) for x in new]
 
     def generate(self, prompt: str, cfg: SamplingConfig) -> str:
-        cfg.validate()
-        s = self.cfg.seq_length
-        ids: List[int] = self.tokenizer.encode(prompt) if prompt else []
-        if not ids:
-            ids = [self.tokenizer.eod_id]
-        rng = np.random.default_rng(cfg.seed)
-        new: List[int] = []
-        for _ in range(cfg.max_new_tokens):
-            window = ids[-s:]
-            arr = np.full((1, s), self.tokenizer.pad_id, np.int32)
-            arr[0, : len(window)] = window
-            logits = self.net(self._tensor(arr)).asnumpy()[0, len(window) - 1]
-            nxt = sample_next(logits, cfg, rng, self.tokenizer.vocab_size)
-            if nxt == self.tokenizer.eod_id:
-                break
-            ids.append(nxt)
-            new.append(nxt)
-        return self.tokenizer.decode(new)
+        return self.generate_batch([prompt], cfg)[0]

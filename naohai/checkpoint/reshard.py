@@ -24,6 +24,7 @@ import tempfile
 from typing import Any, Dict, List, Optional
 
 import mindspore as ms
+import numpy as np
 
 from naohai.checkpoint import store
 from naohai.checkpoint.files import sha256_file, write_json
@@ -155,20 +156,25 @@ def merged_tensors(ckpt: str) -> Dict[str, Any]:
         return ms.load_checkpoint(os.path.join(out, store.rank_file(0)))
 
 
-def export_safetensors(ckpt: str, out_file: str, model_only: bool = True) -> List[str]:
-    """The full model of a checkpoint as one safetensors file; returns the tensor names written."""
-    tensors = merged_tensors(ckpt)
-    man = store.read_manifest(ckpt)
+def model_weights(ckpt: str):
+    """(recipe, {naohai parameter name: full float32 array}) of a checkpoint's model (no optimizer state)."""
     from naohai.config import recipe_from_dict
     from naohai.model.params import param_shapes
-    if model_only:
-        recipe = recipe_from_dict(man["recipe"], where=os.path.join(ckpt, store.MANIFEST))
-        model_names = {p.name for p in param_shapes(recipe.model)}
-        tensors = {k: v for k, v in tensors.items() if k in model_names}
+    man = store.read_manifest(ckpt)
+    recipe = recipe_from_dict(man["recipe"], where=os.path.join(ckpt, store.MANIFEST))
+    model_names = {p.name for p in param_shapes(recipe.model)}
+    tensors = merged_tensors(ckpt)
+    return recipe, {k: v.asnumpy().astype(np.float32) for k, v in tensors.items() if k in model_names}
+
+
+def export_safetensors(ckpt: str, out_file: str) -> List[str]:
+    """The full model of a checkpoint as one safetensors file; returns the tensor names written."""
+    _, tensors = model_weights(ckpt)
     if os.path.exists(out_file):
         raise UserError("already exists (nothing is overwritten)", where=out_file)
     base = out_file[:-len(".safetensors")] if out_file.endswith(".safetensors") else out_file
-    ms.save_checkpoint([{"name": k, "data": v} for k, v in sorted(tensors.items())], base, format="safetensors")
+    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in sorted(tensors.items())], base,
+                       format="safetensors")
     written = base + ".safetensors"
     if written != out_file:
         os.replace(written, out_file)

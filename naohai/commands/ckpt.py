@@ -1,4 +1,4 @@
-"""`naohai ckpt inspect|verify|merge|reshard|export`: look at and move checkpoints.
+"""`naohai ckpt inspect|verify|merge|reshard|import|export`: look at, move and convert checkpoints.
 
   naohai ckpt inspect CKPT                       step, layout, files, tensors per rank and merged shapes
   naohai ckpt verify CKPT                        manifest, every file's size and SHA-256 (exit 2 if bad)
@@ -6,9 +6,13 @@
   naohai ckpt reshard CKPT --to STRATEGY --recipe RECIPE [key=value ...] --out DIR [--compiled WORKDIR]
         the destination's strategy files come from a simulated compile of STRATEGY (run here, or the
         workdir of an earlier `naohai check --compile`), then MindSpore's checkpoint transform
-  naohai ckpt export CKPT --format safetensors --out FILE    the full model weights
+  naohai ckpt import SRC --from pangu-alpha|pengcheng-mind --recipe RECIPE --out DIR [--strategy S]
+        a published reference checkpoint -> an imported model folder (model.ckpt + recipe.yaml)
+  naohai ckpt export CKPT --format safetensors|pangu-alpha|pengcheng-mind --out FILE
+        the full model weights, as safetensors or with the reference code's names and layouts
 
-CKPT is a checkpoint folder or a run folder (its newest checkpoint).
+CKPT is a checkpoint folder, a run folder (its newest checkpoint) or, for export, an imported model
+folder.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from naohai.commands._args import allow_intermixed
+from naohai.convert.names import FORMATS
 from naohai.errors import UserError
 
 
@@ -42,18 +47,33 @@ def register(sub) -> None:
                    help="workdir of a `naohai check --compile` of the destination (skips compiling here)")
     a.add_argument("--timeout", type=float, default=1800.0, help="seconds for the destination compile")
     allow_intermixed(a)
+    a = actions.add_parser("import", help="published reference checkpoint -> imported model folder")
+    a.add_argument("src", help="a .ckpt file, a folder with one .ckpt (+ the .npy embedding tables), or a "
+                               "folder of rank_<n>/ slices (with --strategy)")
+    a.add_argument("--from", dest="fmt", required=True, choices=FORMATS)
+    a.add_argument("--recipe", required=True, help="recipe (file or name) whose model the checkpoint holds")
+    a.add_argument("--strategy", default=None, help="strategy file of the run that wrote sharded slices")
+    a.add_argument("--out", required=True, help="new folder for the imported model")
+    a.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. model.seq_length=2048")
+    allow_intermixed(a)
     a = actions.add_parser("export", help="write the full model weights in another format")
-    a.add_argument("checkpoint")
-    a.add_argument("--format", choices=("safetensors",), default="safetensors")
-    a.add_argument("--out", required=True, help="output file (.safetensors)")
+    a.add_argument("checkpoint", help="a checkpoint, run folder or imported model folder")
+    a.add_argument("--format", choices=("safetensors",) + FORMATS, default="safetensors",
+                   help="safetensors (naohai names) or a reference checkpoint layout (.ckpt)")
+    a.add_argument("--out", required=True, help="output file")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from naohai.checkpoint import store
+    from naohai.convert.model_dir import is_model_dir
     if not getattr(args, "action", None):
-        raise UserError("give an action: inspect, verify, merge, reshard or export", where="command line",
-                        key="ACTION")
+        raise UserError("give an action: inspect, verify, merge, reshard, import or export",
+                        where="command line", key="ACTION")
+    if args.action == "import":
+        return _import(args)
+    if args.action == "export" and is_model_dir(args.checkpoint):
+        return _export(args, None)
     path = store.resolve_checkpoint(args.checkpoint)
     return {"inspect": _inspect, "verify": _verify, "merge": _merge, "reshard": _reshard,
             "export": _export}[args.action](args, path)
@@ -169,8 +189,39 @@ def _compile(recipe, strategy, work: Path, timeout: float) -> Path:
     return out
 
 
+def _import(args) -> int:
+    from naohai.config import load_recipe, resolve_recipe_path
+    from naohai.convert.files import read_reference
+    from naohai.convert.model_dir import write_model_dir
+    from naohai.convert.names import from_reference
+    recipe = load_recipe(resolve_recipe_path(args.recipe), args.overrides)
+    weights = from_reference(read_reference(args.src, args.strategy), recipe.model, args.fmt, where=args.src)
+    write_model_dir(args.out, recipe, weights)
+    print(f"imported {len(weights)} tensors from {args.src} -> {args.out}")
+    return 0
+
+
 def _export(args, path) -> int:
-    from naohai.checkpoint.reshard import export_safetensors
-    names = export_safetensors(path, args.out)
-    print(f"exported {len(names)} model tensors of {path} -> {args.out} ({args.format})")
+    """``path`` is a naohai checkpoint folder, or None for an imported model folder (args.checkpoint)."""
+    if os.path.exists(args.out):
+        raise UserError("already exists; exporting never overwrites a file", where=args.out, key="--out")
+    if args.format == "safetensors":
+        if path is None:
+            raise UserError("safetensors export reads a trained checkpoint; an imported model folder already "
+                            "holds model.ckpt with naohai's names", where=args.checkpoint)
+        from naohai.checkpoint.reshard import export_safetensors
+        names = export_safetensors(path, args.out)
+        print(f"exported {len(names)} model tensors of {path} -> {args.out} (safetensors)")
+        return 0
+    from naohai.convert.files import write_ckpt
+    from naohai.convert.names import to_reference
+    if path is None:
+        from naohai.convert.model_dir import load_model_dir
+        recipe, weights = load_model_dir(args.checkpoint)
+    else:
+        from naohai.checkpoint.reshard import model_weights
+        recipe, weights = model_weights(path)
+    tensors = to_reference(weights, recipe.model, args.format)
+    write_ckpt(tensors, args.out)
+    print(f"exported {len(tensors)} tensors -> {args.out} ({args.format} names and layouts)")
     return 0

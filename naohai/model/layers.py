@@ -1,8 +1,9 @@
 """Building blocks of the decoder: norms, position encodings, attention, MLP, embedding.
 
 Every operation a strategy may shard is a MindSpore Primitive held by its cell
-and listed by ``shardable_ops()`` under the name the op catalog
-(:mod:`naohai.model.catalog`) gives it.  These cells contain no parallel logic:
+and listed by ``shardable_ops()`` under the name the model description
+(:mod:`naohai.model.spec`) gives it; the cells create their parameters from
+that description's lists (names, shapes, initialisers).  These cells contain no parallel logic:
 sharding, stages and recompute are applied from outside by
 ``naohai/strategy/apply.py``.
 
@@ -22,6 +23,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from naohai.config import ModelConfig
+from naohai.model import spec
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -40,6 +42,12 @@ def _param(rng: np.random.RandomState, shape, std: float, name: str, kind: str =
     return Parameter(Tensor(value), name=name)
 
 
+def make_params(cell: nn.Cell, specs, cfg: ModelConfig, rng: np.random.RandomState) -> None:
+    """Create ``cell.<leaf>`` for every ParamSpec, in order (normal draws consume ``rng``)."""
+    for p in specs:
+        setattr(cell, p.leaf, _param(rng, p.shape, spec.init_std(cfg, p), p.leaf, p.init))
+
+
 # ------------------------------------------------------------------------------ norms
 class Norm(nn.Cell):
     """LayerNorm, RMSNorm or non-parametric LayerNorm over the last axis of [tokens, hidden]."""
@@ -51,8 +59,8 @@ class Norm(nn.Cell):
         self.eps = cfg.norm_eps
         self.fp32 = cfg.norm_fp32
         self.cast = ops.Cast()
+        make_params(self, spec.norm_params(cfg, ""), cfg, rng)
         if self.kind == "rmsnorm":
-            self.gamma = Parameter(Tensor(np.ones(h, np.float32)), name="gamma")
             self.square = ops.Square()
             self.mean = ops.ReduceMean(keep_dims=True)
             self.rsqrt = ops.Rsqrt()
@@ -62,10 +70,7 @@ class Norm(nn.Cell):
             self.norm = None
         else:
             self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=self.eps)
-            if self.kind == "layernorm":
-                self.gamma = Parameter(Tensor(np.ones(h, np.float32)), name="gamma")
-                self.beta = Parameter(Tensor(np.zeros(h, np.float32)), name="beta")
-            else:  # non-parametric (OLMo): fixed unit scale, zero shift
+            if self.kind == "nonparam_layernorm":  # non-parametric (OLMo): fixed unit scale, zero shift
                 self.gamma = Tensor(np.ones(h, np.float32))
                 self.beta = Tensor(np.zeros(h, np.float32))
 
@@ -85,21 +90,33 @@ class Norm(nn.Cell):
 
 
 # ------------------------------------------------------------------------------ positions
-def rope_tables(seq_length: int, head_dim: int, base: float):
-    """cos/sin tables [seq, head_dim] for rotate-half RoPE (pairs (i, i + d/2))."""
+def rope_tables(positions: int, head_dim: int, base: float, style: str = "rotate_half"):
+    """cos/sin tables [positions, head_dim]; theta_i = base^(-2i/d) for the i-th rotated pair.
+
+    rotate_half pairs dimension i with i + d/2 (angles laid out [a, a]); interleaved pairs 2i with
+    2i + 1 (angles repeated element-wise), as PengCheng-Mind 200B's RoPE does.
+    """
     inv = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    ang = np.outer(np.arange(seq_length, dtype=np.float64), inv)          # [s, d/2]
-    ang = np.concatenate([ang, ang], axis=-1)                             # [s, d]
+    ang = np.outer(np.arange(positions, dtype=np.float64), inv)           # [s, d/2]
+    if style == "interleaved":
+        ang = np.repeat(ang, 2, axis=-1)                                  # [s, d]
+    else:
+        ang = np.concatenate([ang, ang], axis=-1)                         # [s, d]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def rotate_half_matrix(head_dim: int) -> np.ndarray:
-    """R with x @ R == concat(-x[d/2:], x[:d/2])."""
-    half = head_dim // 2
+def rotation_matrix(head_dim: int, style: str = "rotate_half") -> np.ndarray:
+    """R with x @ R the rotated partner of x: concat(-x2, x1) for rotate_half, (-x[2i+1], x[2i]) pairs
+    for interleaved."""
     r = np.zeros((head_dim, head_dim), np.float32)
+    half = head_dim // 2
     for i in range(half):
-        r[i + half, i] = -1.0   # out[i] = -x[i + half]
-        r[i, i + half] = 1.0    # out[i + half] = x[i]
+        if style == "interleaved":
+            r[2 * i + 1, 2 * i] = -1.0   # out[2i] = -x[2i + 1]
+            r[2 * i, 2 * i + 1] = 1.0    # out[2i + 1] = x[2i]
+        else:
+            r[i + half, i] = -1.0        # out[i] = -x[i + half]
+            r[i, i + half] = 1.0         # out[i + half] = x[i]
     return r
 
 
@@ -115,17 +132,36 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     return np.array(pow2(closest) + extra, np.float32)
 
 
+def alibi_bias(cfg: ModelConfig) -> np.ndarray:
+    """ALiBi distance bias [heads, s, s]: slope * (j - i)."""
+    s = cfg.seq_length
+    dist = (np.arange(s)[None, :] - np.arange(s)[:, None]).astype(np.float32)       # j - i (<= 0 below diag)
+    return (alibi_slopes(cfg.num_heads)[:, None, None] * dist[None]).astype(np.float32)
+
+
 def attention_bias(cfg: ModelConfig) -> np.ndarray:
     """Additive bias on the scores: causal mask, plus ALiBi distances when configured."""
     s = cfg.seq_length
     causal = np.triu(np.ones((s, s), np.bool_), k=1)
     neg = np.float32(-1e9)
     if cfg.position == "alibi":
-        slopes = alibi_slopes(cfg.num_heads)
-        dist = (np.arange(s)[None, :] - np.arange(s)[:, None]).astype(np.float32)  # j - i (<= 0 below diag)
-        bias = slopes[:, None, None] * dist[None]
-        return np.where(causal[None], neg, bias).astype(np.float32)              # [heads, s, s]
+        return np.where(causal[None], neg, alibi_bias(cfg)).astype(np.float32)      # [heads, s, s]
     return np.where(causal, neg, np.float32(0.0))[None].astype(np.float32)        # [1, s, s]
+
+
+# ------------------------------------------------------------------------------ dropout
+class Dropout(nn.Cell):
+    """Dropout with keep probability 1 - rate, active only while the cell is in training mode."""
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.rate = float(rate)
+        self.drop = ops.Dropout(keep_prob=1.0 - self.rate) if self.rate > 0 else None
+
+    def construct(self, x):
+        if self.training and self.drop is not None:
+            x, _ = self.drop(x)
+        return x
 
 
 # ------------------------------------------------------------------------------ attention
@@ -134,33 +170,33 @@ class Attention(nn.Cell):
 
     With ``query_layer`` (PanGu-alpha's top query layer) the queries are projected
     from a learned per-position embedding instead of the hidden state.
+
+    ``construct(x, positions=None, bias=None)``: ``positions`` [b, s] int32 are the
+    per-token position ids when they restart at EOD (else 0..s-1 are used), ``bias``
+    [b, 1, s, s] the additive document-causal mask when attention is reset at EOD
+    (else the fixed causal table).
     """
 
-    def __init__(self, cfg: ModelConfig, rng: np.random.RandomState, out_std: float, query_layer: bool = False):
+    def __init__(self, cfg: ModelConfig, rng: np.random.RandomState, query_layer: bool = False):
         super().__init__()
-        h, nh, nkv, hd = cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+        nh, nkv, hd = cfg.num_heads, cfg.kv_heads, cfg.head_dim
         self.cfg = cfg
         self.nh, self.nkv, self.hd, self.s = nh, nkv, hd, cfg.seq_length
         self.group = nh // nkv
         self.dtype = ms_dtype(cfg.compute_dtype)
-        self.softmax_dtype = ms.float32 if cfg.softmax_fp32 else self.dtype
-        std = cfg.init_std
-        self.q_weight = _param(rng, (nh * hd, h), std, "q_weight")
-        self.k_weight = _param(rng, (nkv * hd, h), std, "k_weight")
-        self.v_weight = _param(rng, (nkv * hd, h), std, "v_weight")
-        self.out_weight = _param(rng, (h, nh * hd), out_std, "out_weight")
+        softmax_fp32 = cfg.softmax_fp32
+        if query_layer and cfg.query_softmax_fp32 is not None:
+            softmax_fp32 = cfg.query_softmax_fp32
+        self.softmax_dtype = ms.float32 if softmax_fp32 else self.dtype
         self.use_bias = cfg.bias
         self.q_bias = self.k_bias = self.v_bias = self.out_bias = None
-        if cfg.bias:
-            self.q_bias = _param(rng, (nh * hd,), 0, "q_bias", "zeros")
-            self.k_bias = _param(rng, (nkv * hd,), 0, "k_bias", "zeros")
-            self.v_bias = _param(rng, (nkv * hd,), 0, "v_bias", "zeros")
-            self.out_bias = _param(rng, (h,), 0, "out_bias", "zeros")
+        make_params(self, spec.attention_params(cfg, "", query_layer), cfg, rng)
         self.query_layer = query_layer
+        self.reset_positions = cfg.eod_reset_positions
+        self.reset_attention = cfg.eod_reset
+        self.position_ids = Tensor(np.arange(cfg.seq_length, dtype=np.int32)[None])
         if query_layer:
-            self.query_embedding = _param(rng, (cfg.positions, h), std, "query_embedding")
             self.query_lookup = ops.Gather()
-            self.position_ids = Tensor(np.arange(cfg.seq_length, dtype=np.int32)[None])
         self.q = ops.MatMul(transpose_b=True)
         self.k = ops.MatMul(transpose_b=True)
         self.v = ops.MatMul(transpose_b=True)
@@ -171,20 +207,31 @@ class Attention(nn.Cell):
         self.scale = ops.Mul()
         self.scale_value = Tensor(1.0 / math.sqrt(hd), ms.float32)
         self.mask = ops.Add()
-        self.bias_table = Tensor(attention_bias(cfg))
+        self.alibi = cfg.position == "alibi"
+        if self.reset_attention:
+            if self.alibi:
+                self.alibi_add = ops.Add()
+                self.alibi_table = Tensor(alibi_bias(cfg))                       # [heads, s, s]
+        else:
+            self.bias_table = Tensor(attention_bias(cfg))
         self.softmax = ops.Softmax(axis=-1)
+        self.prob_dropout = Dropout(cfg.dropout)
         self.context = ops.BatchMatMul()
         self.out = ops.MatMul(transpose_b=True)
         self.out_add = ops.Add()
+        self.dropout = Dropout(cfg.dropout)
         self.reshape = ops.Reshape()
         self.transpose = ops.Transpose()
         self.cast = ops.Cast()
         self.rope = cfg.position == "rope"
         if self.rope:
-            cos, sin = rope_tables(cfg.seq_length, hd, cfg.rope_base)
-            self.cos = Tensor(cos[None, None])          # [1, 1, s, d]
-            self.sin = Tensor(sin[None, None])
-            self.rot = Tensor(rotate_half_matrix(hd))   # [d, d]
+            cos, sin = rope_tables(cfg.positions, hd, cfg.rope_base, cfg.rope_style)
+            self.cos_table = Tensor(cos)                # [positions, d]
+            self.sin_table = Tensor(sin)
+            self.cos = Tensor(cos[None, None, : cfg.seq_length])          # [1, 1, s, d]
+            self.sin = Tensor(sin[None, None, : cfg.seq_length])
+            self.rot = Tensor(rotation_matrix(hd, cfg.rope_style))   # [d, d]
+            self.rope_lookup = ops.Gather()
             self.rot_mm = ops.MatMul()
             self.rope_mul_cos = ops.Mul()
             self.rope_mul_sin = ops.Mul()
@@ -198,53 +245,95 @@ class Attention(nn.Cell):
             y = add(y, self.cast(b, self.dtype))
         return y
 
-    def _heads(self, y, n):
+    def _heads(self, y, n, s):
         """[b*s, n*d] -> [b, n, s, d]"""
-        y = self.reshape(y, (-1, self.s, n, self.hd))
+        y = self.reshape(y, (-1, s, n, self.hd))
         return self.transpose(y, (0, 2, 1, 3))
 
-    def _apply_rope(self, x):
-        b = x.shape[0]
-        n = x.shape[1]
+    def rope_angles(self, positions):
+        """cos, sin broadcastable to [b, n, s, d]: fixed 0..s-1, or gathered at ``positions`` [b, s]."""
+        if positions is None:
+            return self.cos, self.sin
+        b, s = positions.shape
+        cos = self.reshape(self.rope_lookup(self.cos_table, positions, 0), (b, 1, s, self.hd))
+        sin = self.reshape(self.rope_lookup(self.sin_table, positions, 0), (b, 1, s, self.hd))
+        return cos, sin
+
+    def apply_rope(self, x, cos, sin):
+        b, n, s = x.shape[0], x.shape[1], x.shape[2]
         flat = self.reshape(x, (-1, self.hd))
-        rot = self.reshape(self.rot_mm(flat, self.cast(self.rot, x.dtype)), (b, n, self.s, self.hd))
-        return self.rope_add(self.rope_mul_cos(x, self.cast(self.cos, x.dtype)),
-                             self.rope_mul_sin(rot, self.cast(self.sin, x.dtype)))
+        rot = self.reshape(self.rot_mm(flat, self.cast(self.rot, x.dtype)), (b, n, s, self.hd))
+        return self.rope_add(self.rope_mul_cos(x, self.cast(cos, x.dtype)),
+                             self.rope_mul_sin(rot, self.cast(sin, x.dtype)))
 
     def _expand_kv(self, x):
-        """[b, nkv, s, d] -> [b, nh, s, d] by repeating each kv head for its query group."""
+        """[b, nkv, t, d] -> [b, nh, t, d] by repeating each kv head for its query group."""
         if self.group == 1:
             return x
-        b = x.shape[0]
-        x = self.reshape(x, (b, self.nkv, 1, self.s, self.hd))
+        b, t = x.shape[0], x.shape[2]
+        x = self.reshape(x, (b, self.nkv, 1, t, self.hd))
         x = self.expand(x, (1, 1, self.group, 1, 1))
-        return self.reshape(x, (b, self.nh, self.s, self.hd))
+        return self.reshape(x, (b, self.nh, t, self.hd))
 
-    def construct(self, x):
-        """x: [b*s, h] normalised hidden states -> [b*s, h]."""
-        if self.query_layer:
-            qe = self.query_lookup(self.query_embedding, self.position_ids, 0)    # [1, s, h]
-            batch = x.shape[0] // self.s
-            q_src = self.reshape(ops.tile(qe, (batch, 1, 1)), (-1, qe.shape[-1]))
+    def query_source(self, x, positions, batch: int):
+        """The rows the queries are projected from: x, or the query layer's position embeddings."""
+        if not self.query_layer:
+            return x
+        if positions is None:
+            qe = self.query_lookup(self.query_embedding, self.position_ids, 0)     # [1, s, h]
+            qe = ops.tile(qe, (batch, 1, 1))
         else:
-            q_src = x
-        q = self._heads(self._proj(self.q, self.q_add, q_src, self.q_weight, self.q_bias), self.nh)
-        k = self._heads(self._proj(self.k, self.k_add, x, self.k_weight, self.k_bias), self.nkv)
-        v = self._heads(self._proj(self.v, self.v_add, x, self.v_weight, self.v_bias), self.nkv)
+            qe = self.query_lookup(self.query_embedding, positions, 0)             # [b, s, h]
+        return self.reshape(qe, (-1, qe.shape[-1]))
+
+    def project_qkv(self, x, q_src, s: int, positions):
+        """Heads [b, n, s, d] of q, k, v (RoPE applied at ``positions``, default 0..s-1)."""
+        q = self._heads(self._proj(self.q, self.q_add, q_src, self.q_weight, self.q_bias), self.nh, s)
+        k = self._heads(self._proj(self.k, self.k_add, x, self.k_weight, self.k_bias), self.nkv, s)
+        v = self._heads(self._proj(self.v, self.v_add, x, self.v_weight, self.v_bias), self.nkv, s)
         if self.rope:
-            q = self._apply_rope(q)
-            k = self._apply_rope(k)
+            cos, sin = self.rope_angles(positions)
+            q = self.apply_rope(q, cos, sin)
+            k = self.apply_rope(k, cos, sin)
+        return q, k, v
+
+    def attend(self, q, k, v, bias):
+        """softmax(q k^T / sqrt(d) + bias) v merged to [b*s, nh*d], then the output projection."""
         k = self._expand_kv(k)
         v = self._expand_kv(v)
-        scores = self.scores(q, k)                                             # [b, nh, s, s]
+        scores = self.scores(q, k)                                             # [b, nh, s, t]
         scores = self.cast(scores, self.softmax_dtype)
         scores = self.scale(scores, self.cast(self.scale_value, self.softmax_dtype))
-        scores = self.mask(scores, self.cast(self.bias_table, self.softmax_dtype))
-        probs = self.cast(self.softmax(scores), self.dtype)
+        scores = self.mask(scores, self.cast(bias, self.softmax_dtype))
+        probs = self.prob_dropout(self.cast(self.softmax(scores), self.dtype))
         ctx = self.context(probs, v)                                           # [b, nh, s, d]
         ctx = self.reshape(self.transpose(ctx, (0, 2, 1, 3)), (-1, self.nh * self.hd))
         out = self._proj(self.out, self.out_add, ctx, self.out_weight, self.out_bias)
-        return self.cast(out, ms.float32)
+        return self.cast(self.dropout(out), ms.float32)
+
+    def construct(self, x, positions=None, bias=None):
+        """x: [b*s, h] normalised hidden states -> [b*s, h]."""
+        batch = x.shape[0] // self.s
+        pos = positions if self.reset_positions else None
+        q, k, v = self.project_qkv(x, self.query_source(x, pos, batch), self.s, pos)
+        if self.reset_attention:
+            if self.alibi:
+                bias = self.alibi_add(bias, self.alibi_table)
+        else:
+            bias = self.bias_table
+        return self.attend(q, k, v, bias)
+
+    def step(self, x, positions, bias, past_k=None, past_v=None):
+        """Incremental attention for generation: x [b*t, h] are the t newest tokens at ``positions``
+        [b, t]; keys/values of earlier tokens come from the cache (``past_k``/``past_v`` [b, nkv, T, d]).
+        ``bias`` [1 or b, 1 or nh, t, T + t].  Returns (out [b*t, h], keys, values) with the new ones
+        appended."""
+        t = positions.shape[1]
+        q, k, v = self.project_qkv(x, self.query_source(x, positions, positions.shape[0]), t, positions)
+        if past_k is not None:
+            k = ops.concat((past_k, k), 2)
+            v = ops.concat((past_v, v), 2)
+        return self.attend(q, k, v, bias), k, v
 
     def shardable_ops(self) -> Dict[str, object]:
         out = {"q": self.q, "k": self.k, "v": self.v, "scores": self.scores, "scale": self.scale,
@@ -253,6 +342,9 @@ class Attention(nn.Cell):
             out.update({"q_bias": self.q_add, "k_bias": self.k_add, "v_bias": self.v_add, "out_bias": self.out_add})
         if self.query_layer:
             out["query_lookup"] = self.query_lookup
+        if self.prob_dropout.drop is not None:
+            out["prob_dropout"] = self.prob_dropout.drop
+            out["dropout"] = self.dropout.drop
         return out
 
 
@@ -260,22 +352,13 @@ class Attention(nn.Cell):
 class MLP(nn.Cell):
     """(fast_)GeLU or SwiGLU feed-forward on [tokens, hidden]."""
 
-    def __init__(self, cfg: ModelConfig, rng: np.random.RandomState, out_std: float):
+    def __init__(self, cfg: ModelConfig, rng: np.random.RandomState):
         super().__init__()
-        h, f = cfg.hidden_size, cfg.ffn_hidden_size
         self.dtype = ms_dtype(cfg.compute_dtype)
         self.use_bias = cfg.bias
         self.swiglu = cfg.activation == "swiglu"
         self.up_bias = self.gate_bias = self.down_bias = None
-        self.up_weight = _param(rng, (f, h), cfg.init_std, "up_weight")
-        if self.swiglu:
-            self.gate_weight = _param(rng, (f, h), cfg.init_std, "gate_weight")
-        self.down_weight = _param(rng, (h, f), out_std, "down_weight")
-        if cfg.bias:
-            self.up_bias = _param(rng, (f,), 0, "up_bias", "zeros")
-            if self.swiglu:
-                self.gate_bias = _param(rng, (f,), 0, "gate_bias", "zeros")
-            self.down_bias = _param(rng, (h,), 0, "down_bias", "zeros")
+        make_params(self, spec.mlp_params(cfg, ""), cfg, rng)
         self.up = ops.MatMul(transpose_b=True)
         self.gate = ops.MatMul(transpose_b=True)
         self.down = ops.MatMul(transpose_b=True)
@@ -293,6 +376,7 @@ class MLP(nn.Cell):
             # tanh approximation (measured up to 4.7e-4 off on [-4, 4])
             self.act = ops.Erf()
         self.exact_gelu = cfg.activation == "gelu"
+        self.dropout = Dropout(cfg.dropout)
         self.cast = ops.Cast()
 
     def construct(self, x):
@@ -310,7 +394,7 @@ class MLP(nn.Cell):
         out = self.down(hidden, self.cast(self.down_weight, self.dtype))
         if self.use_bias:
             out = self.down_add(out, self.cast(self.down_bias, self.dtype))
-        return self.cast(out, ms.float32)
+        return self.cast(self.dropout(out), ms.float32)
 
     def activation(self, x):
         """GeLU (exact) or FastGeLU of x (the non-gated activations)."""
@@ -328,34 +412,96 @@ class MLP(nn.Cell):
             out.update({"up_bias": self.up_add, "down_bias": self.down_add})
             if self.swiglu:
                 out["gate_bias"] = self.gate_add
+        if self.dropout.drop is not None:
+            out["dropout"] = self.dropout.drop
         return out
 
 
 # ------------------------------------------------------------------------------ embedding
+class DocumentLayout(nn.Cell):
+    """Position ids and the document-causal attention bias of packed windows.
+
+    A token attends to earlier tokens of its own document; a document ends with
+    (and includes) its EOD token, so the token after an EOD starts a new one at
+    position 0.  ``construct(input_ids [b, s]) -> (positions [b, s] int32,
+    bias [b, 1, s, s] float32: 0 where attended, -1e9 elsewhere)``.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        s = cfg.seq_length
+        self.eod = int(cfg.eod_id)
+        self.causal = Tensor(np.tril(np.ones((s, s), np.bool_))[None])               # [1, s, s]
+        self.one = Tensor(1.0, ms.float32)
+        self.neg = Tensor(-1e9, ms.float32)
+        self.blocked = ops.Sub()
+        self.to_bias = ops.Mul()
+        self.cumsum = ops.CumSum(exclusive=True)
+        self.cast = ops.Cast()
+        self.equal = ops.Equal()
+        self.same = ops.Equal()
+        self.both = ops.LogicalAnd()
+        self.count = ops.ReduceSum()
+        self.expand = ops.ExpandDims()
+
+    def construct(self, input_ids):
+        is_eod = self.cast(self.equal(input_ids, self.eod), ms.float32)              # [b, s]
+        doc = self.cumsum(is_eod, 1)                                                # documents closed before
+        allowed = self.both(self.same(self.expand(doc, 2), self.expand(doc, 1)), self.causal)  # [b, s, s]
+        allowed = self.cast(allowed, ms.float32)
+        positions = self.cast(self.count(allowed, -1), ms.int32) - 1                 # tokens before, same doc
+        bias = self.to_bias(self.blocked(self.one, allowed), self.neg)
+        return positions, self.expand(bias, 1)
+
+
 class Embedding(nn.Cell):
-    """Word embedding (+ learned positions, + BLOOM's embedding LayerNorm) -> [b*s, h] float32."""
+    """Word embedding (+ learned positions, + BLOOM's embedding LayerNorm) -> [b*s, h] float32.
+
+    ``construct(input_ids) -> (x, positions, bias)``: with EOD resets the position
+    ids and attention bias of the packed window (see :class:`DocumentLayout`),
+    else ``None``.
+    """
 
     def __init__(self, cfg: ModelConfig, rng: np.random.RandomState):
         super().__init__()
         h = cfg.hidden_size
         self.h = h
-        self.word_embedding = _param(rng, (cfg.padded_vocab_size, h), cfg.init_std, "word_embedding")
+        make_params(self, spec.embedding_table_params(cfg), cfg, rng)
         self.lookup = ops.Gather()
         self.learned = cfg.position == "learned"
+        self.reset_positions = cfg.eod_reset_positions
+        self.use_layout = cfg.eod_reset or cfg.eod_reset_positions
+        if self.use_layout:
+            self.layout = DocumentLayout(cfg)
         if self.learned:
-            self.position_embedding = _param(rng, (cfg.positions, h), cfg.init_std, "position_embedding")
             self.position = ops.Gather()
             self.position_ids = Tensor(np.arange(cfg.seq_length, dtype=np.int32)[None])
             self.add_pos = ops.Add()
         self.use_norm = cfg.embedding_norm
         if self.use_norm:
             self.norm = Norm(cfg)
+        self.dropout = Dropout(cfg.dropout)
         self.reshape = ops.Reshape()
 
     def construct(self, input_ids):
+        positions = None
+        bias = None
+        if self.use_layout:
+            positions, bias = self.layout(input_ids)
         x = self.lookup(self.word_embedding, input_ids, 0)                        # [b, s, h]
         if self.learned:
-            x = self.add_pos(x, self.position(self.position_embedding, self.position_ids, 0))
+            pos = positions if self.reset_positions else self.position_ids
+            x = self.add_pos(x, self.position(self.position_embedding, pos, 0))
+        x = self.reshape(x, (-1, self.h))
+        if self.use_norm:
+            x = self.norm(x)
+        return self.dropout(x), positions, bias
+
+    def step(self, input_ids, positions):
+        """Embeddings of the newest tokens [b, t] at absolute ``positions`` [b, t] (generation)."""
+        x = self.lookup(self.word_embedding, input_ids, 0)
+        if self.learned:
+            x = self.add_pos(x, self.position(self.position_embedding, positions, 0))
         x = self.reshape(x, (-1, self.h))
         if self.use_norm:
             x = self.norm(x)
@@ -365,4 +511,6 @@ class Embedding(nn.Cell):
         out = {"lookup": self.lookup}
         if self.learned:
             out["position"] = self.position
+        if self.dropout.drop is not None:
+            out["dropout"] = self.dropout.drop
         return out

@@ -2,7 +2,10 @@
 
 ``NaohaiLM(cfg).construct(input_ids, labels) -> mean token loss`` is the
 network the trainer differentiates; ``NaohaiLM.logits`` gives next-token
-logits for generation and evaluation.  The root cell holds no operations of its
+logits for generation and evaluation.  The final norm sits after the last
+layer, or (``final_norm: before_query_layer``, PanGu-alpha's reference order)
+right before the top query layer, whose residual then starts from the normed
+stream and whose output goes to the head un-normed.  The root cell holds no operations of its
 own (only sub-cells), so a pipeline split can assign every op a stage: the
 embedding on the first stage, final norm / head / loss on the last.
 
@@ -10,7 +13,6 @@ Parameter names match :func:`naohai.model.params.param_shapes`.
 """
 from __future__ import annotations
 
-import math
 from typing import Dict
 
 import numpy as np
@@ -18,7 +20,8 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor
 
 from naohai.config import ModelConfig
-from naohai.model.layers import MLP, Attention, Embedding, Norm, ms_dtype
+from naohai.model.layers import MLP, Attention, Embedding, Norm, make_params, ms_dtype
+from naohai.model.spec import head_weight_params
 
 
 class DecoderLayer(nn.Cell):
@@ -26,18 +29,23 @@ class DecoderLayer(nn.Cell):
 
     def __init__(self, cfg: ModelConfig, index: int, rng: np.random.RandomState):
         super().__init__()
-        out_std = cfg.init_std / math.sqrt(2.0 * cfg.num_layers)
         self.is_query_layer = bool(cfg.query_layer and index == cfg.num_layers - 1)
         self.input_norm = Norm(cfg)
-        self.attention = Attention(cfg, rng, out_std, query_layer=self.is_query_layer)
+        self.attention = Attention(cfg, rng, query_layer=self.is_query_layer)
         self.post_attention_norm = Norm(cfg)
-        self.mlp = MLP(cfg, rng, out_std)
+        self.mlp = MLP(cfg, rng)
         self.attn_residual = ops.Add()
         self.mlp_residual = ops.Add()
 
-    def construct(self, x):
-        x = self.attn_residual(x, self.attention(self.input_norm(x)))
+    def construct(self, x, positions=None, bias=None):
+        x = self.attn_residual(x, self.attention(self.input_norm(x), positions, bias))
         return self.mlp_residual(x, self.mlp(self.post_attention_norm(x)))
+
+    def step(self, x, positions, bias, past_k=None, past_v=None):
+        """One generation step (see Attention.step): returns (x, keys, values)."""
+        a, k, v = self.attention.step(self.input_norm(x), positions, bias, past_k, past_v)
+        x = self.attn_residual(x, a)
+        return self.mlp_residual(x, self.mlp(self.post_attention_norm(x))), k, v
 
     def shardable_ops(self) -> Dict[str, object]:
         out = {f"attention.{k}": v for k, v in self.attention.shardable_ops().items()}
@@ -52,21 +60,22 @@ class DecoderLayer(nn.Cell):
 
 
 class Head(nn.Cell):
-    """Final norm and output projection; the weight is the word embedding when tied."""
+    """Final norm (unless it runs before the query layer) and output projection; the weight is the
+    word embedding when tied."""
 
     def __init__(self, cfg: ModelConfig, rng: np.random.RandomState):
         super().__init__()
         self.final_norm = Norm(cfg)
+        self.norm_here = cfg.final_norm == "after"
         self.dtype = ms_dtype(cfg.compute_dtype)
         self.logits = ops.MatMul(transpose_b=True)
         self.cast = ops.Cast()
         self.tied = cfg.tie_embeddings
-        if not self.tied:
-            from naohai.model.layers import _param
-            self.weight = _param(rng, (cfg.padded_vocab_size, cfg.hidden_size), cfg.init_std, "weight")
+        make_params(self, head_weight_params(cfg), cfg, rng)
 
     def construct(self, x, weight):
-        x = self.final_norm(x)
+        if self.norm_here:
+            x = self.final_norm(x)
         if not self.tied:
             weight = self.weight
         y = self.logits(self.cast(x, self.dtype), self.cast(weight, self.dtype))
@@ -74,11 +83,18 @@ class Head(nn.Cell):
 
 
 class CrossEntropy(nn.Cell):
-    """Mean next-token cross entropy over all tokens, in float32."""
+    """Next-token cross entropy in float32: the mean over all tokens, or with ``loss_pad_id`` the
+    references' sum(nll * m) / (sum(m) + 1e-5), m = 1 where the INPUT token is not the pad id."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.vocab = cfg.padded_vocab_size
+        self.pad = cfg.loss_pad_id
+        if self.pad is not None:
+            self.not_pad = ops.NotEqual()
+            self.sum = ops.ReduceSum()
+            self.eps = Tensor(1e-5, ms.float32)
+            self.cast = ops.Cast()
         self.onehot = ops.OneHot()
         self.xent = ops.SoftmaxCrossEntropyWithLogits()
         self.mean = ops.ReduceMean()
@@ -86,11 +102,14 @@ class CrossEntropy(nn.Cell):
         self.on = Tensor(1.0, ms.float32)
         self.off = Tensor(0.0, ms.float32)
 
-    def construct(self, logits, labels):
+    def construct(self, logits, labels, input_ids=None):
         labels = self.reshape(labels, (-1,))
         target = self.onehot(labels, self.vocab, self.on, self.off)
         loss, _ = self.xent(logits, target)
-        return self.mean(loss)
+        if self.pad is None:
+            return self.mean(loss)
+        mask = self.cast(self.not_pad(self.reshape(input_ids, (-1,)), self.pad), ms.float32)
+        return self.sum(loss * mask) / (self.sum(mask) + self.eps)
 
 
 class NaohaiLM(nn.Cell):
@@ -105,17 +124,38 @@ class NaohaiLM(nn.Cell):
         self.head = Head(cfg, rng)
         self.loss = CrossEntropy(cfg)
         self.vocab = cfg.padded_vocab_size
+        self.norm_before_last = cfg.final_norm == "before_query_layer"
+        self.last = cfg.num_layers - 1
 
     def hidden(self, input_ids):
-        x = self.embedding(input_ids)
-        for layer in self.layers:
-            x = layer(x)
+        x, positions, bias = self.embedding(input_ids)
+        for i, layer in enumerate(self.layers):
+            if self.norm_before_last and i == self.last:
+                x = self.head.final_norm(x)
+            x = layer(x, positions, bias)
         return x
 
     def construct(self, input_ids, labels):
         x = self.hidden(input_ids)
         logits = self.head(x, self.embedding.word_embedding)
-        return self.loss(logits, labels)
+        return self.loss(logits, labels, input_ids)
+
+    def step(self, input_ids, positions, bias, cache=None):
+        """Logits [b, t, vocab] of the t newest tokens given the key/value cache of the earlier ones.
+
+        ``cache`` is None or a list of (keys, values) per layer; returns (logits, new cache).  One call
+        costs the new tokens' work plus attention over the cache, not the whole window.
+        """
+        x = self.embedding.step(input_ids, positions)
+        new = []
+        for i, layer in enumerate(self.layers):
+            if self.norm_before_last and i == self.last:
+                x = self.head.final_norm(x)
+            past_k, past_v = (None, None) if cache is None else cache[i]
+            x, k, v = layer.step(x, positions, bias, past_k, past_v)
+            new.append((k, v))
+        y = self.head(x, self.embedding.word_embedding)
+        return y.reshape((input_ids.shape[0], input_ids.shape[1], self.vocab)), new
 
     def logits(self, input_ids):
         """[b, s] -> [b, s, vocab] float32."""

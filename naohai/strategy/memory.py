@@ -13,8 +13,9 @@ data x model ranks; it stays whole if the whole (unsliced) parameter is smaller 
 ``threshold_kb`` or its slice's first dimension does not split g ways (checked
 against MindSpore's compile in tests/strategy/test_plan_vs_compile.py).
 
-A parameter's slice counts come from the op that consumes it (so escape-hatch
-tuples count), else from its logical axes and the layer's rules.  The embedding
+A parameter's slice counts come from the op that consumes it (as the model
+description, naohai.model.spec, records; so escape-hatch tuples count), else
+from its logical axes and the layer's rules.  The embedding
 lives on stage 0; a tied table is also held by the last stage; the final norm
 and an untied head live on the last stage.
 
@@ -74,6 +75,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from naohai.config import ModelConfig
 from naohai.model.catalog import layer_op_names, layer_ops
 from naohai.model.params import ParamSpec, param_shapes
+from naohai.model.spec import param_consumers
 from naohai.strategy.resolve import RecomputeSpec, ResolvedStrategy
 
 ATTENTION_CHAIN = ("attention.scores", "attention.scale", "attention.mask", "attention.softmax")
@@ -94,32 +96,10 @@ ACCUMULATION_BYTES = 4
 
 
 # --------------------------------------------------------------------------- parameters
-def param_op_input(p: ParamSpec) -> Optional[Tuple[str, int]]:
-    """The (op, input index) that consumes a parameter, by the naming convention of the model."""
-    name = p.name
-    special = {"embedding.word_embedding": ("embedding.lookup", 0),
-               "embedding.position_embedding": ("embedding.position", 0),
-               "head.weight": ("head.logits", 1)}
-    if name in special:
-        return special[name]
-    base, leaf = name.rsplit(".", 1)
-    if leaf == "query_embedding":
-        return f"{base}.query_lookup", 0
-    if base.startswith("head.") and base[5:] in ("final_norm",):
-        base = base[5:]                      # head.final_norm.* params feed the final_norm op
-    if leaf == "gamma":
-        return base, 1
-    if leaf == "beta":
-        return base, 2
-    if leaf.endswith("_weight"):
-        return f"{base}.{leaf[:-7]}", 1
-    if leaf.endswith("_bias"):
-        return f"{base}.{leaf}", 1
-    return None
-
-
-def param_slices(p: ParamSpec, r: ResolvedStrategy) -> Tuple[int, ...]:
-    hit = param_op_input(p)
+def param_slices(p: ParamSpec, r: ResolvedStrategy, consumers: Dict[str, Tuple[str, int]]) -> Tuple[int, ...]:
+    """Slices of a parameter: from the op that consumes it (the model description says which),
+    else from its logical axes and the rules."""
+    hit = consumers.get(p.name)
     if hit and hit[0] in r.op_strategy:
         dims = r.op_strategy[hit[0]][hit[1]]
         if len(dims) == len(p.shape):
@@ -189,8 +169,9 @@ def place_params(cfg: ModelConfig, r: ResolvedStrategy) -> List[ParamPlacement]:
     wb = state_bytes(cfg.compute_dtype)[0]
     opt = r.optimizer_parallel
     out = []
+    consumers = param_consumers(cfg)
     for p in param_shapes(cfg):
-        sl = param_slices(p, r)
+        sl = param_slices(p, r, consumers)
         local = [d // k for d, k in zip(p.shape, sl)]
         n = 1
         for d in local:

@@ -11,6 +11,7 @@ steps, write the resolved recipe and strategy into the run folder, and return a
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -58,6 +59,19 @@ def prepare_data(recipe: Recipe, runtime: strategy_apply.Runtime, comm, log, pro
         raise failed or UserError("rank 0 could not prepare the data (see its log)", where=recipe.source,
                                   key="data")
     return ensure_prepared(recipe, progress=False)[0]
+
+
+def adopt_token_ids(recipe: Recipe, prepared_dir: str, log) -> Recipe:
+    """The recipe with the prepared data's EOD / pad ids in the model (the loader joins documents with
+    the tokenizer's EOD, so EOD resets and the loss's pad mask must look for that id)."""
+    from naohai.data.prepare import load_prepared
+    tok = load_prepared(prepared_dir, verify=False).meta["tokenizer"]
+    model = recipe.model.with_token_ids(tok["eod_id"], tok["pad_id"])
+    for key in ("eod_id", "loss_pad_id"):
+        before, after = getattr(recipe.model, key), getattr(model, key)
+        if before != after:
+            log(f"model.{key}: {before} -> {after} (the tokenizer's id for the same role)")
+    return dataclasses.replace(recipe, model=model)
 
 
 def layout_for(resolved) -> Dict[str, Any]:
@@ -127,6 +141,7 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     out = recipe.train.output_dir
     os.makedirs(out, exist_ok=True)
     prepared_dir = prepare_data(recipe, runtime, comm, writer_log, progress and runtime.is_writer)
+    recipe = adopt_token_ids(recipe, prepared_dir, writer_log)
     strategy_file = None
     if runtime.mode == "semi_auto":
         strategy_file = os.path.join(out, "strategy", f"rank_{runtime.rank}.ckpt")

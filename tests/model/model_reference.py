@@ -84,16 +84,39 @@ def silu(x):
 
 
 # ----------------------------------------------------------------------------- positions
-def rope(x, positions, base):
-    """Rotate-half RoPE on the last axis of x [..., s, d]: pairs (i, i + d/2), theta_i = base^(-2i/d)."""
+def rope(x, positions, base, style="rotate_half"):
+    """RoPE on the last axis of x [..., s, d], theta_i = base^(-2i/d).  rotate_half pairs (i, i + d/2);
+    interleaved pairs (2i, 2i + 1).  ``positions`` is [s] or broadcastable to x[..., 0]."""
     d = x.shape[-1]
     half = d // 2
     i = np.arange(half, dtype=np.float64)
     theta = base ** (-2.0 * i / d)
-    ang = np.asarray(positions, np.float64)[:, None] * theta[None, :]   # [s, d/2]
+    ang = np.asarray(positions, np.float64)[..., None] * theta          # [..., s, d/2]
     c, s = np.cos(ang), np.sin(ang)
+    if style == "interleaved":
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x1 * c - x2 * s
+        out[..., 1::2] = x2 * c + x1 * s
+        return out
     x1, x2 = x[..., :half], x[..., half:]
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def document_layout(ids, eod):
+    """Position ids and allowed-attention matrix of packed rows, the way PanGu-alpha's dataset.py
+    (get_input_data_batch_slice_map) builds them: after each EOD at index e, positions restart
+    and rows > e stop seeing columns <= e."""
+    b, s = ids.shape
+    pos = np.tile(np.arange(s), (b, 1))
+    allowed = np.tile(np.tril(np.ones((s, s), bool)), (b, 1, 1))
+    for r in range(b):
+        prev = 0
+        for e in np.nonzero(ids[r] == eod)[0]:
+            allowed[r, e + 1:, :e + 1] = False
+            pos[r, e + 1:] -= e + 1 - prev
+            prev = e + 1
+    return pos, allowed
 
 
 def alibi_slopes(n):
@@ -108,8 +131,8 @@ def alibi_slopes(n):
 
 
 # ----------------------------------------------------------------------------- blocks
-def attention(x, p, prefix, cfg, q_src=None):
-    """x: [b*s, h] normed hidden states. Returns [b*s, h]."""
+def attention(x, p, prefix, cfg, q_src=None, positions=None, allowed=None):
+    """x: [b*s, h] normed hidden states. Returns [b*s, h].  positions [b, s] (RoPE), allowed [b, s, s]."""
     s, nh, nkv = cfg.seq_length, cfg.num_heads, cfg.num_kv_heads or cfg.num_heads
     hd = cfg.hidden_size // nh
     b = x.shape[0] // s
@@ -127,8 +150,9 @@ def attention(x, p, prefix, cfg, q_src=None):
     k = heads(lin(x, "k"), nkv)
     v = heads(lin(x, "v"), nkv)
     if cfg.position == "rope":
-        q = rope(q, np.arange(s), cfg.rope_base)
-        k = rope(k, np.arange(s), cfg.rope_base)
+        pos = np.arange(s) if positions is None else positions[:, None, :]
+        q = rope(q, pos, cfg.rope_base, getattr(cfg, "rope_style", "rotate_half"))
+        k = rope(k, pos, cfg.rope_base, getattr(cfg, "rope_style", "rotate_half"))
     group = nh // nkv
     kv_of_head = [j // group for j in range(nh)]
     k, v = k[:, kv_of_head], v[:, kv_of_head]
@@ -137,7 +161,8 @@ def attention(x, p, prefix, cfg, q_src=None):
     j = np.arange(s)[None, :]
     if cfg.position == "alibi":
         scores = scores + alibi_slopes(nh)[None, :, None, None] * (j - i)[None, None]
-    scores = np.where((j > i)[None, None], -np.inf, scores)
+    blocked = (j > i)[None, None] if allowed is None else ~allowed[:, None]
+    scores = np.where(blocked, -np.inf, scores)
     probs = softmax(scores)
     ctx = np.einsum("bnij,bnjd->bnid", probs, v).transpose(0, 2, 1, 3).reshape(b * s, nh * hd)
     return lin(ctx, "out")
@@ -160,28 +185,39 @@ def mlp(x, p, prefix, cfg):
     return lin(hidden, "down")
 
 
-def decoder_layer(x, p, prefix, cfg, is_query_layer=False):
+def decoder_layer(x, p, prefix, cfg, is_query_layer=False, positions=None, allowed=None):
     h = norm(cfg.norm, x, p, f"{prefix}.input_norm", cfg.norm_eps)
     q_src = None
+    b = x.shape[0] // cfg.seq_length
+    pos = np.tile(np.arange(cfg.seq_length), (b, 1)) if positions is None else positions
     if is_query_layer:
-        b = x.shape[0] // cfg.seq_length
-        q_src = np.tile(p[f"{prefix}.attention.query_embedding"][: cfg.seq_length], (b, 1))
-    x = x + attention(h, p, f"{prefix}.attention", cfg, q_src=q_src)
+        q_src = p[f"{prefix}.attention.query_embedding"][pos].reshape(b * cfg.seq_length, -1)
+    x = x + attention(h, p, f"{prefix}.attention", cfg, q_src=q_src, positions=positions, allowed=allowed)
     return x + mlp(norm(cfg.norm, x, p, f"{prefix}.post_attention_norm", cfg.norm_eps), p, f"{prefix}.mlp", cfg)
 
 
 def lm_logits(p, cfg, ids):
     ids = np.asarray(ids)
     b, s = ids.shape
+    positions, allowed = None, None
+    if getattr(cfg, "eod_reset", False) or getattr(cfg, "eod_reset_positions", False):
+        pos, allow = document_layout(ids, cfg.eod_id)
+        allowed = allow if cfg.eod_reset else None
+        positions = pos if cfg.eod_reset_positions else None
     x = p["embedding.word_embedding"][ids]                      # [b, s, h]
     if cfg.position == "learned":
-        x = x + p["embedding.position_embedding"][:s][None]
+        x = x + p["embedding.position_embedding"][np.arange(s)[None] if positions is None else positions]
     x = x.reshape(b * s, -1)
     if cfg.embedding_norm:
         x = norm(cfg.norm, x, p, "embedding.norm", cfg.norm_eps)
+    before = getattr(cfg, "final_norm", "after") == "before_query_layer"
     for i in range(cfg.num_layers):
-        x = decoder_layer(x, p, f"layers.{i}", cfg, cfg.query_layer and i == cfg.num_layers - 1)
-    x = norm(cfg.norm, x, p, "head.final_norm", cfg.norm_eps)
+        if before and i == cfg.num_layers - 1:
+            x = norm(cfg.norm, x, p, "head.final_norm", cfg.norm_eps)
+        x = decoder_layer(x, p, f"layers.{i}", cfg, cfg.query_layer and i == cfg.num_layers - 1,
+                          positions, allowed)
+    if not before:
+        x = norm(cfg.norm, x, p, "head.final_norm", cfg.norm_eps)
     w = p["embedding.word_embedding"] if cfg.tie_embeddings else p["head.weight"]
     return x @ w.T                                              # [b*s, padded vocab]
 
@@ -191,4 +227,9 @@ def lm_loss(p, cfg, ids, labels):
     m = logits.max(-1, keepdims=True)
     logz = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
     lab = np.asarray(labels).reshape(-1)
-    return float(np.mean(logz - logits[np.arange(lab.size), lab]))
+    nll = logz - logits[np.arange(lab.size), lab]
+    pad = getattr(cfg, "loss_pad_id", None)
+    if pad is None:
+        return float(np.mean(nll))
+    m = (np.asarray(ids).reshape(-1) != pad).astype(np.float64)     # the references' input mask
+    return float((nll * m).sum() / (m.sum() + 1e-5))

@@ -23,7 +23,7 @@ def cfg_of(**kw):
 
 
 def build(cfg, seed=0, scale=0.3):
-    cell = Attention(cfg, np.random.RandomState(seed), out_std=0.02)
+    cell = Attention(cfg, np.random.RandomState(seed))
     p = ref.randomize(cell, np.random.RandomState(seed + 100), scale)
     return cell, p
 
@@ -95,14 +95,14 @@ def test_rope_rotation_matches_numpy_and_is_relative():
     s, d = cfg.seq_length, cfg.head_dim
     rng = np.random.RandomState(4)
     x = rng.standard_normal((1, 2, s, d))
-    got = cell._apply_rope(Tensor(x.astype(np.float32))).asnumpy()
+    got = cell.apply_rope(Tensor(x.astype(np.float32)), cell.cos, cell.sin).asnumpy()
     np.testing.assert_allclose(got, ref.rope(x, np.arange(s), 100.0), atol=1e-5)
     # a rotation: norms preserved
     np.testing.assert_allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
     # the same q at every position and the same k at every position: q_m . k_n depends on m - n only
     u, w = rng.standard_normal(d), rng.standard_normal(d)
-    q = cell._apply_rope(Tensor(np.tile(u, (1, 1, s, 1)).astype(np.float32))).asnumpy()[0, 0]
-    k = cell._apply_rope(Tensor(np.tile(w, (1, 1, s, 1)).astype(np.float32))).asnumpy()[0, 0]
+    q = cell.apply_rope(Tensor(np.tile(u, (1, 1, s, 1)).astype(np.float32)), cell.cos, cell.sin).asnumpy()[0, 0]
+    k = cell.apply_rope(Tensor(np.tile(w, (1, 1, s, 1)).astype(np.float32)), cell.cos, cell.sin).asnumpy()[0, 0]
     sc = q @ k.T                                                    # [m, n]
     for m in range(s):
         for n in range(s):
@@ -129,7 +129,7 @@ def test_alibi_attention_matches_numpy(heads, hidden):
 def test_alibi_bias_is_slope_times_distance():
     # zero q/k weights: scores are pure bias, so each row's probabilities are softmax(slope*(j-i))
     cfg = cfg_of(position="alibi", num_heads=4, bias=False)
-    cell = Attention(cfg, np.random.RandomState(0), 0.02)
+    cell = Attention(cfg, np.random.RandomState(0))
     hd, s = cfg.head_dim, cfg.seq_length
     for p in (cell.q_weight, cell.k_weight):
         p.set_data(Tensor(np.zeros(p.shape, np.float32)))
@@ -161,7 +161,7 @@ def test_gqa_equals_mha_with_duplicated_kv_weights():
     gcfg = cfg_of(num_kv_heads=2, position="rope")
     g, gp = build(gcfg)
     mcfg = cfg_of(position="rope")
-    m = Attention(mcfg, np.random.RandomState(9), 0.02)
+    m = Attention(mcfg, np.random.RandomState(9))
     hd, group = gcfg.head_dim, 2
     for name in ("k", "v"):
         w, b = gp[f"{name}_weight"], gp[f"{name}_bias"]
@@ -198,7 +198,7 @@ def test_query_layer_matches_numpy(max_positions):
 def test_query_layer_queries_come_from_position_embedding():
     # the attention cell alone: queries are query_embedding[pos] @ Wq^T + bq (not x @ Wq^T + bq)
     cfg = cfg_of(position="learned", query_layer=True)
-    cell = Attention(cfg, np.random.RandomState(0), 0.02, query_layer=True)
+    cell = Attention(cfg, np.random.RandomState(0), query_layer=True)
     p = ref.randomize(cell, np.random.RandomState(1), 0.3)
     s, h = cfg.seq_length, cfg.hidden_size
     x = np.random.RandomState(2).standard_normal((s, h))

@@ -117,3 +117,13 @@ def test_counting_needs_no_mindspore():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[0]) == 206_861_008_896
+
+
+def test_pengcheng_mind_200b_is_pangu_shaped_with_rope():
+    """PCLNLP-group/mPengC.mind conver_megatron_to_ms.py args_200B: h 12672, ffn 4h = 50688, padded vocab
+    49984, 103 blocks + the top query layer; RoPE, so no learned position table (only the query table)."""
+    c = MODEL_PRESETS["pengcheng-mind-200b"]
+    h, L, V, s = 12672, 104, 49984, 2048
+    assert (c["hidden_size"], c["num_layers"], c["ffn_hidden_size"], c["vocab_size"], c["seq_length"]) == \
+        (h, L, 4 * h, V, s)
+    assert count_params(ModelConfig(**c)) == pangu_formula(h, L, V, s) - s * h == 201_079_828_224

@@ -1,0 +1,65 @@
+"""Mean loss and perplexity of a model on given token ids, with the reference masking.
+
+Windows are ``seq_length + 1`` ids (inputs and their next tokens); a 1-D stream
+is cut into consecutive windows (a last partial window is dropped).  Each window
+counts the tokens the model's loss counts (all, or those whose input is not
+``loss_pad_id``), so the overall mean is the token-weighted mean of the
+per-window losses.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict
+
+import numpy as np
+
+from naohai.config import ModelConfig
+from naohai.errors import UserError
+
+
+@dataclass
+class EvalResult:
+    loss: float
+    perplexity: float
+    tokens: int
+    windows: int
+
+    def to_dict(self) -> Dict[str, float]:
+        return {"loss": self.loss, "perplexity": self.perplexity, "tokens": self.tokens, "windows": self.windows}
+
+
+def windows_of(ids: np.ndarray, cfg: ModelConfig, where: str) -> np.ndarray:
+    """[n, s + 1] int32 windows from a 1-D stream or 2-D array of token ids."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise UserError(f"token ids must be integers, got {ids.dtype}", where=where)
+    s = cfg.seq_length + 1
+    if ids.ndim == 1:
+        n = ids.size // s
+        ids = ids[: n * s].reshape(n, s)
+    if ids.ndim != 2 or ids.shape[1] != s or ids.shape[0] == 0:
+        raise UserError(f"needs at least one window of seq_length + 1 = {s} ids (a 1-D stream or [n, {s}]), "
+                        f"got shape {tuple(ids.shape)}", where=where)
+    if ids.min() < 0 or ids.max() >= cfg.padded_vocab_size:
+        raise UserError(f"token ids must be in [0, {cfg.padded_vocab_size}), got {ids.min()}..{ids.max()}",
+                        where=where)
+    return ids.astype(np.int32)
+
+
+def evaluate(model, cfg: ModelConfig, windows: np.ndarray, batch: int = 8) -> EvalResult:
+    """Token-weighted mean loss of ``model(inputs, labels)`` over the windows."""
+    from mindspore import Tensor
+
+    total, count = 0.0, 0
+    for start in range(0, len(windows), batch):
+        w = windows[start:start + batch]
+        inputs, labels = w[:, :-1], w[:, 1:]
+        n = int((inputs != cfg.loss_pad_id).sum()) if cfg.loss_pad_id is not None else int(inputs.size)
+        loss = float(model(Tensor(inputs), Tensor(labels)).asnumpy())
+        if cfg.loss_pad_id is not None:
+            loss = loss * (n + 1e-5) / max(n, 1)      # undo the + 1e-5 of the reference denominator
+        total += loss * n
+        count += n
+    mean = total / max(count, 1)
+    return EvalResult(mean, math.exp(min(mean, 700.0)), count, len(windows))
