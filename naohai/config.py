@@ -325,6 +325,15 @@ class Recipe:
         return d
 
 
+def write_recipe(recipe: "Recipe", path: str) -> str:
+    """Write ``recipe`` (name included) as a YAML file ``load_recipe`` reads back to the same recipe."""
+    raw = recipe.to_dict()
+    raw["name"] = recipe.name
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(raw, fh, sort_keys=False, default_flow_style=None)
+    return path
+
+
 # --------------------------------------------------------------------------- loading
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp)).replace("typing.", "")

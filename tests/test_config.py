@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from naohai.cli import main
-from naohai.config import load_recipe, parse_overrides
+from naohai.config import load_recipe, parse_overrides, resolve_recipe_path, write_recipe
 from naohai.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,3 +134,9 @@ def test_bad_device_is_named(capsys):
     assert "train.device" in err and "'TPU' is not one of auto, CPU, GPU, Ascend" in " ".join(err.split())
     err = _cli_error(capsys, ["train", "tiny", "--device", "TPU"])
     assert "--device" in err and "TPU" in err
+
+
+def test_write_recipe_reads_back_the_same_recipe(tmp_path):
+    r = load_recipe(resolve_recipe_path("pangu-alpha-2.6b"), ["train.lr=1e-4"])
+    back = load_recipe(write_recipe(r, str(tmp_path / "r.yaml")))
+    assert back.to_dict() == r.to_dict() and back.name == r.name

@@ -142,25 +142,16 @@ def run(args) -> int:
     if not args.compile:
         print("valid (our rules and the MindSpore 2.10 compatibility rules); add --compile to compile it")
         return 0
-    from naohai.simulate.harness import run_compile
-    from naohai.train.compile_target import kernel_note
+    from naohai.train.compile_target import compile_layout, kernel_note
     ranks = args.ranks or resolved.device_num
     if ranks != resolved.device_num:
         raise UserError(f"the strategy needs {resolved.device_num} ranks, --ranks is {ranks}; add --scale-down to "
                         f"shrink it", where="command line", key="--ranks", rule="ranks == strategy devices")
-    if recipe_file is None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        recipe_file = workdir / "recipe.yaml"
-        raw = recipe.to_dict()
-        raw["name"] = recipe.name
-        _write_yaml(recipe_file, raw)
-    kwargs = {"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy_file).resolve()),
-              "overrides": []}
     print(kernel_note())
     print(f"compiling on {ranks} simulated devices in {workdir} ...", flush=True)
-    report = run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=args.timeout,
-                         kwargs=kwargs, keep_ir=args.keep_ir, save_slices=args.save_slices,
-                         ir_check={"stages": resolved.stages, "clip": recipe_for_check.train.grad_clip > 0})
+    report = compile_layout(recipe_for_check, str(strategy_file), workdir, stages=resolved.stages,
+                            timeout=args.timeout, keep_ir=args.keep_ir, save_slices=args.save_slices, ranks=ranks,
+                            recipe_file=str(recipe_file) if recipe_file else None)
     print(report.render())
     print(param_table(report))
     print(f"per-rank results and strategy files: {workdir}/rank_<r>/ ; summary: {workdir}/summary.json")

@@ -171,19 +171,12 @@ def _reshard(args, path) -> int:
 
 def _compile(recipe, strategy, work: Path, timeout: float) -> Path:
     """Simulated compile of the destination: its per-rank strategy files."""
-    import yaml
-    from naohai.simulate.harness import run_compile
     from naohai.strategy.resolve import check_strategy, load_strategy
+    from naohai.train.compile_target import compile_layout
     resolved = check_strategy(load_strategy(strategy), recipe)
-    raw = recipe.to_dict()
-    raw["name"] = recipe.name
-    recipe_file = work / "recipe.yaml"
-    recipe_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     out = work / "compile"
     print(f"compiling the destination layout on {resolved.device_num} simulated devices ...", flush=True)
-    rep = run_compile("naohai.train.compile_target:build_for_compile", resolved.device_num, out, timeout=timeout,
-                      kwargs={"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy).resolve()),
-                              "overrides": []})
+    rep = compile_layout(recipe, strategy, out, stages=resolved.stages, timeout=timeout, ranks=resolved.device_num)
     if not rep.compiled:
         raise UserError(f"the destination strategy did not compile:\n{rep.render()}", where=strategy, key="--to")
     return out

@@ -457,9 +457,8 @@ class DocumentLayout(nn.Cell):
 class Embedding(nn.Cell):
     """Word embedding (+ learned positions, + BLOOM's embedding LayerNorm) -> [b*s, h] float32.
 
-    ``construct(input_ids) -> (x, positions, bias)``: with EOD resets the position
-    ids and attention bias of the packed window (see :class:`DocumentLayout`),
-    else ``None``.
+    ``construct(input_ids) -> x``; learned positions restart after each EOD with
+    ``eod_reset_positions`` (see :class:`DocumentLayout`).
     """
 
     def __init__(self, cfg: ModelConfig, rng: np.random.RandomState):
@@ -469,9 +468,8 @@ class Embedding(nn.Cell):
         make_params(self, spec.embedding_table_params(cfg), cfg, rng)
         self.lookup = ops.Gather()
         self.learned = cfg.position == "learned"
-        self.reset_positions = cfg.eod_reset_positions
-        self.use_layout = cfg.eod_reset or cfg.eod_reset_positions
-        if self.use_layout:
+        self.reset_positions = self.learned and cfg.eod_reset_positions
+        if self.reset_positions:
             self.layout = DocumentLayout(cfg)
         if self.learned:
             self.position = ops.Gather()
@@ -484,18 +482,14 @@ class Embedding(nn.Cell):
         self.reshape = ops.Reshape()
 
     def construct(self, input_ids):
-        positions = None
-        bias = None
-        if self.use_layout:
-            positions, bias = self.layout(input_ids)
         x = self.lookup(self.word_embedding, input_ids, 0)                        # [b, s, h]
         if self.learned:
-            pos = positions if self.reset_positions else self.position_ids
+            pos = self.layout(input_ids)[0] if self.reset_positions else self.position_ids
             x = self.add_pos(x, self.position(self.position_embedding, pos, 0))
         x = self.reshape(x, (-1, self.h))
         if self.use_norm:
             x = self.norm(x)
-        return self.dropout(x), positions, bias
+        return self.dropout(x)
 
     def step(self, input_ids, positions):
         """Embeddings of the newest tokens [b, t] at absolute ``positions`` [b, t] (generation)."""

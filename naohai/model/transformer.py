@@ -20,7 +20,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor
 
 from naohai.config import ModelConfig
-from naohai.model.layers import MLP, Attention, Embedding, Norm, make_params, ms_dtype
+from naohai.model.layers import MLP, Attention, DocumentLayout, Embedding, Norm, make_params, ms_dtype
 from naohai.model.spec import head_weight_params
 
 
@@ -30,6 +30,10 @@ class DecoderLayer(nn.Cell):
     def __init__(self, cfg: ModelConfig, index: int, rng: np.random.RandomState):
         super().__init__()
         self.is_query_layer = bool(cfg.query_layer and index == cfg.num_layers - 1)
+        # Each layer derives the packed window's positions / document mask from the input ids itself:
+        # they are cheap next to attention, and a layer on another pipeline stage then needs only the
+        # graph input, not a [b, 1, s, s] tensor (and its gradient) sent between stages.
+        self.layout = DocumentLayout(cfg) if cfg.eod_reset or cfg.eod_reset_positions else None
         self.input_norm = Norm(cfg)
         self.attention = Attention(cfg, rng, query_layer=self.is_query_layer)
         self.post_attention_norm = Norm(cfg)
@@ -37,7 +41,11 @@ class DecoderLayer(nn.Cell):
         self.attn_residual = ops.Add()
         self.mlp_residual = ops.Add()
 
-    def construct(self, x, positions=None, bias=None):
+    def construct(self, x, input_ids=None):
+        """x [b*s, h]; ``input_ids`` [b, s] are needed only with EOD resets."""
+        positions, bias = None, None
+        if self.layout is not None:
+            positions, bias = self.layout(input_ids)
         x = self.attn_residual(x, self.attention(self.input_norm(x), positions, bias))
         return self.mlp_residual(x, self.mlp(self.post_attention_norm(x)))
 
@@ -128,11 +136,11 @@ class NaohaiLM(nn.Cell):
         self.last = cfg.num_layers - 1
 
     def hidden(self, input_ids):
-        x, positions, bias = self.embedding(input_ids)
+        x = self.embedding(input_ids)
         for i, layer in enumerate(self.layers):
             if self.norm_before_last and i == self.last:
                 x = self.head.final_norm(x)
-            x = layer(x, positions, bias)
+            x = layer(x, input_ids)
         return x
 
     def construct(self, input_ids, labels):

@@ -38,6 +38,35 @@ def kernel_note() -> str:
     return "\n".join(lines)
 
 
+def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, timeout: float = 900.0,
+                   keep_ir: bool = False, save_slices: bool = False, ranks: Optional[int] = None,
+                   recipe_file: Optional[str] = None):
+    """Compile what ``naohai train`` runs for ``recipe`` under a strategy file on simulated devices.
+
+    The recipe is written into ``workdir/recipe.yaml`` (unless ``recipe_file`` already holds it) so
+    every worker loads the same one; the IR deadlock checks run with the strategy's ``stages`` and the
+    recipe's clipping.  Returns the harness's CompileReport (per-rank strategy files under
+    ``workdir/rank_<r>/``).  ``naohai check --compile`` and ``naohai ckpt reshard`` both call this.
+    """
+    from pathlib import Path
+
+    from naohai.config import write_recipe
+    from naohai.simulate.harness import run_compile
+    from naohai.strategy.resolve import check_strategy, load_strategy
+
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    if recipe_file is None:
+        recipe_file = write_recipe(recipe, str(workdir / "recipe.yaml"))
+    if ranks is None:
+        ranks = check_strategy(load_strategy(strategy_path), recipe).device_num
+    kwargs = {"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy_path).resolve()),
+              "overrides": []}
+    return run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=timeout,
+                       kwargs=kwargs, keep_ir=keep_ir, save_slices=save_slices,
+                       ir_check={"stages": stages, "clip": recipe.train.grad_clip > 0})
+
+
 def resolve_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
                         check_compat: bool = True):
     """(recipe, resolved): the validation ``naohai train`` does, plus the 2.10 compatibility rules."""

@@ -103,12 +103,8 @@ def test_resume_from_a_chosen_checkpoint_and_refusing_a_bad_one(trained, tmp_pat
 
 
 def _write_recipe(tmp_path, recipe):
-    import yaml
-    raw = recipe.to_dict()
-    raw["name"] = recipe.name
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    from naohai.config import write_recipe
+    return write_recipe(recipe, str(tmp_path / "recipe.yaml"))
 
 
 FAILING_SAVE = r"""

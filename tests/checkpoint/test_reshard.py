@@ -137,7 +137,7 @@ def test_layout_round_trips_bit_for_bit(compiled_layout, tmp_path):
 
 @pytest.mark.slow
 def test_ckpt_reshard_command_moves_a_pipeline_checkpoint_to_another_layout(compiled_layout, tmp_path, capsys):
-    """`naohai ckpt reshard A --to B --compiled WORKDIR`: B's rank files equal B's own compile-time slices."""
+    """`naohai ckpt reshard A --to B [--compiled WORKDIR]`: B's rank files equal B's own compile-time slices."""
     from naohai.cli import main
     recipe_a, lay_a = _layout("A")
     work_a, work_b = _compiled(compiled_layout, "A"), _compiled(compiled_layout, "B")
@@ -156,6 +156,15 @@ def test_ckpt_reshard_command_moves_a_pipeline_checkpoint_to_another_layout(comp
         assert model_names and set(model_names) <= set(got)
         for n in model_names:
             np.testing.assert_array_equal(got[n], expected[r][n].asnumpy(), err_msg=f"rank {r}: {n}")
+    # without --compiled the command compiles B itself (same strategy files, so the same slices)
+    code = main(["ckpt", "reshard", ckpt, override, "--to", str(ROOT / "strategies" / f"{name}.yaml"),
+                 "--out", str(tmp_path / "B-self")])
+    assert code == 0, capsys.readouterr().err
+    for r in range(4):
+        got, want = _load(str(tmp_path / "B-self"), r), _load(str(tmp_path / "B"), r)
+        assert set(got) == set(want)
+        for n in want:
+            np.testing.assert_array_equal(got[n], want[n], err_msg=f"self-compiled rank {r}: {n}")
     # the CLI refuses to overwrite and names a compile workdir that does not fit
     assert main(["ckpt", "reshard", ckpt, override, "--to", str(ROOT / "strategies" / f"{name}.yaml"),
                  "--compiled", str(work_b), "--out", str(tmp_path / "B")]) == 2
