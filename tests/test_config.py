@@ -140,3 +140,19 @@ def test_write_recipe_reads_back_the_same_recipe(tmp_path):
     r = load_recipe(resolve_recipe_path("pangu-alpha-2.6b"), ["train.lr=1e-4"])
     back = load_recipe(write_recipe(r, str(tmp_path / "r.yaml")))
     assert back.to_dict() == r.to_dict() and back.name == r.name
+
+
+def test_preset_token_ids_follow_their_roles_into_another_tokenizer():
+    """PanGu-alpha: eod = pad = 6 (pangu_alpha_config.py), so the loss drops predictions made from EOD;
+    PengCheng-Mind: eod 2, pad 0.  With naohai's tokenizer (eod 1, pad 0) the roles carry over."""
+    from naohai.config import MODEL_PRESETS, ModelConfig
+    pangu = ModelConfig(**MODEL_PRESETS["pangu-alpha-2.6b"])
+    assert (pangu.eod_id, pangu.loss_pad_id) == (6, 6)
+    got = pangu.with_token_ids(eod_id=1, pad_id=0)
+    assert (got.eod_id, got.loss_pad_id) == (1, 1)
+    pcm = ModelConfig(**MODEL_PRESETS["pengcheng-mind-7b"])
+    assert (pcm.eod_id, pcm.loss_pad_id) == (2, 0)
+    got = pcm.with_token_ids(eod_id=1, pad_id=3)
+    assert (got.eod_id, got.loss_pad_id) == (1, 3)
+    tiny = ModelConfig(**MODEL_PRESETS["tiny"]).with_token_ids(eod_id=1, pad_id=0)
+    assert (tiny.eod_id, tiny.loss_pad_id) == (None, None)
