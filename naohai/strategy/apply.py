@@ -162,7 +162,13 @@ def shard_ops(model, resolved) -> int:
 
 
 def apply_recompute(model, resolved) -> None:
-    """Full-layer or selective (per-op) recompute as the strategy says, per layer."""
+    """Full-layer or selective (per-op) recompute as the strategy says, per layer.
+
+    Dropout is never recomputed: MindSpore 2.10 re-runs a recomputed ``Dropout`` with a new
+    random mask, so the backward pass would use another mask than the forward (measured on
+    CPU: the loss and the weight gradient of ``sum(dropout(x) * w)`` disagree).  Its output
+    is kept instead, as the references keep their dropout masks.
+    """
     if resolved is None:
         return
     for i, spec in enumerate(resolved.recompute):
@@ -171,6 +177,9 @@ def apply_recompute(model, resolved) -> None:
             layer.recompute(mp_comm_recompute=bool(spec.comm),
                             parallel_optimizer_comm_recompute=bool(getattr(spec, "optimizer_comm", False)),
                             recompute_slice_activation=bool(getattr(spec, "slice_activation", False)))
+            for prim in layer.shardable_ops().values():
+                if isinstance(prim, P.Dropout):
+                    prim.recompute(False)
         elif spec.mode == "select":
             ops_by_name = layer.shardable_ops()
             for op in spec.ops:

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from naohai.config import MODEL_PRESETS, ModelConfig, Recipe
 from naohai.errors import UserError, did_you_mean
-from naohai.model.catalog import OpSpec, layer_op_names, op_catalog
+from naohai.model.catalog import OpSpec, layer_op_names, layer_ops, op_catalog
 from naohai.strategy import checks
 from naohai.strategy.schema import (LayerEntry, OpTuple, RecomputeEntry, RuleValue, Strategy,  # noqa: F401
                                     load_strategy, parse_strategy)
@@ -271,11 +271,17 @@ def _recompute(s: Strategy, cfg: ModelConfig) -> List[RecomputeSpec]:
             out.append(RecomputeSpec())
             continue
         e, r = chosen
-        names = layer_op_names(cfg, cfg.query_layer and i == n - 1)
+        kinds = {o.name: o.kind for o in layer_ops(cfg, 1, cfg.query_layer and i == n - 1)}
+        names = list(kinds)
         for j, op in enumerate(r.select):
             if op not in names:
                 _fail(s, f'layers."{e.key}".recompute.select[{j}]',
                       f"layer {i} has no op '{op}'.{did_you_mean(op, names)}", "op name exists")
+            if kinds[op] == "Dropout":
+                _fail(s, f'layers."{e.key}".recompute.select[{j}]',
+                      f"'{op}' is a dropout: recomputing it would draw a new random mask, so the backward "
+                      f"pass would not match the forward; dropouts are never recomputed (their outputs are "
+                      f"kept), remove it from the list", "no dropout in a recompute list")
         out.append(RecomputeSpec(r.mode, r.select, r.comm, r.optimizer_comm, r.slice_activation))
     return out
 

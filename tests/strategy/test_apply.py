@@ -101,3 +101,72 @@ def test_full_recompute_with_comm_on_a_layer_range():
     assert model.layers[1].mlp.down.attrs.get("recompute_comm_op") is True
     assert "recompute_comm_op" not in model.layers[0].attention.q.attrs
     assert model.layers[2].get_flags().get("output_recompute") is False
+
+
+def test_full_recompute_keeps_dropout_out_of_the_recomputation():
+    """MindSpore 2.10 re-draws a recomputed Dropout's mask; apply.py keeps every dropout out of it."""
+    recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=8", "model.dropout=0.1"])
+    raw = {"name": "t", "mesh": {"data": 1, "model": 1, "pipeline": 1},
+           "layers": {"0-3": {"recompute": "full"}}}
+    resolved = check_strategy(parse_strategy(raw, "inline"), recipe)
+    model = NaohaiLM(recipe.model)
+    A.apply_strategy(model, resolved)
+    for layer in model.layers:
+        assert layer._has_config_recompute
+        drops = [p for p in layer.shardable_ops().values() if type(p).__name__ == "Dropout"]
+        assert len(drops) == 3                                   # attention probs, attention out, mlp out
+        assert all(p.attrs.get("recompute") is False for p in drops)
+        assert layer.attention.q.attrs.get("recompute") is not False
+
+
+def test_recomputed_layer_backward_uses_the_forward_dropout_mask():
+    """Behaviour, on a one-layer stand-in: loss = sum(2 * dropout(x) * w), so dloss/dw = 2 * dropout(x)
+    with the forward's mask and sum(w * dloss/dw) must equal the loss.  Without apply.py's exclusion
+    MindSpore's recompute gives another mask (the two differ)."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn, ops
+    from naohai.model.layers import Dropout
+    from naohai.strategy.resolve import RecomputeSpec
+
+    class Layer(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.drop = Dropout(0.5)
+            self.w = Parameter(Tensor(np.random.RandomState(0).randn(512).astype(np.float32)), name="w")
+
+        def construct(self, x):
+            return self.drop(x * 1.0) * self.w
+
+        def shardable_ops(self):
+            return {"dropout": self.drop.drop}
+
+    class Model(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.CellList([Layer()])
+
+        def construct(self, x):
+            return ops.ReduceSum()(self.layers[0](x) * 2.0)
+
+    class Resolved:
+        recompute = [RecomputeSpec("full")]
+
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    x = Tensor(np.random.RandomState(1).rand(512).astype(np.float32) + 1.0)
+    gaps = {}
+    try:
+        for exclude in (True, False):
+            model = Model()
+            model.set_train(True)
+            if exclude:
+                A.apply_recompute(model, Resolved())
+            else:
+                model.layers[0].recompute()
+            loss, (g,) = ms.value_and_grad(model, None, model.trainable_params())(x)
+            gaps[exclude] = abs(float(loss) - float((g.asnumpy() * model.layers[0].w.asnumpy()).sum()))
+    finally:
+        ms.set_context(mode=mode)
+    assert gaps[True] < 1e-3
+    assert gaps[False] > 1e-2          # what MindSpore does to a recomputed dropout (the reason for the rule)

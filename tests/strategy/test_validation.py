@@ -157,6 +157,14 @@ def test_unknown_select_op_key_path(load):
     assert "attention.softmax" in str(e)
 
 
+def test_dropout_is_never_in_a_recompute_list(load):
+    import dataclasses
+    model = dataclasses.replace(TINY.model, dropout=0.1)
+    e = err(load, tiny(layers={"0-3": {"recompute": {"select": ["mlp.act", "attention.prob_dropout"]}}}),
+            model=model)
+    assert e.key == 'layers."0-3".recompute.select[1]' and e.rule == "no dropout in a recompute list"
+
+
 def test_escape_hatch_must_divide_shape(load):
     # the mask's second input has shape (1, s, s): its first dim cannot be split 2 ways
     e = err(load, tiny(mesh={"data": 2}, ops={"layers.0.attention.mask": [[2, 1, 1, 1], [2, 1, 1]]}))
