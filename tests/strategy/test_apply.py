@@ -152,6 +152,7 @@ def test_recomputed_layer_backward_uses_the_forward_dropout_mask():
     class Resolved:
         recompute = [RecomputeSpec("full")]
 
+    ms.set_device("CPU")               # before any kernel runs (later tests set it again)
     mode = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE)
     x = Tensor(np.random.RandomState(1).rand(512).astype(np.float32) + 1.0)
