@@ -100,6 +100,7 @@ def _write_yaml(path: Path, data) -> None:
 
 def run(args) -> int:
     from naohai.config import read_yaml
+    from naohai.strategy.batch import adopt_batch
     from naohai.strategy.compat import check_compat
     from naohai.strategy.resolve import check_strategy, load_strategy
 
@@ -123,6 +124,9 @@ def run(args) -> int:
         recipe_file, strategy_file, overrides = None, Path(strategy_path), list(args.overrides)
     from naohai.config import load_recipe
     recipe_for_check = load_recipe(str(recipe_file)) if recipe_file else recipe
+    recipe_for_check, adopted = adopt_batch(recipe_for_check, load_strategy(str(strategy_file)))
+    for note in adopted:
+        print(f"batch from the strategy file: {note}")
     resolved = check_strategy(load_strategy(str(strategy_file)), recipe_for_check)
     if args.compat_fixes:
         from naohai.strategy.compat import compat_fixes
@@ -151,7 +155,7 @@ def run(args) -> int:
     if recipe_file is None:
         workdir.mkdir(parents=True, exist_ok=True)
         recipe_file = workdir / "recipe.yaml"
-        raw = recipe.to_dict()
+        raw = recipe_for_check.to_dict()          # with the batch adopted from the strategy, if any
         raw["name"] = recipe.name
         _write_yaml(recipe_file, raw)
     kwargs = {"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy_file).resolve()),

@@ -8,7 +8,7 @@ from naohai.cli import main
 from naohai.config import preset_recipe
 from naohai.strategy.plan import build_plan
 from naohai.strategy.profiles import PROFILES
-from naohai.strategy.resolve import check_strategy, load_strategy
+from naohai.strategy.resolve import check_strategy
 from naohai.strategy.schema import parse_strategy
 from naohai.strategy.search import search
 
@@ -68,21 +68,3 @@ def test_written_file_reproduces_its_row(capsys, tmp_path):
     assert plan["step_seconds"] == pytest.approx(row["step_seconds"], rel=1e-12)
     assert plan["tokens_per_second_per_device"] == pytest.approx(row["tokens_per_second_per_device"], rel=1e-12)
     assert plan["global_batch"] == 64
-
-
-def test_strategy_batch_keys_conflict_with_a_recipe(tmp_path):
-    from naohai.errors import UserError
-    s = load_strategy(_write(tmp_path, {"mesh": {"data": 2}, "global_batch": 32, "micro_batch_size": 8}))
-    recipe = preset_recipe("tiny")
-    recipe.train.global_batch_size, recipe.train.micro_batch_size = 16, 8
-    with pytest.raises(UserError) as e:
-        check_strategy(s, recipe)
-    assert e.value.key == "global_batch" and "16" in str(e.value) and "32" in str(e.value)
-    # a command-line value wins over both
-    assert check_strategy(s, recipe, global_batch=32).gradient_accumulation == 2
-
-
-def _write(tmp_path, raw):
-    p = tmp_path / "s.yaml"
-    p.write_text(yaml.safe_dump(raw))
-    return str(p)
