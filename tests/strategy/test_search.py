@@ -68,3 +68,23 @@ def test_written_file_reproduces_its_row(capsys, tmp_path):
     assert plan["step_seconds"] == pytest.approx(row["step_seconds"], rel=1e-12)
     assert plan["tokens_per_second_per_device"] == pytest.approx(row["tokens_per_second_per_device"], rel=1e-12)
     assert plan["global_batch"] == 64
+
+
+def test_pengcheng_mind_200b_on_3456_finds_fitting_per_stage_plans():
+    """The issue's acceptance case (preset rebuilt PanGu-shaped: 104 layers, hidden 12672, seq 2048)."""
+    cfg = preset_recipe("pengcheng-mind-200b").model
+    rows = search(cfg, 3456, 1024, 1, PROFILE, top=5)
+    assert rows
+    usable = (PROFILE.memory_gb - PROFILE.reserve_gb) * 1024 ** 3
+    for c in rows:
+        mesh = c.raw["mesh"]
+        assert mesh["data"] * mesh["model"] * mesh["pipeline"] == 3456
+        p = c.plan
+        assert p.fits and c.peak_bytes <= usable
+        assert mesh["data"] * c.raw["micro_batches"] * 1 * p.gradient_accumulation == 1024
+    # an 8-card model group crosses the PCIe link between an Atlas 800's two HCCS groups (16 vs 90 GB/s):
+    # the fastest layout keeps the model axis inside one group
+    assert rows[0].raw["mesh"]["model"] <= 4
+    # recompute chosen per stage: the best layout mixes recompute kinds across its layers
+    r = check_strategy(parse_strategy(dict(rows[0].raw)), cfg)
+    assert len({(s.mode, s.ops, s.comm) for s in r.recompute}) > 1
