@@ -15,7 +15,7 @@ import math
 import os
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Union
 
 import yaml
 
@@ -311,6 +311,9 @@ class Recipe:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     source: Optional[str] = None      # file it was read from (not a YAML key)
+    # dotted keys the recipe file or its overrides wrote (e.g. "train.global_batch_size"); the rest are
+    # defaults.  naohai.strategy.batch adopts a strategy file's batch only where the recipe is silent.
+    stated: FrozenSet[str] = frozenset()
 
     def validate(self) -> "Recipe":
         where = self.source or "recipe"
@@ -322,6 +325,7 @@ class Recipe:
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("source", None)
+        d.pop("stated", None)
         return d
 
 
@@ -485,6 +489,7 @@ def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
         data=_build(DataConfig, raw.get("data") or {}, where, "data"),
         train=_build(TrainConfig, raw.get("train") or {}, where, "train"),
         source=where,
+        stated=frozenset(f"{section}.{key}" for section in ("data", "train") for key in (raw.get(section) or {})),
     )
     return recipe.validate()
 

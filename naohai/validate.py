@@ -77,7 +77,7 @@ def _describe(value: Any) -> str:
 def integer(value: Any, where: Optional[str], key: str, minimum: Optional[int] = None,
             maximum: int = INT_MAX) -> int:
     """A whole number in [minimum, maximum]; 8.0 is accepted as 8, 8.5, .inf, true and '8' are not."""
-    rng = f"an integer in [{minimum if minimum is not None else '-inf'}, {maximum}]"
+    rng = f"an integer in [{minimum}, {maximum}]" if minimum is not None else f"an integer <= {maximum}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         _fail(where, key, f"must be {rng}, got {_describe(value)}", "type: integer")
     if isinstance(value, float) and not math.isfinite(value):
@@ -87,7 +87,7 @@ def integer(value: Any, where: Optional[str], key: str, minimum: Optional[int] =
     n = int(value)
     if (minimum is not None and n < minimum) or n > maximum:
         _fail(where, key, f"must be {rng}, got {n:g}" if abs(n) > 1e12 else f"must be {rng}, got {n}",
-              f"{minimum if minimum is not None else ''} <= {key.split('.')[-1]} <= {maximum}")
+              (f"{minimum} <= " if minimum is not None else "") + f"{key.split('.')[-1]} <= {maximum}")
     return n
 
 

@@ -17,6 +17,14 @@ def test_integer_refuses(value):
     assert e.value.where == "f.yaml" and e.value.key == "mesh.data" and e.value.rule
 
 
+def test_integer_without_minimum_states_only_the_upper_bound():
+    with pytest.raises(UserError) as e:
+        validate.integer(10 ** 12, "r.yaml", "model.hidden_size")
+    text = str(e.value)
+    assert "must be an integer <= 2147483647" in text and "-inf" not in text
+    assert e.value.rule == "hidden_size <= 2147483647"
+
+
 def test_integer_accepts_whole_floats_in_range():
     assert validate.integer(8.0, "f", "k", 1) == 8 and validate.integer(1000, "f", "k", 1, 1000) == 1000
 

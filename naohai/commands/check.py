@@ -100,6 +100,7 @@ def _write_yaml(path: Path, data) -> None:
 
 def run(args) -> int:
     from naohai.config import read_yaml
+    from naohai.strategy.batch import adopt_batch
     from naohai.strategy.compat import check_compat
     from naohai.strategy.resolve import check_strategy, load_strategy
 
@@ -123,6 +124,9 @@ def run(args) -> int:
         recipe_file, strategy_file, overrides = None, Path(strategy_path), list(args.overrides)
     from naohai.config import load_recipe
     recipe_for_check = load_recipe(str(recipe_file)) if recipe_file else recipe
+    recipe_for_check, adopted = adopt_batch(recipe_for_check, load_strategy(str(strategy_file)))
+    for note in adopted:
+        print(f"batch from the strategy file: {note}")
     resolved = check_strategy(load_strategy(str(strategy_file)), recipe_for_check)
     if args.compat_fixes:
         from naohai.strategy.compat import compat_fixes

@@ -146,9 +146,9 @@ def _reshard(args, path) -> int:
             from naohai.config import parse_overrides, _merge  # noqa: PLC2701 - shared merge helper
             raw = _merge(dict(man["recipe"]), parse_overrides(list(args.overrides)))
             recipe = recipe_from_dict(raw, where=os.path.join(path, store.MANIFEST))
-        from naohai.strategy.compat import validated_strategy
+        from naohai.strategy.compat import validated_run
         from naohai.train.job import layout_for
-        resolved = validated_strategy(recipe, args.to)
+        recipe, resolved = validated_run(recipe, args.to)
         layout = layout_for(resolved)
         strategy_dir = work / "strategy"
         strategy_dir.mkdir()

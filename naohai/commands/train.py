@@ -23,7 +23,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from naohai.config import load_recipe
     from naohai.errors import UserError
-    from naohai.strategy.compat import validated_strategy
+    from naohai.strategy.compat import validated_run
     from naohai.train.job import train
 
     if args.no_resume and args.resume_from:
@@ -33,7 +33,9 @@ def run(args) -> int:
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
     recipe = load_recipe(args.recipe, overrides)
-    resolved = validated_strategy(recipe, args.strategy) if args.strategy else None
+    resolved = None
+    if args.strategy:
+        recipe, resolved = validated_run(recipe, args.strategy)
     result = train(recipe, resolved, resume=not args.no_resume, resume_from=args.resume_from,
                    max_steps=args.max_steps, device=args.device)
     if result.evals and result.is_writer:

@@ -138,6 +138,9 @@ def scale_down(recipe, raw_strategy: Dict[str, Any], max_ranks: int = 8) -> Tupl
                 new_entries[new_key] = copy.deepcopy(body)
             changes.append(f'layers."{key}" -> ' + ", ".join(f'"{lo}-{hi}"' for lo, hi in _ranges(covered)))
         s["layers"] = new_entries
+    for key in ("global_batch", "micro_batch_size"):
+        if s.get(key) is not None:
+            changes.append(f"strategy {key} {s.pop(key)} dropped (the scaled recipe sets the batch below)")
     if s.get("model"):
         changes.append(f"strategy model key '{s['model']}' dropped (the scaled model is not that preset)")
         s.pop("model")

@@ -63,12 +63,25 @@ def check_compat(resolved, recipe=None) -> None:
     _xent_class_axis(resolved)
 
 
-def validated_strategy(recipe, path: str, warn=print):
-    """Load ``path`` and validate it against ``recipe``: our rules plus the MindSpore 2.10 rules
-    above; ``warn`` receives each warning line.  What ``naohai train`` and ``naohai launch`` use."""
+def validated_run(recipe, path: str, warn=print):
+    """(recipe, resolved): load the strategy at ``path``, adopt its batch keys where the recipe leaves
+    them to defaults (:func:`naohai.strategy.batch.adopt_batch`: an error where both state different
+    values), and validate it against the recipe: our rules plus the MindSpore 2.10 rules above.
+    ``warn`` receives one line per adopted key and per warning.  What ``naohai train`` runs with."""
+    from naohai.strategy.batch import adopt_batch
     from naohai.strategy.resolve import check_strategy, load_strategy
-    resolved = check_strategy(load_strategy(path), recipe)
+    strategy = load_strategy(path)
+    recipe, adopted = adopt_batch(recipe, strategy)
+    resolved = check_strategy(strategy, recipe)
     check_compat(resolved, recipe)
+    for note in adopted:
+        warn(f"naohai: batch from the strategy file: {note}")
     for warning in resolved.warnings:
         warn(f"naohai: warning: {warning}")
-    return resolved
+    return recipe, resolved
+
+
+def validated_strategy(recipe, path: str, warn=print):
+    """The resolved strategy of :func:`validated_run` (what ``naohai launch`` / ``submit`` check before
+    any worker starts; each worker's ``naohai train`` adopts the same batch)."""
+    return validated_run(recipe, path, warn)[1]

@@ -18,6 +18,7 @@ biases added after the row-parallel matmuls) is split over data x model.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -25,6 +26,7 @@ from naohai.config import MODEL_PRESETS, ModelConfig, Recipe
 from naohai.errors import UserError, did_you_mean
 from naohai.model.catalog import OpSpec, layer_op_names, layer_ops, op_catalog
 from naohai.strategy import checks
+from naohai.strategy.batch import adopt_batch
 from naohai.strategy.schema import (LayerEntry, OpTuple, RecomputeEntry, RuleValue, Strategy,  # noqa: F401
                                     load_strategy, parse_strategy)
 from naohai.strategy.stages import layer_placement, stage_split
@@ -347,24 +349,23 @@ def check_strategy(strategy: Strategy, recipe_or_model_cfg: Union[Recipe, ModelC
                    micro_batch_size: Optional[int] = None, global_batch: Optional[int] = None) -> ResolvedStrategy:
     """Every semantic rule, then resolution.
 
-    The batch: ``micro_batch_size`` / ``global_batch`` (command-line flags) win; else the recipe's
-    train section and the strategy's own ``micro_batch_size`` / ``global_batch`` keys, which must
-    agree when both are given; else micro-batch size 1 and no global-batch rule.
+    The batch: ``micro_batch_size`` / ``global_batch`` (command-line flags) win; else, with a recipe,
+    the recipe's train section after :func:`naohai.strategy.batch.adopt_batch` (the strategy's own
+    ``micro_batch_size`` / ``global_batch`` where the recipe leaves them to defaults, an error where
+    both state different values); else the strategy's keys, else micro-batch size 1 and no
+    global-batch rule.
     """
     s = strategy
     if isinstance(recipe_or_model_cfg, Recipe):
-        r = recipe_or_model_cfg
-        where = r.source or r.name
-        for key, mine, theirs in (("micro_batch_size", s.micro_batch_size, r.train.micro_batch_size),
-                                  ("global_batch", s.global_batch, r.train.global_batch_size)):
-            flag = micro_batch_size if key == "micro_batch_size" else global_batch
-            if flag is None and mine is not None and mine != theirs:
-                _fail(s, key, f"the strategy says {mine}, the recipe {where} says train."
-                              f"{'global_batch_size' if key == 'global_batch' else key} {theirs}",
-                      "strategy and recipe agree on the batch")
+        # a command-line flag replaces the strategy's key as well as the recipe's
+        flags = {k: None for k, flag in (("micro_batch_size", micro_batch_size), ("global_batch", global_batch))
+                 if flag is not None}
+        r, _ = adopt_batch(recipe_or_model_cfg, dataclasses.replace(s, **flags))
         mbs = micro_batch_size or r.train.micro_batch_size
         gb = global_batch or r.train.global_batch_size
-        gb_where = "--global-batch" if global_batch else f"train.global_batch_size in {where}"
+        gb_where = ("--global-batch" if global_batch else
+                    f"global_batch in {s.source}" if gb != recipe_or_model_cfg.train.global_batch_size else
+                    f"train.global_batch_size in {r.source or r.name}")
         return _resolve(s, r.model, mbs, devices, gb, gb_where)
     mbs = micro_batch_size or s.micro_batch_size or 1
     gb = global_batch or s.global_batch

@@ -10,8 +10,9 @@ Format (every key optional except ``mesh``)::
     name: pangu-alpha-200b-2048p
     model: pangu-alpha-200b          # preset this layout targets (warned on mismatch)
     devices: 2048                    # if given, must equal the mesh product
-    global_batch: 2048               # sequences per step; used when no recipe gives one (a recipe
-    micro_batch_size: 1              #   that disagrees is an error); `plan --search --write` records both
+    global_batch: 2048               # sequences per step, and per rank per micro-batch: adopted where the
+    micro_batch_size: 1              #   recipe leaves them to defaults, an error where it states others
+                                     #   (naohai.strategy.batch); `plan --search --write` records both
     mesh: {data: 16, model: 8, pipeline: 16}
     sequence_parallel: false         # Megatron-style, on the model axis (needs model > 1)
     micro_batches: 32                # pipeline micro-batches per step (>= pipeline stages)

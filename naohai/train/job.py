@@ -134,6 +134,12 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     device = resolve_device(device or recipe.train.device, where=where,
                             key="--device" if where == "command line" else "train.device")
     strategy_apply.check_runnable(resolved, device)
+    planned_mbs = getattr(resolved, "micro_batch_size", None)
+    if planned_mbs is not None and planned_mbs != recipe.train.micro_batch_size:
+        # internal misuse: the strategy was resolved for another batch than this recipe's (pass the recipe
+        # that naohai.strategy.compat.validated_run returns: it carries a batch adopted from the strategy)
+        raise ValueError(f"strategy resolved for micro-batch size {planned_mbs}, recipe has "
+                         f"{recipe.train.micro_batch_size}")
     set_context(recipe, device)
     runtime = strategy_apply.init_runtime(resolved, device)
     writer_log = log if runtime.is_writer else (lambda *_: None)

@@ -89,6 +89,16 @@ def test_scale_down_keeps_mp_rules_recompute_and_says_what_changed(preset, name,
     assert strat16["pipeline"]["layers_per_stage"] == [1, 1]
 
 
+def test_scale_down_drops_the_strategys_batch_keys():
+    """The scaled recipe states its own batch; the cluster file's global_batch / micro_batch_size would contradict it."""
+    raw = read_yaml(str(S / "naohai-200b-3456p.yaml"))
+    assert (raw["global_batch"], raw["micro_batch_size"]) == (1024, 1)
+    rec, strat, changes = scale_down(preset_recipe("pengcheng-mind-200b"), raw, 8)
+    assert "global_batch" not in strat and "micro_batch_size" not in strat
+    assert any("global_batch 1024 dropped" in c for c in changes)
+    check_strategy(parse_strategy(strat, "scaled"), recipe_from_dict(rec, "scaled"))
+
+
 def raw_query(preset):
     from naohai.config import MODEL_PRESETS
     return MODEL_PRESETS[preset].get("query_layer", False)

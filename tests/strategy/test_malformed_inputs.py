@@ -73,6 +73,9 @@ RECIPES = [
     ("duplicate-model-key", "model: {preset: tiny}\ntrain: {lr: 1.0e-3, lr: 2.0e-3}", "duplicate key 'lr'"),
     ("batch-disagrees-with-strategy", "model: {preset: tiny}\ntrain: {global_batch_size: 32, micro_batch_size: 8}",
      "global_batch"),
+    ("micro-batch-disagrees-with-strategy", "model: {preset: tiny}\ntrain: {micro_batch_size: 4}", "micro_batch_size"),
+    ("both-stated-micro-batch-disagrees", "model: {preset: tiny}\ntrain: {global_batch_size: 16, micro_batch_size: 16}",
+     "micro_batch_size"),
 ]
 
 PROFILE_BASE = "base: ascend-910a-32g\n"
