@@ -164,13 +164,17 @@ def shard_ops(model, resolved) -> int:
 def apply_recompute(model, resolved) -> None:
     """Full-layer or selective (per-op) recompute as the strategy says, per layer.
 
-    Dropout is never recomputed: MindSpore 2.10 re-runs a recomputed ``Dropout`` with a new
-    random mask, so the backward pass would use another mask than the forward (measured on
-    CPU: the loss and the weight gradient of ``sum(dropout(x) * w)`` disagree).  Its output
-    is kept instead, as the references keep their dropout masks.
+    On CPU and GPU a fully recomputed layer keeps its dropouts out of the recomputation:
+    there ``Dropout`` is one kernel, and MindSpore 2.10 re-runs it with a new random mask, so
+    the backward pass would use another mask than the forward (measured on CPU: the loss and
+    the weight gradient of ``sum(dropout(x) * w)`` disagree); its outputs are kept instead.
+    On Ascend MindSpore splits it into DropoutGenMask + DropoutDoMask and the mask is kept
+    as bits, so the layer is left whole there (the kept outputs would cost a [b, a, s, s]
+    tensor per layer); only an Ascend run can confirm that mask reuse.
     """
     if resolved is None:
         return
+    keep_dropout = ms.get_context("device_target") != "Ascend"
     for i, spec in enumerate(resolved.recompute):
         layer = model.layers[i]
         if spec.mode == "full":
@@ -178,7 +182,7 @@ def apply_recompute(model, resolved) -> None:
                             parallel_optimizer_comm_recompute=bool(getattr(spec, "optimizer_comm", False)),
                             recompute_slice_activation=bool(getattr(spec, "slice_activation", False)))
             for prim in layer.shardable_ops().values():
-                if isinstance(prim, P.Dropout):
+                if keep_dropout and isinstance(prim, P.Dropout):
                     prim.recompute(False)
         elif spec.mode == "select":
             ops_by_name = layer.shardable_ops()

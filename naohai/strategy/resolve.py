@@ -281,9 +281,9 @@ def _recompute(s: Strategy, cfg: ModelConfig) -> List[RecomputeSpec]:
                       f"layer {i} has no op '{op}'.{did_you_mean(op, names)}", "op name exists")
             if kinds[op] == "Dropout":
                 _fail(s, f'layers."{e.key}".recompute.select[{j}]',
-                      f"'{op}' is a dropout: recomputing it would draw a new random mask, so the backward "
-                      f"pass would not match the forward; dropouts are never recomputed (their outputs are "
-                      f"kept), remove it from the list", "no dropout in a recompute list")
+                      f"'{op}' is a dropout: recomputing it alone would draw a new random mask, so the "
+                      f"backward pass would not match the forward; remove it from the list (its output "
+                      f"is kept)", "no dropout in a recompute list")
         out.append(RecomputeSpec(r.mode, r.select, r.comm, r.optimizer_comm, r.slice_activation))
     return out
 
