@@ -230,6 +230,9 @@ class LossScaleConfig:
     min_scale: float = 1.0
 
 
+SCHEDULES = ("naohai", "pangu")
+
+
 @dataclass
 class TrainConfig:
     steps: int = 300
@@ -240,6 +243,7 @@ class TrainConfig:
     warmup_steps: int = 30
     decay: str = "cosine"            # cosine | linear | constant
     decay_steps: Optional[int] = None  # None = steps
+    schedule: str = "naohai"         # naohai | pangu (the references' LearningRate; see naohai/train/schedule.py)
     weight_decay: float = 0.1
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
@@ -271,6 +275,13 @@ class TrainConfig:
         if self.decay not in ("cosine", "linear", "constant"):
             bad("decay", f"'{self.decay}' is not one of cosine, linear, constant."
                          f"{did_you_mean(self.decay, ('cosine', 'linear', 'constant'))}")
+        if self.schedule not in SCHEDULES:
+            bad("schedule", f"'{self.schedule}' is not one of {', '.join(SCHEDULES)}.{did_you_mean(self.schedule, SCHEDULES)}")
+        if self.schedule == "pangu" and self.decay == "constant":
+            bad("decay", "the pangu schedule decays (cosine, or linear = PolynomialDecayLR of power 1); "
+                         "'constant' has no reference counterpart", "schedule pangu -> decay cosine | linear")
+        if self.decay_steps is not None and self.decay_steps <= 0:
+            bad("decay_steps", f"must be a positive integer (or left out for train.steps), got {self.decay_steps}")
         if self.mode not in ("graph", "pynative"):
             bad("mode", f"'{self.mode}' is not one of graph, pynative")
         for key in ("steps", "global_batch_size", "micro_batch_size"):

@@ -177,22 +177,28 @@ def load_model(checkpoint: str):
     return recipe, model, path, int(state["step"])
 
 
+def tokenizer_path(recipe, checkpoint: str, path: Optional[str]) -> str:
+    """The tokenizer of a model from :func:`load_model`: the recipe's, else the one beside the run
+    (``<run>/tokenizer.model``, the checkpoint being ``<run>/checkpoints/step_N``), else the recipe's
+    default place."""
+    from naohai.data.pipeline import default_tokenizer_path
+
+    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path))) if path else checkpoint
+    found = recipe.data.tokenizer or os.path.join(run_dir, "tokenizer.model")
+    return found if os.path.exists(found) else default_tokenizer_path(recipe)
+
+
 class Generator:
     def __init__(self, checkpoint: str, device: Optional[str] = None):
         import mindspore as ms
 
-        from naohai.data.pipeline import default_tokenizer_path
         from naohai.data.tokenizer import Tokenizer
         from naohai.train.device import resolve_device
 
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
         recipe, self.model, path, self.step = load_model(checkpoint)
-        run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path))) if path else checkpoint
-        tok_path = recipe.data.tokenizer or os.path.join(run_dir, "tokenizer.model")
-        if not os.path.exists(tok_path):
-            tok_path = default_tokenizer_path(recipe)
-        self.tokenizer = Tokenizer.load(tok_path)
+        self.tokenizer = Tokenizer.load(tokenizer_path(recipe, checkpoint, path))
         self.cfg = recipe.model
         self.model.set_train(False)
         self.decoder = CachedDecoder(self.model, self.cfg, pad_id=self.tokenizer.pad_id)

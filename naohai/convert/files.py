@@ -34,8 +34,8 @@ def _load_ckpt(path: str) -> Dict[str, np.ndarray]:
     return {name: p.asnumpy() for name, p in params.items()}
 
 
-def _merge_slices(folder: str, strategy: str) -> str:
-    """Merge rank_<n>/*.ckpt slices into one checkpoint with MindSpore; returns its path."""
+def _merge_slices(folder: str, strategy: str) -> Dict[str, np.ndarray]:
+    """Merge rank_<n>/*.ckpt slices into whole tensors with MindSpore's ``transform_checkpoints``."""
     import mindspore as ms
     if not os.path.isfile(strategy):
         raise UserError("strategy file not found", where=strategy)
@@ -47,12 +47,17 @@ def _merge_slices(folder: str, strategy: str) -> str:
     if len(names) != 1:
         raise UserError(f"rank folders must hold one checkpoint name each, found {sorted(names)[:4]}", where=folder)
     prefix = os.path.splitext(names.pop())[0]
-    out = tempfile.mkdtemp(prefix="naohai-merge-")
-    ms.transform_checkpoints(folder, out, prefix, strategy, None)
-    merged = glob.glob(os.path.join(out, "rank_0", "*.ckpt"))
-    if not merged:
-        raise UserError("MindSpore produced no merged checkpoint from these slices", where=folder)
-    return merged[0]
+    with tempfile.TemporaryDirectory(prefix="naohai-merge-") as out:
+        try:
+            ms.transform_checkpoints(folder, out, prefix, strategy, None)
+        except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+            raise UserError(f"MindSpore could not merge these slices with strategy file {strategy} "
+                            f"({str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__})",
+                            where=folder) from None
+        merged = glob.glob(os.path.join(out, "rank_0", "*.ckpt"))
+        if not merged:
+            raise UserError("MindSpore produced no merged checkpoint from these slices", where=folder)
+        return _load_ckpt(merged[0])
 
 
 def read_reference(src: str, strategy: Optional[str] = None) -> Dict[str, np.ndarray]:
@@ -60,7 +65,7 @@ def read_reference(src: str, strategy: Optional[str] = None) -> Dict[str, np.nda
     if not os.path.exists(src):
         raise UserError("checkpoint source not found", where=src)
     if strategy is not None:
-        return _load_ckpt(_merge_slices(src, strategy))
+        return _merge_slices(src, strategy)
     if os.path.isfile(src):
         return _load_ckpt(src)
     ckpts = sorted(glob.glob(os.path.join(src, "*.ckpt")))

@@ -27,7 +27,16 @@ single spaces, which sentencepiece then treats as word boundaries.  A literal
 back to a space.  (PanGu also mapped newlines to ``\\u2583``; here a newline is its
 own user-defined piece instead, so it needs no marker.)
 
-Models without a naohai format marker (e.g. downloaded ones) are used "raw":
+PanGu-alpha's ``vocab.model`` (scheme ``pangu``, detected by its ``<eod>``, ``<eot>``
+and ``<pad>`` pieces and no naohai marker) is used the way the reference's
+``JIEBATokenizer`` uses it (mindspore-ai/models official/nlp/Pangu_alpha/
+src/tokenization_jieba.py): jieba cuts the text, each word has ``" " -> \u2582`` and
+``"\n" -> \u2583``, the words are joined with spaces and sentencepiece encodes that
+with the model's own normalisation; decoding drops spaces and maps ``\u2582`` / ``\u2583``
+back.  EOD and pad are the ids of the ``<eod>`` and ``<pad>`` pieces, as there.  The
+round trip is the reference's, not exact (e.g. a literal ``\u2582`` comes back as a space).
+
+Other models without a naohai format marker (e.g. downloaded ones) are used "raw":
 plain sentencepiece encode/decode, with no exactness promise.
 """
 from __future__ import annotations
@@ -52,6 +61,8 @@ NEWLINE = "\n"
 ESC = "\u2584"
 SP_SPACE = "\u2581"
 JIEBA_SPACE = "\u2582"
+JIEBA_NEWLINE = "\u2583"          # PanGu-alpha's newline marker (scheme "pangu" only)
+PANGU_PIECES = ("<eod>", "<eot>", "<pad>")   # the pieces the reference JIEBATokenizer looks up
 # pieces every trained model holds besides merges: 4 specials, marker, newline, 256 bytes
 RESERVED_PIECES = 4 + 1 + 1 + 256
 _MAX_LINE_CHARS = 8000      # training sentences are cut to this length (<= 32 KB UTF-8)
@@ -120,9 +131,22 @@ def from_pieces_text(text: str, jieba_mode: bool) -> str:
     return "".join(out)
 
 
+_PANGU_TRANSLATE = str.maketrans(" \n", JIEBA_SPACE + JIEBA_NEWLINE)
+
+
+def pangu_pieces_text(text: str) -> str:
+    """The string PanGu-alpha's JIEBATokenizer hands sentencepiece (tokenize + convert_tokens_to_ids)."""
+    return " ".join(word.translate(_PANGU_TRANSLATE) for word in _jieba_cut(text))
+
+
+def pangu_text(decoded: str) -> str:
+    """PanGu-alpha's JIEBATokenizer.process_tokens on sentencepiece's decoded string."""
+    return decoded.replace(" ", "").replace(JIEBA_SPACE, " ").replace(JIEBA_NEWLINE, "\n")
+
+
 # --------------------------------------------------------------------------- tokenizer
 class Tokenizer:
-    """A sentencepiece model plus naohai's exact text mapping."""
+    """A sentencepiece model plus its text mapping (``scheme``, detected from the model's pieces)."""
 
     def __init__(self, model_proto: bytes, path: Optional[str] = None):
         self._proto = bytes(model_proto)
@@ -133,8 +157,14 @@ class Tokenizer:
             self.scheme, self.jieba = "naohai-v1-jieba", True
         elif MARKER_PLAIN in pieces:
             self.scheme, self.jieba = "naohai-v1", False
+        elif all(self._piece_id(p) is not None for p in PANGU_PIECES):
+            self.scheme, self.jieba = "pangu", True
         else:
             self.scheme, self.jieba = "raw", False
+
+    def _piece_id(self, piece: str) -> Optional[int]:
+        i = self.sp.piece_to_id(piece)
+        return i if self.sp.id_to_piece(i) == piece else None      # unknown pieces map to unk
 
     # ---- construction / persistence
     @classmethod
@@ -175,10 +205,14 @@ class Tokenizer:
 
     @property
     def eod_id(self) -> int:
+        if self.scheme == "pangu":
+            return self._piece_id("<eod>")
         return self.sp.eos_id()
 
     @property
     def pad_id(self) -> int:
+        if self.scheme == "pangu":
+            return self._piece_id("<pad>")
         return self.sp.pad_id()
 
     @property
@@ -193,21 +227,26 @@ class Tokenizer:
         return self.sp.id_to_piece(int(i))
 
     # ---- text
-    def encode(self, text: str) -> List[int]:
+    def _mapped(self, text: str) -> str:
         if self.scheme == "raw":
-            return self.sp.encode(text)
-        return self.sp.encode(to_pieces_text(text, self.jieba))
+            return text
+        if self.scheme == "pangu":
+            return pangu_pieces_text(text)
+        return to_pieces_text(text, self.jieba)
+
+    def encode(self, text: str) -> List[int]:
+        return self.sp.encode(self._mapped(text))
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> List[List[int]]:
         """Encode many texts at once (sentencepiece threads over the batch)."""
-        if self.scheme != "raw":
-            texts = [to_pieces_text(t, self.jieba) for t in texts]
-        return self.sp.encode(list(texts), num_threads=num_threads)
+        return self.sp.encode([self._mapped(t) for t in texts], num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:
         text = self.sp.decode([int(i) for i in ids])
         if self.scheme == "raw":
             return text
+        if self.scheme == "pangu":
+            return pangu_text(text)
         return from_pieces_text(text, self.jieba)
 
     def __repr__(self) -> str:

@@ -34,7 +34,8 @@ class StepResult:
 
 
 def make_optimizer(model: NaohaiLM, recipe: Recipe) -> nn.Optimizer:
-    """AdamW; no weight decay on norms, biases and embedding tables."""
+    """AdamW; as in both references, every parameter decays except norm gains/shifts and biases
+    (spec ``no_decay``), embedding tables included."""
     no_decay = {p.name for p in param_shapes(recipe.model) if p.no_decay}
     params = list(model.trainable_params())
     decay = [p for p in params if p.name not in no_decay]

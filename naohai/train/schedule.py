@@ -1,6 +1,19 @@
-"""Learning-rate schedule: linear warmup, then cosine or linear decay to a floor.
+"""Learning-rate schedule: warmup, then cosine or linear decay to a floor.
 
-A pure function of the step, so a resumed run gets exactly the same rates.
+A pure function of the optimizer's step counter (the number of updates applied
+before this one), so a resumed run gets exactly the same rates.  Two shapes,
+chosen by ``train.schedule``:
+
+* ``naohai``: warmup ``lr * (step + 1) / warmup_steps``, then the decay runs over
+  the steps *after* warmup, from ``lr`` at ``warmup_steps`` to ``min_lr`` at
+  ``decay_steps`` (default ``steps``).
+* ``pangu``: the ``LearningRate`` cell of both reference codes (PanGu-alpha
+  ``official/nlp/Pangu_alpha/src/utils.py`` and PengCheng-Mind ``src/utils.py``):
+  MindSpore's ``WarmUpLR`` (``lr * step / warmup_steps``, so the first update uses
+  0) while ``step < warmup_steps``; afterwards ``CosineDecayLR(min_lr, lr,
+  decay_steps)`` (or ``PolynomialDecayLR`` of power 1 for ``decay: linear``)
+  evaluated at the global step, i.e. over the fixed horizon ``[0, decay_steps]``
+  that includes the warmup, and held at ``min_lr`` after it.
 """
 from __future__ import annotations
 
@@ -10,14 +23,26 @@ from naohai.config import TrainConfig
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
-    """Rate used for optimizer step ``step`` (0-based)."""
+    """Rate used for the optimizer update whose counter reads ``step`` (0-based)."""
+    if cfg.schedule == "pangu":
+        return _pangu(cfg, step)
     if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.decay == "constant":
         return cfg.lr
     total = cfg.decay_steps or cfg.steps
     span = max(1, total - cfg.warmup_steps)
-    progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / span))
+    return _decayed(cfg, (step - cfg.warmup_steps) / span)
+
+
+def _pangu(cfg: TrainConfig, step: int) -> float:
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    return _decayed(cfg, step / (cfg.decay_steps or cfg.steps))
+
+
+def _decayed(cfg: TrainConfig, progress: float) -> float:
+    progress = min(1.0, max(0.0, progress))
     if cfg.decay == "cosine":
         frac = 0.5 * (1.0 + math.cos(math.pi * progress))
     else:

@@ -1,0 +1,101 @@
+"""`naohai eval` on a trained run and on one of its checkpoint folders, against a numpy loss.
+
+The weights come from the run's checkpoint file read with MindSpore's own
+``load_checkpoint`` (not naohai's store), the loss from the numpy forward of
+tests/model/model_reference.py (the references' input-pad mask when the model has one).
+Imported model folders are covered in tests/convert/test_convert_cli.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+import mindspore as ms
+
+from naohai.checkpoint.store import list_checkpoints
+from naohai.cli import main
+from naohai.train.job import start
+from tests.conftest import micro_recipe
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "model"))
+import model_reference as ref  # noqa: E402
+
+
+def _numpy_mean_loss(weights, cfg, windows):
+    """Token-weighted mean over all windows of the masked next-token loss."""
+    total, count = 0.0, 0
+    for w in windows:
+        ids, labels = w[None, :-1], w[None, 1:]
+        n = int((ids != cfg.loss_pad_id).sum()) if cfg.loss_pad_id is not None else ids.size
+        loss = ref.lm_loss(weights, cfg, ids, labels)
+        if cfg.loss_pad_id is not None:
+            loss = loss * (n + 1e-5) / max(n, 1)
+        total, count = total + loss * n, count + n
+    return total / count
+
+
+def test_eval_of_a_trained_run_and_checkpoint_equals_numpy(tmp_path, micro_data, capsys):
+    prepared, tok = micro_data
+    run = tmp_path / "run"
+    recipe = micro_recipe(run, prepared, tok, steps=4, save_every=2, eval_every=4)
+    # PanGu's conventions (EOD blocks attention, the loss skips inputs equal to EOD = pad); the trainer
+    # swaps in the tokenizer's EOD id (naohai.train.job.adopt_token_ids), read back from the manifest
+    recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, eod_reset=True, eod_id=6,
+                                                                   loss_pad_id=6))
+    start(recipe, None, log=lambda *_: None, progress=False).run()
+    ckpts = list_checkpoints(str(run))
+    assert [os.path.basename(c) for c in ckpts][-1].endswith("4")
+    with open(os.path.join(ckpts[-1], "manifest.json")) as fh:
+        from naohai.config import recipe_from_dict
+        cfg = recipe_from_dict(json.load(fh)["recipe"]).model
+    rng = np.random.RandomState(0)
+    s = cfg.seq_length + 1
+    windows = rng.randint(0, cfg.vocab_size, (3, s)).astype(np.int64)
+    assert cfg.eod_reset and cfg.eod_id is not None and cfg.loss_pad_id == cfg.eod_id
+    windows[0, 5] = windows[0, 11] = cfg.eod_id
+    windows[2, 20:] = cfg.loss_pad_id
+    np.save(tmp_path / "ids.npy", windows)
+
+    def eval_json(target):
+        capsys.readouterr()
+        assert main(["eval", target, "--ids", str(tmp_path / "ids.npy"), "--batch", "2", "--json",
+                     "--device", "CPU"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    for ckpt, target in ((ckpts[-1], str(run)), (ckpts[0], ckpts[0])):
+        weights = {k: v.asnumpy().astype(np.float64)
+                   for k, v in ms.load_checkpoint(os.path.join(ckpt, "rank_0.ckpt")).items()}
+        want = _numpy_mean_loss(weights, cfg, windows)
+        got = eval_json(target)
+        assert abs(got["loss"] - want) <= 1e-5 * max(1.0, want), (target, got, want)
+        assert abs(got["perplexity"] - np.exp(want)) <= 1e-4 * np.exp(want)
+        assert got["windows"] == 3
+    # the two checkpoints hold different weights, so the two figures differ
+    first = _numpy_mean_loss({k: v.asnumpy().astype(np.float64) for k, v in
+                              ms.load_checkpoint(os.path.join(ckpts[0], "rank_0.ckpt")).items()}, cfg, windows)
+    last = _numpy_mean_loss({k: v.asnumpy().astype(np.float64) for k, v in
+                             ms.load_checkpoint(os.path.join(ckpts[-1], "rank_0.ckpt")).items()}, cfg, windows)
+    assert abs(first - last) > 1e-4
+
+
+def test_eval_text_of_a_run_uses_the_run_tokenizer(tmp_path, micro_data, capsys):
+    prepared, tok = micro_data
+    run = tmp_path / "run"
+    start(micro_recipe(run, prepared, tok, steps=2, save_every=2), None, log=lambda *_: None,
+          progress=False).run()
+    text = tmp_path / "held.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--text", str(text), "--json", "--device", "CPU"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["windows"] >= 1 and np.isfinite(got["loss"])
+
+
+def test_eval_of_a_folder_that_is_no_model(tmp_path, capsys):
+    np.save(tmp_path / "ids.npy", np.arange(10))
+    assert main(["eval", str(tmp_path), "--ids", str(tmp_path / "ids.npy")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "neither a checkpoint folder" in err and "Traceback" not in err
