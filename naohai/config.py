@@ -256,6 +256,7 @@ class TrainConfig:
     max_skipped_steps: int = 25      # consecutive skipped steps (non-finite or spike) that stop the run
     seed: int = 42
     mode: str = "graph"              # graph | pynative
+    reuse_layer_graphs: bool = True  # compile equal decoder layers once (lazy_inline; CPU and Ascend)
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8

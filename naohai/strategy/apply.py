@@ -215,11 +215,55 @@ def assign_stages(model, resolved) -> None:
             table.parallel_optimizer = False
 
 
-def apply_strategy(model, resolved) -> None:
-    """Shard ops, set stages and recompute on a freshly built model."""
+def layer_graph_keys(model, resolved) -> List[str]:
+    """One key per decoder layer; layers with equal keys compile to one shared graph.
+
+    Equal means the same structure (query layer or not), the same shard strategy for
+    every op (the rule's strategy with the layer index taken out), the same recompute
+    setting and the same pipeline stage.
+    """
+    keys = []
+    for i, layer in enumerate(model.layers):
+        parts = [f"query={layer.is_query_layer}"]
+        if resolved is not None:
+            prefix = f"layers.{i}."
+            parts.append(str(sorted((name[len(prefix):], strategy) for name, strategy in resolved.op_strategy.items()
+                                    if name.startswith(prefix))))
+            parts.append(repr(resolved.recompute[i]))
+            parts.append(f"stage={resolved.stage_of_layer[i]}")
+        keys.append("naohai_layer:" + "|".join(parts))
+    return keys
+
+
+def reuse_layer_graphs(model, resolved) -> int:
+    """Compile identical decoder layers once (MindSpore's ``lazy_inline``, set per cell).
+
+    MindSpore builds one graph per distinct ``cell_init_args`` key (what the ``@lazy_inline``
+    decorator writes) and reuses it for every cell with that key.  On CPU only the
+    ``front`` policy compiles (the layer graph is built once, then inlined before the
+    backend; MindSpore 2.10 fails with the default policy: "Input[0] must be a Primitive
+    ValueNode"); on Ascend the default policy keeps one called sub-graph, as MindFormers'
+    decoder layers do.  Not set on GPU, where MindSpore documents no support.  Returns the
+    number of distinct layer graphs (0 when not applied).
+    """
+    device = ms.get_context("device_target")
+    if device not in ("CPU", "Ascend") or not len(model.layers):
+        return 0
+    keys = layer_graph_keys(model, resolved)
+    for layer, key in zip(model.layers, keys):
+        layer.cell_init_args = "lazy_inline_" + key
+        if device == "CPU":
+            layer.no_inline = False
+    return len(set(keys))
+
+
+def apply_strategy(model, resolved, reuse_layers: bool = True) -> None:
+    """Shard ops, set stages and recompute on a freshly built model; compile equal layers once."""
     shard_ops(model, resolved)
     assign_stages(model, resolved)
     apply_recompute(model, resolved)
+    if reuse_layers:
+        reuse_layer_graphs(model, resolved)
 
 
 # --------------------------------------------------------------------------- the step's parallel pieces

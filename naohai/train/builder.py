@@ -171,7 +171,7 @@ def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtim
     runtime = runtime or strategy_apply.Runtime("standalone", 0, 1, 0, 1)
     t = recipe.train
     model = NaohaiLM(recipe.model, seed=t.seed)
-    strategy_apply.apply_strategy(model, resolved)
+    strategy_apply.apply_strategy(model, resolved, t.reuse_layer_graphs)
     optimizer = make_optimizer(model, recipe)
     guard = StepGuard(t)
     parts = strategy_apply.step_parts(model, optimizer.parameters, resolved, runtime)
