@@ -2,7 +2,10 @@
 
 Generation keeps a key/value cache (:class:`CachedDecoder`): the prompt is run
 once, then each step feeds only the newest token and attends over the cached
-keys and values, so a step's work does not grow with the window's recompute.
+keys and values, so a step's work does not grow with the window's recompute.  The
+cache has a fixed size (the prompt plus the new tokens, rounded up to 128 columns)
+and the step is one compiled graph (:class:`~naohai.model.transformer.DecodeStep`)
+that writes each new key/value into its column, so every step costs the same.
 Prompts of a batch are left-padded; the padding is masked out of attention and
 position ids count from each prompt's first token.  Sampling happens on the
 host with numpy from a seeded generator; PanGu-alpha's repetition penalties
@@ -101,11 +104,42 @@ class CachedDecoder:
         self.cfg = cfg
         self.pad_id = pad_id
 
+    #: the fixed cache length is rounded up to a multiple of this, so calls of similar lengths share
+    #: one compiled decode step
+    CACHE_BUCKET = 128
+
     def _run(self, ids: np.ndarray, positions: np.ndarray, bias: np.ndarray, cache):
         from mindspore import Tensor
         logits, cache = self.model.step(Tensor(ids.astype(np.int32)), Tensor(positions.astype(np.int32)),
                                         Tensor(bias), cache)
         return logits.asnumpy(), cache
+
+    def _decode_step(self):
+        from naohai.model.transformer import DecodeStep
+        if getattr(self, "_decode", None) is None:
+            self._decode = DecodeStep(self.model)
+        return self._decode
+
+    def _fixed_cache(self, cache, size: int):
+        """The prompt's keys/values [b, nkv, T, d] per layer, zero-padded to ``size`` columns."""
+        from mindspore import Tensor
+        pad = lambda x: Tensor(np.pad(x.asnumpy(), ((0, 0), (0, 0), (0, size - x.shape[2]), (0, 0))))
+        return tuple(pad(k) for k, _ in cache), tuple(pad(v) for _, v in cache)
+
+    def _decode_run(self, ids, positions, bias, column: int, keys, values):
+        """One new token per row through the compiled fixed-cache step; ``bias`` covers the
+        ``column + 1`` filled columns and is padded blocked to the cache's size."""
+        from mindspore import Tensor
+        size = keys[0].shape[2]
+        full = np.full(bias.shape[:-1] + (size,), -1e9, np.float32)
+        full[..., : bias.shape[-1]] = bias
+        slot = np.zeros((1, 1, size, 1), np.bool_)
+        slot[0, 0, column, 0] = True
+        from mindspore import mutable       # tuples of tensors are graph constants unless marked mutable
+        logits, keys, values = self._decode_step()(Tensor(ids.astype(np.int32)), Tensor(positions.astype(np.int32)),
+                                                   Tensor(full), Tensor(slot), mutable(tuple(keys)),
+                                                   mutable(tuple(values)))
+        return logits.asnumpy(), keys, values
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], cfg: SamplingConfig, vocab: int,
                      stop_id: Optional[int] = None,
@@ -122,6 +156,8 @@ class CachedDecoder:
         positions = np.maximum(np.arange(longest)[None] - np.asarray(pads)[:, None], 0)
         logits, cache = self._run(ids, positions, step_bias(self.cfg, pads, 0, longest), None)
         last = logits[:, -1]
+        bucket = self.CACHE_BUCKET
+        keys, values = self._fixed_cache(cache, -(-(longest + cfg.max_new_tokens) // bucket) * bucket)
         rng = np.random.default_rng(cfg.seed)
         counts = np.zeros((b, vocab), np.int64)
         out: List[List[int]] = [[] for _ in range(b)]
@@ -146,7 +182,8 @@ class CachedDecoder:
             if all(done) or length - min(pads) >= limit:
                 break
             positions = (length - np.asarray(pads))[:, None]
-            logits, cache = self._run(nxt, positions, step_bias(self.cfg, pads, length, 1), cache)
+            logits, keys, values = self._decode_run(nxt, positions, step_bias(self.cfg, pads, length, 1), length,
+                                                    keys, values)
             last = logits[:, -1]
             length += 1
         return out

@@ -323,14 +323,22 @@ class Attention(nn.Cell):
             bias = self.bias_table
         return self.attend(q, k, v, bias)
 
-    def step(self, x, positions, bias, past_k=None, past_v=None):
+    def step(self, x, positions, bias, past_k=None, past_v=None, slot=None):
         """Incremental attention for generation: x [b*t, h] are the t newest tokens at ``positions``
         [b, t]; keys/values of earlier tokens come from the cache (``past_k``/``past_v`` [b, nkv, T, d]).
         ``bias`` [1 or b, 1 or nh, t, T + t].  Returns (out [b*t, h], keys, values) with the new ones
-        appended."""
+        appended.
+
+        With ``slot`` ([1, 1, S, 1] bool, true at one column; t = 1) the cache has a fixed size S:
+        the new key/value is written at that column instead of appended, ``bias`` is [b, 1, 1, S]
+        and blocks the columns not yet written, so every step has the same shapes (one compiled
+        graph, the same work at every length)."""
         t = positions.shape[1]
         q, k, v = self.project_qkv(x, self.query_source(x, positions, positions.shape[0]), t, positions)
-        if past_k is not None:
+        if slot is not None:
+            k = ops.select(ops.broadcast_to(slot, past_k.shape), ops.broadcast_to(k, past_k.shape), past_k)
+            v = ops.select(ops.broadcast_to(slot, past_v.shape), ops.broadcast_to(v, past_v.shape), past_v)
+        elif past_k is not None:
             k = ops.concat((past_k, k), 2)
             v = ops.concat((past_v, v), 2)
         return self.attend(q, k, v, bias), k, v

@@ -49,9 +49,9 @@ class DecoderLayer(nn.Cell):
         x = self.attn_residual(x, self.attention(self.input_norm(x), positions, bias))
         return self.mlp_residual(x, self.mlp(self.post_attention_norm(x)))
 
-    def step(self, x, positions, bias, past_k=None, past_v=None):
+    def step(self, x, positions, bias, past_k=None, past_v=None, slot=None):
         """One generation step (see Attention.step): returns (x, keys, values)."""
-        a, k, v = self.attention.step(self.input_norm(x), positions, bias, past_k, past_v)
+        a, k, v = self.attention.step(self.input_norm(x), positions, bias, past_k, past_v, slot)
         x = self.attn_residual(x, a)
         return self.mlp_residual(x, self.mlp(self.post_attention_norm(x))), k, v
 
@@ -148,11 +148,12 @@ class NaohaiLM(nn.Cell):
         logits = self.head(x, self.embedding.word_embedding)
         return self.loss(logits, labels, input_ids)
 
-    def step(self, input_ids, positions, bias, cache=None):
+    def step(self, input_ids, positions, bias, cache=None, slot=None):
         """Logits [b, t, vocab] of the t newest tokens given the key/value cache of the earlier ones.
 
         ``cache`` is None or a list of (keys, values) per layer; returns (logits, new cache).  One call
-        costs the new tokens' work plus attention over the cache, not the whole window.
+        costs the new tokens' work plus attention over the cache, not the whole window.  With
+        ``slot`` the cache has a fixed size (see :meth:`Attention.step`).
         """
         x = self.embedding.step(input_ids, positions)
         new = []
@@ -160,7 +161,7 @@ class NaohaiLM(nn.Cell):
             if self.norm_before_last and i == self.last:
                 x = self.head.final_norm(x)
             past_k, past_v = (None, None) if cache is None else cache[i]
-            x, k, v = layer.step(x, positions, bias, past_k, past_v)
+            x, k, v = layer.step(x, positions, bias, past_k, past_v, slot)
             new.append((k, v))
         y = self.head(x, self.embedding.word_embedding)
         return y.reshape((input_ids.shape[0], input_ids.shape[1], self.vocab)), new
@@ -182,6 +183,22 @@ class NaohaiLM(nn.Cell):
         out["head.logits"] = self.head.logits
         out["loss.xent"] = self.loss.xent
         return out
+
+
+class DecodeStep(nn.Cell):
+    """One compiled generation step over a fixed-size key/value cache (graph mode, also when called
+    from PyNative): ``construct(ids [b, 1], positions [b, 1], bias [b, 1, 1, S], slot [1, 1, S, 1],
+    keys, values)`` with ``keys``/``values`` tuples of [b, nkv, S, d] per layer -> (logits [b, 1,
+    vocab], keys, values).  Its shapes do not change from step to step, so it compiles once."""
+
+    def __init__(self, lm: NaohaiLM):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+
+    @ms.jit
+    def construct(self, ids, positions, bias, slot, keys, values):
+        logits, cache = self.lm.step(ids, positions, bias, [(k, v) for k, v in zip(keys, values)], slot)
+        return logits, tuple(k for k, _ in cache), tuple(v for _, v in cache)
 
 
 class LogitsNet(nn.Cell):
