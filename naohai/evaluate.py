@@ -63,3 +63,19 @@ def evaluate(model, cfg: ModelConfig, windows: np.ndarray, batch: int = 8) -> Ev
         count += n
     mean = total / max(count, 1)
     return EvalResult(mean, math.exp(min(mean, 700.0)), count, len(windows))
+
+
+def token_nll(model, inputs: np.ndarray) -> np.ndarray:
+    """Per-token next-token negative log-likelihood [b, s - 1] (float64) of ``[b, s]`` token windows.
+
+    Row r's entry t is ``-log p(inputs[r, t + 1] | inputs[r, :t + 1])`` from ``model.logits`` with the
+    softmax over the padded vocabulary, as the model's own loss takes it.  No position is masked: the
+    caller decides which predictions count (e.g. not those from ``loss_pad_id``).
+    """
+    from mindspore import Tensor, ops
+
+    x = np.asarray(inputs, np.int32)
+    logits = model.logits(Tensor(x[:, :-1]))                               # [b, s - 1, V] float32
+    logp = ops.log_softmax(logits, -1)
+    picked = ops.gather_elements(logp, 2, Tensor(x[:, 1:, None]))          # [b, s - 1, 1]
+    return -picked.asnumpy()[..., 0].astype(np.float64)
