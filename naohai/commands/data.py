@@ -100,8 +100,18 @@ def run_clean(args) -> int:
         raise UserError("give INPUT... and --out DIR", where="command line")
     if args.workers is not None and args.workers < 1:
         raise UserError("must be >= 1", where="command line", key="--workers")
+    lm_factory = None
+    if cfg.perplexity.enabled:
+        pp = cfg.perplexity
+        if not os.path.exists(pp.model):
+            raise UserError(f"{pp.model} does not exist; give a naohai run, checkpoint or model folder",
+                            where=cfg.source, key="perplexity.model")
+
+        def lm_factory():
+            return load_scorer(pp.model, pp.tokenizer, pp.device, where=cfg.source,
+                               keys=("perplexity.model", "perplexity.tokenizer", "perplexity.device"))
     report = clean(args.inputs, args.out, cfg, workers=args.workers, progress=not args.no_progress,
-                   restart=args.restart)
+                   restart=args.restart, lm_factory=lm_factory)
     print(report_table(report))
     problems = report["read"]["problems"]
     for item in problems["listed"][:20]:
@@ -111,8 +121,11 @@ def run_clean(args) -> int:
     return 0
 
 
-def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto"):
-    """A :class:`naohai.data.score.LM` from a run / checkpoint / model folder and its tokenizer."""
+def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto", *,
+                where: Optional[str] = None, keys=("--model", "--tokenizer", "--device")):
+    """A :class:`naohai.data.score.LM` from a run / checkpoint / model folder and its tokenizer.
+
+    Mistakes name ``keys`` (the flags, or a config file's keys with ``where`` the file)."""
     import mindspore as ms
 
     from naohai.data.score import LM
@@ -122,23 +135,25 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
     from naohai.train.device import resolve_device
 
     if not os.path.exists(model):
-        raise UserError("does not exist; give a run folder, a checkpoint folder or an imported model folder",
-                        where=model, key="--model")
+        raise UserError(f"{model} does not exist; give a run folder, a checkpoint folder or an imported model "
+                        f"folder", where=where or "command line", key=keys[0])
     if tokenizer is not None and not os.path.isfile(tokenizer):
-        raise UserError("is not a file; give the model's tokenizer .model", where=tokenizer, key="--tokenizer")
+        raise UserError(f"{tokenizer} is not a file; give the model's tokenizer .model",
+                        where=where or "command line", key=keys[1])
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device(resolve_device(device, where="command line", key="--device"))
+    ms.set_device(resolve_device(device, where=where or "command line", key=keys[2]))
     recipe, net, path, step = load_model(model)
     net.set_train(False)
     tok_path = tokenizer or tokenizer_path(recipe, model, path)
     if not os.path.isfile(tok_path):
-        raise UserError(f"the model's tokenizer {tok_path} does not exist; pass --tokenizer", where=model,
-                        key="--tokenizer")
-    tok = Tokenizer.load(tok_path, key="--tokenizer")
+        raise UserError(f"the tokenizer of {model}, {tok_path}, does not exist; give it", where=where or model,
+                        key=keys[1])
+    tok = Tokenizer.load(tok_path, key=keys[1])
     cfg = recipe.model
     if tok.vocab_size > cfg.vocab_size:
-        raise UserError(f"has {tok.vocab_size} pieces, more than the model's vocabulary of {cfg.vocab_size}; "
-                        f"give the tokenizer the model was trained with", where=tok_path, key="--tokenizer")
+        raise UserError(f"{tok_path} has {tok.vocab_size} pieces, more than the model's vocabulary of "
+                        f"{cfg.vocab_size}; give the tokenizer the model was trained with",
+                        where=where or "command line", key=keys[1])
     return LM(nll=lambda windows: token_nll(net, windows), encode_batch=tok.encode_batch,
               seq_length=cfg.seq_length, eod_id=tok.eod_id, pad_id=tok.pad_id if tok.pad_id >= 0 else tok.eod_id,
               loss_pad_id=cfg.loss_pad_id,

@@ -252,7 +252,8 @@ def _nbytes(text: str) -> int:
     return len(text.encode("utf-8"))
 
 
-def _quantiles(ppl: np.ndarray) -> Dict[str, float]:
+def quantiles(ppl: np.ndarray) -> Dict[str, float]:
+    """{'p0': min, 'p1', ..., 'p50': median, ..., 'p100': max} of the finite values."""
     finite = ppl[np.isfinite(ppl)]
     if not len(finite):
         return {}
@@ -341,8 +342,8 @@ def score(inputs: Sequence[str], out_dir: str, lm: LM, settings: ScoreSettings, 
         "threshold": limit,
         "read": {"problems": problems},
         "score": {**stats, "tokens": int(scores[:, 1].sum()) if len(scores) else 0,
-                  "perplexity": _quantiles(ppl),
-                  "kept_perplexity": _quantiles(ppl[np.isfinite(ppl) & (ppl <= (limit if limit is not None
+                  "perplexity": quantiles(ppl),
+                  "kept_perplexity": quantiles(ppl[np.isfinite(ppl) & (ppl <= (limit if limit is not None
                                                                                    else np.inf))])},
         "output": {"documents": stats["kept"], "shards": shards,
                    "bytes": sum(os.path.getsize(p) for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")))},

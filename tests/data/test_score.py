@@ -108,6 +108,7 @@ def test_garbage_scores_higher_and_is_what_the_filter_drops(trained, corpus, tmp
     # both kinds of garbage score above the model's training text on the median
     ppl = {r["id"]: r["naohai"]["perplexity"] for r in kept}
     everything = _score_all(run, path, tmp_path / "all")
+    assert len(everything) == len(kinds)
     med = {k: np.median([everything[i] for i, kk in kinds.items() if kk == k]) for k in ("text", "random",
                                                                                         "shuffled")}
     print("median perplexity:", {k: round(float(v), 2) for k, v in med.items()})
@@ -204,6 +205,50 @@ def test_malformed_lines_are_counted_and_resume_keeps_the_output(trained, tmp_pa
     (other / "keep.txt").write_text("x")
     with pytest.raises(UserError, match="holds no `naohai data score` run"):
         score([str(path)], str(other), lm, settings, progress=False)
+
+
+def test_perplexity_step_of_data_clean(trained, corpus, tmp_path, capsys):
+    """`perplexity: {enabled, model, max}` in the clean config keeps what `data score --max-perplexity` keeps."""
+    run, _ = trained
+    path, kinds = corpus
+    ppl = _score_all(run, path, tmp_path / "all")
+    ranked = sorted(ppl.values())
+    cut = math.sqrt(ranked[N_TEXT - 1] * ranked[N_TEXT])        # between the 40th and 41st lowest
+    cfg = tmp_path / "clean.yaml"
+    cfg.write_text(f"batch_docs: 16\nnormalize: {{enabled: false}}\nlanguage: {{enabled: false}}\n"
+                   f"quality: {{enabled: false}}\npii: {{enabled: false}}\n"
+                   f"perplexity: {{enabled: true, model: {run}, max: {cut}, device: CPU}}\n", encoding="utf-8")
+    out = tmp_path / "clean"
+    argv = ["data", "clean", path, "--out", str(out), "--config", str(cfg), "--workers", "2", "--no-progress"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "perplexity" in table
+    recs = _read_out(out)
+    assert {r["id"] for r in recs} == {i for i, p in ppl.items() if p <= cut}
+    for r in recs:
+        assert abs(r["naohai"]["perplexity"] - ppl[r["id"]]) <= 1e-4 * ppl[r["id"]]
+        assert r["naohai"]["source"].endswith(f":{r['id'] + 1}")         # clean's own metadata, line numbers
+    report = json.loads((out / "report.json").read_text())
+    step = report["steps"]["perplexity"]
+    assert step["enabled"] and step["docs_in"] == len(kinds) and step["kept"] == len(recs) == N_TEXT
+    assert step["dropped"] == len(kinds) - N_TEXT and report["perplexity"]["quantiles"]["p100"] == \
+        pytest.approx(max(ppl.values()), rel=1e-4)
+    # a rerun after the report is lost takes the cached scores and writes the same output
+    cached = sorted(p for p in os.listdir(out / ".work") if ".ppl-" in p)
+    assert len(cached) == 4                                            # 60 documents in units of 16
+    os.remove(out / "report.json")
+    assert main(argv) == 0
+    assert _read_out(out) == recs
+    # mistakes in the section name their key
+    for section, key in (("{enabled: true, max: 50}", "perplexity.model"),
+                         (f"{{enabled: true, model: {tmp_path / 'nope'}, max: 50}}", "perplexity.model"),
+                         (f"{{enabled: true, model: {run}}}", "perplexity.max"),
+                         (f"{{enabled: true, model: {run}, max: .nan}}", "perplexity.max")):
+        cfg.write_text(f"perplexity: {section}\n", encoding="utf-8")
+        capsys.readouterr()
+        assert main(["data", "clean", path, "--out", str(tmp_path / "x"), "--config", str(cfg)]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert key in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("argv, flag", [
