@@ -130,7 +130,7 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
 
     from naohai.data.score import LM
     from naohai.data.tokenizer import Tokenizer
-    from naohai.evaluate import token_nll
+    from naohai.evaluate import token_nll_fn
     from naohai.generate import load_model, tokenizer_path
     from naohai.train.device import resolve_device
 
@@ -154,7 +154,7 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
         raise UserError(f"{tok_path} has {tok.vocab_size} pieces, more than the model's vocabulary of "
                         f"{cfg.vocab_size}; give the tokenizer the model was trained with",
                         where=where or "command line", key=keys[1])
-    return LM(nll=lambda windows: token_nll(net, windows), encode_batch=tok.encode_batch,
+    return LM(nll=token_nll_fn(net), encode_batch=tok.encode_batch,
               seq_length=cfg.seq_length, eod_id=tok.eod_id, pad_id=tok.pad_id if tok.pad_id >= 0 else tok.eod_id,
               loss_pad_id=cfg.loss_pad_id,
               describe={"model": os.path.abspath(model), "checkpoint": path and os.path.abspath(path),
