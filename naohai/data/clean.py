@@ -4,7 +4,7 @@ Steps, in order, each switched on or off in the config (:mod:`naohai.data.clean_
 ``normalize`` (:mod:`~naohai.data.normalize`), ``language`` and ``classifier``
 (:mod:`~naohai.data.fasttext_models`), ``quality`` (:mod:`~naohai.data.quality`),
 ``pii`` (:mod:`~naohai.data.pii`), ``exact_dedup`` and ``near_dedup``
-(:mod:`~naohai.data.dedup`).
+(:mod:`~naohai.data.dedup`), ``perplexity`` (:mod:`~naohai.data.score`, off by default).
 
 How it runs
     Stage 1: the main process streams the inputs (:mod:`~naohai.data.reader`; bad

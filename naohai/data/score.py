@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from naohai.data.reader import Problem, Record, fingerprint, read_inputs, resolve_inputs
+from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
 from naohai.errors import UserError
 
 FORMAT = "naohai-score-v1"
