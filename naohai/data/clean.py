@@ -326,7 +326,7 @@ def _stage1(files, cfg: CleanConfig, work: str, workers: int, progress: bool):
 
 
 def _unit_perplexities(work: str, u: int, texts: List[str], lm, batch: int) -> np.ndarray:
-    """Perplexities of a unit's dedup survivors, computed once and kept in ``unit-N.ppl.npy`` (the
+    """Perplexities of a unit's dedup survivors, computed once and kept in ``unit-N.ppl-MODELHASH.npy`` (the
     survivors of a unit are the same on every run of the same plan; the file name carries a hash of the
     model's identity, so a run folder with a newer checkpoint is scored anew)."""
     import hashlib
