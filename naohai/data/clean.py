@@ -4,7 +4,7 @@ Steps, in order, each switched on or off in the config (:mod:`naohai.data.clean_
 ``normalize`` (:mod:`~naohai.data.normalize`), ``language`` and ``classifier``
 (:mod:`~naohai.data.fasttext_models`), ``quality`` (:mod:`~naohai.data.quality`),
 ``pii`` (:mod:`~naohai.data.pii`), ``exact_dedup`` and ``near_dedup``
-(:mod:`~naohai.data.dedup`).
+(:mod:`~naohai.data.dedup`), ``perplexity`` (:mod:`~naohai.data.score`, off by default).
 
 How it runs
     Stage 1: the main process streams the inputs (:mod:`~naohai.data.reader`; bad
@@ -13,8 +13,12 @@ How it runs
     the MinHash signatures of a unit and write ``.work/unit-N.jsonl``, ``unit-N.npy``
     and, last, ``unit-N.json`` (its statistics), each renamed into place, so a unit
     is either complete or absent.  Stage 2 goes through the units in order in one
-    process for the two deduplication steps (a set of hashes, an LSH index) and
-    writes ``part-NNNNN.jsonl`` shards, then ``report.json``.
+    process for the two deduplication steps (a set of hashes, an LSH index), then
+    the optional ``perplexity`` step on each unit's survivors (a naohai model,
+    :mod:`~naohai.data.score`; its scores are kept in ``.work/unit-N.ppl-MODELHASH.npy``), and
+    writes ``part-NNNNN.jsonl`` shards, then ``report.json``.  The model is loaded
+    only then, in the main process, after the workers are gone; the caller passes a
+    function that loads it (``lm_factory``), as the data layer holds no model code.
 
 Resuming
     ``.work/plan.json`` records the config and the inputs (path, size, mtime).  A
@@ -25,7 +29,7 @@ Resuming
     directory that is not a clean run's is never written into.
 
 Output records are the input object with the cleaned text under ``text_key`` and
-``naohai: {source: "file:line", lang, lang_score}`` added.
+``naohai: {source: "file:line", lang, lang_score}`` added (and ``perplexity`` when that step is on).
 """
 from __future__ import annotations
 
@@ -38,17 +42,18 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from naohai.data import dedup, normalize as norm, pii, quality
 from naohai.data.clean_config import CleanConfig
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
+from naohai.data.score import quantiles as _quantiles
 from naohai.errors import UserError
 
 FORMAT = "naohai-clean-v1"
-STEPS = ("normalize", "language", "quality", "pii", "classifier", "exact_dedup", "near_dedup")
+STEPS = ("normalize", "language", "quality", "pii", "classifier", "exact_dedup", "near_dedup", "perplexity")
 WORK = ".work"
 REPORT = "report.json"
 MAX_PROBLEMS_LISTED = 1000
@@ -320,11 +325,34 @@ def _stage1(files, cfg: CleanConfig, work: str, workers: int, progress: bool):
     return units, problems, read
 
 
-def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: bool):
+def _unit_perplexities(work: str, u: int, texts: List[str], lm, batch: int) -> np.ndarray:
+    """Perplexities of a unit's dedup survivors, computed once and kept in ``unit-N.ppl-MODELHASH.npy`` (the
+    survivors of a unit are the same on every run of the same plan; the file name carries a hash of the
+    model's identity, so a run folder with a newer checkpoint is scored anew)."""
+    import hashlib
+
+    from naohai.data.score import perplexities, score_ids
+    key = hashlib.blake2b(json.dumps(lm.describe, sort_keys=True).encode(), digest_size=6).hexdigest()
+    path = os.path.join(work, f"unit-{u:06d}.ppl-{key}.npy")
+    if os.path.exists(path):
+        ppl = np.load(path)
+        if len(ppl) == len(texts):
+            return ppl
+    ppl = perplexities(score_ids(lm.encode_batch(texts), lm, batch)) if texts else np.zeros(0)
+
+    def write(tmp):
+        with open(tmp, "wb") as fh:
+            np.save(fh, ppl)
+    _atomic_write(path, write)
+    return ppl
+
+
+def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: bool, lm=None):
     steps = {name: StepStats() for name in STEPS}
-    ex, near = _Step(cfg.samples), _Step(cfg.samples)
+    ex, near, per = _Step(cfg.samples), _Step(cfg.samples), _Step(cfg.samples)
     seen = set()
     index = dedup.NearDuplicateIndex(cfg.near_dedup) if cfg.near_dedup.enabled else None
+    scored: List[float] = []
     for old in glob.glob(os.path.join(out_dir, "part-*.jsonl*")):
         os.remove(old)
     shard, in_shard, written, fh = 0, 0, 0, None
@@ -344,6 +372,7 @@ def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: boo
             sigs = np.load(base + ".npy")
             with open(base + ".jsonl", "r", encoding="utf-8") as f:
                 docs = [json.loads(line) for line in f]
+            survivors = []
             for d, sig in zip(docs, sigs):
                 text, where = d["text"], d["where"]
                 if cfg.exact_dedup.enabled:
@@ -359,11 +388,31 @@ def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: boo
                         near.drop(where, "near duplicate", text)
                         continue
                     near.keep(text, text, where)
+                survivors.append(d)
+            ppl = (_unit_perplexities(work, u, [d["text"] for d in survivors], lm, cfg.perplexity.batch)
+                   if lm is not None else None)
+            for i, d in enumerate(survivors):
+                text, where = d["text"], d["where"]
+                meta = {"source": where, "lang": d["lang"], "lang_score": d["score"]}
+                if ppl is not None:
+                    p = float(ppl[i])
+                    per.seen(text)
+                    if np.isfinite(p):
+                        scored.append(p)
+                    if not np.isfinite(p) or p > cfg.perplexity.max:
+                        n = len(per.s.samples)
+                        per.drop(where, "no scored tokens" if not np.isfinite(p) else
+                                 f"perplexity > {cfg.perplexity.max:g}", text)
+                        if len(per.s.samples) > n and np.isfinite(p):
+                            per.s.samples[-1]["perplexity"] = round(p, 4)
+                        continue
+                    per.keep(text, text, where)
+                    meta["perplexity"] = round(p, 4)
                 if fh is None:
                     fh = open(os.path.join(out_dir, f"part-{shard:05d}.jsonl.tmp"), "w", encoding="utf-8")
                 rec = dict(d["extra"] or {})
                 rec[cfg.text_key] = text
-                rec["naohai"] = {"source": where, "lang": d["lang"], "lang_score": d["score"]}
+                rec["naohai"] = meta
                 fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 written += 1
                 in_shard += 1
@@ -374,12 +423,19 @@ def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: boo
     close()
     steps["exact_dedup"] = ex.s
     steps["near_dedup"] = near.s
-    return steps, written, shard + (1 if in_shard else 0)
+    steps["perplexity"] = per.s
+    return steps, written, shard + (1 if in_shard else 0), np.asarray(scored)
 
 
 def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Optional[int] = None,
-          progress: bool = True, restart: bool = False) -> Dict[str, Any]:
-    """Clean ``inputs`` into ``out_dir`` (resuming an interrupted run); returns the report."""
+          progress: bool = True, restart: bool = False, lm_factory: Optional[Callable[[], Any]] = None
+          ) -> Dict[str, Any]:
+    """Clean ``inputs`` into ``out_dir`` (resuming an interrupted run); returns the report.
+
+    ``lm_factory() -> naohai.data.score.LM`` loads the model of the ``perplexity`` step (needed when it is
+    enabled; ``naohai.commands.data.load_scorer`` builds one from a checkpoint)."""
+    if cfg.perplexity.enabled and lm_factory is None:
+        raise ValueError("the perplexity step is enabled: pass lm_factory")
     files = resolve_inputs(inputs)
     out_dir = os.path.abspath(out_dir)
     plan = _plan(files, cfg)
@@ -390,7 +446,8 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
             return json.load(fh)
     workers = max(1, int(workers or os.cpu_count() or 1))
     units, problems, read = _stage1(files, cfg, work, workers, progress)
-    steps, written, shards = _stage2(out_dir, work, units, cfg, progress)
+    lm = lm_factory() if cfg.perplexity.enabled else None   # after the workers: no model in forked processes
+    steps, written, shards, scored = _stage2(out_dir, work, units, cfg, progress, lm)
     enabled = {name: getattr(cfg, name).enabled for name in STEPS}
     report = {
         "format": FORMAT,
@@ -401,6 +458,8 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
                   for name in STEPS},
         "output": {"documents": written, "shards": shards,
                    "bytes": sum(os.path.getsize(p) for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")))},
+        "perplexity": ({"model": lm.describe, "max": cfg.perplexity.max, "quantiles": _quantiles(scored)}
+                       if lm is not None else None),
         "lsh": ({"bands": dedup.lsh_params(cfg.near_dedup)[0], "rows": dedup.lsh_params(cfg.near_dedup)[1]}
                 if cfg.near_dedup.enabled else None),
     }

@@ -81,6 +81,16 @@ class ClassifierConfig:
 
 
 @dataclass
+class PerplexityConfig:
+    enabled: bool = False
+    model: Optional[str] = None               # a naohai run, checkpoint or imported model folder
+    max: Optional[float] = None               # drop documents whose perplexity is above this
+    tokenizer: Optional[str] = None           # None = the model's (its recipe's, else the run's)
+    batch: int = 8                            # windows of seq_length per model call
+    device: str = "auto"                      # auto | CPU | GPU | Ascend
+
+
+@dataclass
 class ExactDedupConfig:
     enabled: bool = True
 
@@ -111,6 +121,7 @@ class CleanConfig:
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
     exact_dedup: ExactDedupConfig = field(default_factory=ExactDedupConfig)
     near_dedup: NearDedupConfig = field(default_factory=NearDedupConfig)
+    perplexity: PerplexityConfig = field(default_factory=PerplexityConfig)
     source: str = "defaults"
 
     def to_dict(self) -> Dict[str, Any]:
@@ -154,6 +165,12 @@ class CleanConfig:
         need(not c.enabled or bool(c.model), "classifier.model", "a model path when the classifier is enabled")
         need(not c.enabled or bool(c.drop_labels), "classifier.drop_labels",
              "at least one label when the classifier is enabled")
+        pp = self.perplexity
+        need(not pp.enabled or bool(pp.model), "perplexity.model", "a model path when perplexity is enabled")
+        need(not pp.enabled or pp.max is not None, "perplexity.max", "a maximum perplexity when enabled")
+        need(pp.max is None or 1 <= pp.max, "perplexity.max", "max >= 1 (a perplexity is at least 1)")
+        need(1 <= pp.batch <= 65536, "perplexity.batch", "1 <= batch <= 65536")
+        need(pp.device in ("auto", "CPU", "GPU", "Ascend"), "perplexity.device", "auto, CPU, GPU or Ascend")
         nd = self.near_dedup
         need(nd.shingle in ("chars", "words"), "near_dedup.shingle", "'chars' or 'words'")
         need(1 <= nd.ngram <= 64, "near_dedup.ngram", "1 <= ngram <= 64")

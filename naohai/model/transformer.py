@@ -210,3 +210,20 @@ class LogitsNet(nn.Cell):
 
     def construct(self, input_ids):
         return self.lm.logits(input_ids)
+
+
+class TokenNLLNet(nn.Cell):
+    """Wraps a model for scoring: ``construct(input_ids [b, s], labels [b, s]) -> [b, s]`` float32
+    ``-log p(label | inputs up to it)``, the softmax over the padded vocabulary as in the model's loss."""
+
+    def __init__(self, lm: NaohaiLM):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+        self.log_softmax = ops.LogSoftmax(-1)
+        self.gather = ops.GatherD()
+        self.expand = ops.ExpandDims()
+        self.squeeze = ops.Squeeze(-1)
+
+    def construct(self, input_ids, labels):
+        logp = self.log_softmax(self.lm.logits(input_ids))
+        return -self.squeeze(self.gather(logp, 2, self.expand(labels, -1)))
