@@ -56,7 +56,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
     out = [f"# naohai bench", "",
            f"{env['date']} on {env['machine']} ({env['cpus']} CPUs; load average {env['load_before']} before, "
            f"{env['load_after']} after); MindSpore {env['mindspore']}, PyTorch {env.get('torch') or DASH} "
-           f"({env.get('torch_threads') or DASH} threads); best of {results['rounds']} rounds; timed steps per "
+           f"({env.get('torch_threads') or DASH} threads, OMP_WAIT_POLICY={env.get('omp_wait_policy') or DASH}); best of {results['rounds']} rounds; timed steps per "
            f"round: {per_round} "
            f"(each round's first step is not timed).", ""]
     peak = results["peak"]

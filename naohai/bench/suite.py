@@ -5,7 +5,8 @@ in their own processes) and returns the results dict that :mod:`naohai.bench.rep
 :mod:`naohai.bench.charts` write.  Rounds alternate naohai, PyTorch eager and
 ``torch.compile`` so that load from other processes falls on all rows alike; each row
 keeps its best round.  The load average before and after is recorded: on a shared machine
-the ratios of one run are the figures to compare, not absolute tokens/s.
+the ratios of one run are the figures to compare, not absolute tokens/s.  Unless the environment
+sets it, ``OMP_WAIT_POLICY=PASSIVE`` is set before PyTorch loads (see :func:`run_suite`).
 """
 from __future__ import annotations
 
@@ -125,7 +126,12 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
     from naohai.train.device import measured_cpu_peak_tflops
 
     ms.set_device("CPU")           # before the first kernel (the peak's MatMul); the trainer sets it again
+    # OpenMP threads that spin while waiting (GNU OpenMP's default) lose most of their speed when other
+    # processes share the cores: measured here, the tiny PyTorch eager row ran at 1.5-1.8k tokens/s with
+    # ACTIVE and 7.6-8.0k with PASSIVE under a load average of 3.5 on 2 cores.  Must precede torch's import.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env = environment()
+    env["omp_wait_policy"] = os.environ["OMP_WAIT_POLICY"]
     peer, why = peer_module()
     if peer is not None:
         import torch
