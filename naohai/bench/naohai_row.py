@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from naohai.bench.models import BenchModel
 from naohai.bench.randdata import write_random_prepared
@@ -70,7 +70,7 @@ def bench_recipe(bm: BenchModel, output_dir: str, prepared_dir: str):
 class NaohaiRun:
     """A built trainer for ``bm`` in ``workdir`` (see the module docstring)."""
 
-    def __init__(self, bm: BenchModel, workdir: str, peak_tflops: float):
+    def __init__(self, bm: BenchModel, workdir: str, peak_tflops: float, prepared_dir: Optional[str] = None):
         from naohai.checkpoint.store import CheckpointStore
         from naohai.strategy import apply as strategy_apply
         from naohai.train import job
@@ -81,8 +81,8 @@ class NaohaiRun:
         self.bm = bm
         self.lines: List[str] = []
         out = os.path.join(workdir, f"run-{bm.name}")
-        prepared = write_random_prepared(os.path.join(workdir, f"data-{bm.name}"), bm.model.vocab_size, bm.seq,
-                                         train_windows=max(64, 8 * bm.batch))
+        prepared = prepared_dir or write_random_prepared(os.path.join(workdir, f"data-{bm.name}"),
+                                                         bm.model.vocab_size, bm.seq, train_windows=max(64, 8 * bm.batch))
         self.prepared_dir = prepared
         recipe = bench_recipe(bm, out, prepared)
         job.set_context(recipe, "CPU")

@@ -1,7 +1,7 @@
 """One benchmark run, in order: matmul peak, training rows, loader, memory, compile times.
 
-:func:`run_suite` measures everything on this machine in one process (the compile probes
-in their own processes) and returns the results dict that :mod:`naohai.bench.report` and
+:func:`run_suite` measures everything on this machine -- each training row in its own
+worker process (:mod:`naohai.bench.worker`), each compile probe in a fresh one -- and returns the results dict that :mod:`naohai.bench.report` and
 :mod:`naohai.bench.charts` write.  Rounds alternate naohai, PyTorch eager and
 ``torch.compile`` so that load from other processes falls on all rows alike; each row
 keeps its best round.  The load average before and after is recorded: on a shared machine
@@ -11,7 +11,6 @@ sets it, ``OMP_WAIT_POLICY=PASSIVE`` is set before PyTorch loads (see :func:`run
 from __future__ import annotations
 
 import datetime
-import gc
 import os
 import platform
 import tempfile
@@ -67,43 +66,47 @@ def _row(tps: Optional[float], flops_token: float, peak: float, rounds: List[Opt
             "rounds_tokens_per_s": rounds, "first_step_s": first_step_s, "note": note}
 
 
-def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, peer, log) -> Dict[str, Any]:
+def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_torch: bool, log) -> Dict[str, Any]:
     from naohai.bench.loader_speed import loader_tokens_per_s
     from naohai.bench.memory import compare, planned_states
-    from naohai.bench.naohai_row import NaohaiRun
+    from naohai.bench.randdata import write_random_prepared
+    from naohai.bench.worker import Worker
     from naohai.model.flops import flops_per_token
     from naohai.model.params import count_params
 
     steps = int(opts.steps or DEFAULT_STEPS.get(bm.name, 10))
     fpt = flops_per_token(bm.model)
-    log(f"{bm.name}: building naohai's trainer ({count_params(bm.model) / 1e6:.2f}M parameters, "
-        f"batch {bm.batch} x {bm.seq})")
-    run = NaohaiRun(bm, workdir, peak)
-    rows: Dict[str, Any] = {"naohai": run}
-    if peer is not None:
-        from naohai.bench.torch_row import TorchRun
-        rows["eager"] = TorchRun(peer, bm, run.prepared_dir, run.recipe.train, compiled=False)
-        if opts.torch_compile:
-            rows["compile"] = TorchRun(peer, bm, run.prepared_dir, run.recipe.train, compiled=True)
-    per_round: Dict[str, List[float]] = {k: [] for k in rows}
-    for r in range(opts.rounds):
-        for key, row in rows.items():
-            times = row.round(steps + 1)
-            per_round[key].append(arith.tokens_per_second(bm.tokens_per_step, times))
-            log(f"{bm.name} round {r + 1}/{opts.rounds}: {key} {per_round[key][-1]:,.0f} tokens/s "
-                f"(load {_load()})")
+    prepared = write_random_prepared(os.path.join(workdir, f"data-{bm.name}"), bm.model.vocab_size, bm.seq,
+                                     train_windows=max(64, 8 * bm.batch))
+    log(f"{bm.name}: starting the rows ({count_params(bm.model) / 1e6:.2f}M parameters, batch {bm.batch} x {bm.seq})")
+    keys = ["naohai"] + (["eager"] + (["compile"] if opts.torch_compile else []) if with_torch else [])
+    workers: Dict[str, Any] = {}
+    per_round: Dict[str, List[float]] = {k: [] for k in keys}
+    first: Dict[str, Optional[float]] = {}
+    try:
+        for key in keys:
+            workers[key] = Worker(key, bm.name, prepared, workdir, peak)
+        for r in range(opts.rounds):
+            for key in keys:
+                ans = workers[key].request(cmd="round", steps=steps + 1)
+                per_round[key].append(arith.tokens_per_second(bm.tokens_per_step, ans["times"]))
+                first[key] = ans["first_step_s"]
+                log(f"{bm.name} round {r + 1}/{opts.rounds}: {key} {per_round[key][-1]:,.0f} tokens/s "
+                    f"(load {_load()})")
+        allocated = workers["naohai"].request(cmd="allocated")
+    finally:
+        for w in workers.values():
+            w.close()
     throughput = {}
     for key in ("naohai", "eager", "compile"):
-        if key in rows:
-            throughput[key] = _row(arith.best(per_round[key]), fpt, peak, per_round[key], rows[key].first_step_s)
+        if key in keys:
+            throughput[key] = _row(arith.best(per_round[key]), fpt, peak, per_round[key], first.get(key))
         else:
             throughput[key] = _row(None, fpt, peak, [], note="not measured")
     nao = throughput["naohai"]["tokens_per_s"]
-    loader = loader_tokens_per_s(run.prepared_dir, bm.batch)
-    memory = compare(planned_states(bm.model, bm.batch), run.allocated())
+    loader = loader_tokens_per_s(prepared, bm.batch)
+    memory = compare(planned_states(bm.model, bm.batch), allocated)
     memory["model"] = bm.name
-    del rows, run
-    gc.collect()
     return {"name": bm.name, "params": count_params(bm.model), "batch": bm.batch, "seq": bm.seq,
             "flops_per_token": fpt, "steps_per_round": steps, "throughput": throughput,
             "ratios": {"naohai_over_eager": arith.ratio(nao, throughput["eager"]["tokens_per_s"]),
@@ -132,12 +135,13 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env = environment()
     env["omp_wait_policy"] = os.environ["OMP_WAIT_POLICY"]
-    peer, why = peer_module()
+    if opts.torch_threads:
+        os.environ["NAOHAI_BENCH_TORCH_THREADS"] = str(int(opts.torch_threads))
+    peer, why = peer_module()      # imports torch here only to say whether the rows can run
     if peer is not None:
         import torch
-        if opts.torch_threads:
-            torch.set_num_threads(int(opts.torch_threads))
-        env["torch"], env["torch_threads"] = torch.__version__, torch.get_num_threads()
+        env["torch"] = torch.__version__
+        env["torch_threads"] = int(opts.torch_threads) if opts.torch_threads else torch.get_num_threads()
     else:
         log(f"PyTorch rows skipped: {why}")
     log(f"measuring the fp32 matmul peak ({opts.peak_n}^3, best of {opts.peak_repeats}) ...")
@@ -150,7 +154,7 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
                                "models": [], "loader": [], "memory": []}
     with tempfile.TemporaryDirectory(prefix="naohai-bench-", dir=opts.workdir) as workdir:
         for bm in opts.models:
-            m = bench_model(bm, opts, peak, workdir, peer, log)
+            m = bench_model(bm, opts, peak, workdir, peer is not None, log)
             results["loader"].append(m.pop("loader"))
             results["memory"].append(m.pop("memory"))
             results["models"].append(m)

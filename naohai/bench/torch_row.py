@@ -40,6 +40,8 @@ class TorchRun:
         from naohai.data.loader import TokenWindowLoader
 
         self.torch = torch
+        if os.environ.get("NAOHAI_BENCH_TORCH_THREADS"):
+            torch.set_num_threads(int(os.environ["NAOHAI_BENCH_TORCH_THREADS"]))
         torch.manual_seed(seed)
         self.model = peer.make_peer(bm.model, seed=seed)
         self.step = peer.make_train_step(self.model, lr=train.lr, weight_decay=train.weight_decay,
