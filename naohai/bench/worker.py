@@ -1,8 +1,8 @@
 """One benchmark row in its own process, driven round by round over a pipe.
 
 MindSpore and PyTorch in one process slowed PyTorch by an order of magnitude here (the
-tiny eager row: 444-636 tokens/s after naohai's rounds in the same process, 7,600-8,000 in a process of
-  its own, both with OMP_WAIT_POLICY=PASSIVE under the same load), so each row
+tiny eager row after naohai's rounds in the same process: 444 tokens/s with
+OMP_WAIT_POLICY=PASSIVE; in a process of its own 7,600-8,000, same load), so each row
 (``naohai``, ``eager``, ``compile``) runs in a worker: ``python -m naohai.bench.worker
 ROW MODEL PREPARED_DIR WORKDIR PEAK``.  It builds the row, answers ``@@bench {"ready": ...}``,
 then reads one JSON command per line from stdin -- ``{"cmd": "round", "steps": N}`` (answer:
