@@ -42,7 +42,7 @@ def bar_chart(path: str, title: str, groups: Sequence[str], series: Sequence[Ser
                 continue
             h = (height - pad - top) * v / top_val
             draw.rectangle([x0, height - pad - h, x0 + bar - 4, height - pad], fill=series[k][2])
-            draw.text((x0, height - pad - h - 14), f"{v:,.3g}{unit}", fill="black")
+            draw.text((x0, height - pad - h - 14), (f"{v:,.0f}" if v >= 100 else f"{v:.3g}") + unit, fill="black")
         draw.text((pad + g * slot + slot * 0.1, height - pad + 8), label, fill="black")
     img.save(path)
     return path
