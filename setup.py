@@ -29,6 +29,8 @@ setup(
         "modelarts": ["huaweicloudsdkmodelarts==3.1.219", "huaweicloudsdkcore==3.1.219",
                       "esdk-obs-python==3.26.6"],
         "test": ["pytest>=8", "hypothesis>=6.100"],
+        # naohai bench: the PyTorch peer (run/bench/torch_peer.py); never imported by training code
+        "bench": ["torch>=2.1"],
     },
     entry_points={"console_scripts": ["naohai=naohai.cli:main"]},
 )

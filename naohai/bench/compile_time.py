@@ -1,0 +1,76 @@
+"""Graph compile time of the train step for 4, 16, 64 layers, each in a fresh process.
+
+The configuration is the one the README starts with (`naohai train tiny`: one CPU
+device, graph mode, the tiny preset's architecture) at a small width -- hidden 64,
+2 heads, FFN 128, sequence 32, vocabulary 256, batch 2 -- so the time is compile, not
+kernels.  Each measurement runs ``python -m naohai.bench.compile_time LAYERS LAZY`` in
+a subprocess: it builds the steps with :func:`naohai.train.builder.build` and times
+``train_step.compile(ids, labels)`` (MindSpore's whole graph pipeline, no execution).
+
+``LAZY`` is ``front``, naohai's default (``train.reuse_layer_graphs``: equal decoder layers
+share one graph through MindSpore's ``lazy_inline`` key, policy ``front`` on CPU, set by
+:func:`naohai.strategy.apply.reuse_layer_graphs`), or ``none`` (``reuse_layer_graphs:
+false``, every layer compiled on its own).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, Optional
+
+PROBE_MODEL = dict(hidden_size=64, num_heads=2, ffn_hidden_size=128, seq_length=32, vocab_size=256,
+                   vocab_pad_multiple=128)
+PROBE_BATCH = 2
+
+
+def probe(layers: int, lazy: str) -> Dict[str, float]:
+    """In this process: build the tiny-family step with ``layers`` layers and time its compile."""
+    import dataclasses
+
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from naohai.config import MODEL_PRESETS, ModelConfig, recipe_from_dict
+    from naohai.strategy import apply as strategy_apply
+    from naohai.train.builder import build
+    from naohai.train.job import set_context
+
+    model = dataclasses.asdict(dataclasses.replace(ModelConfig(**MODEL_PRESETS["tiny"]), num_layers=int(layers),
+                                                   **PROBE_MODEL))
+    recipe = recipe_from_dict({"name": "compile-probe", "model": model,
+                               "train": dict(steps=10, global_batch_size=PROBE_BATCH, micro_batch_size=PROBE_BATCH,
+                                             device="CPU", mode="graph", output_dir="unused",
+                                             reuse_layer_graphs=lazy == "front")}, where="probe")
+    set_context(recipe, "CPU")
+    t0 = time.perf_counter()
+    built = build(recipe, None, strategy_apply.init_runtime(None, "CPU"))
+    t_build = time.perf_counter() - t0
+    ids = Tensor(np.zeros((PROBE_BATCH, recipe.model.seq_length), np.int32))
+    t0 = time.perf_counter()
+    built.steps.train_step.compile(ids, ids)
+    t_compile = time.perf_counter() - t0
+    del ms
+    return {"layers": int(layers), "lazy_inline": lazy, "build_s": t_build, "compile_s": t_compile}
+
+
+def measure(layers: int, lazy: str = "none", timeout: float = 900.0) -> Dict[str, Optional[float]]:
+    """:func:`probe` in a fresh Python process; on failure the figures are None and ``error`` says why."""
+    cmd = [sys.executable, "-m", "naohai.bench.compile_time", str(int(layers)), lazy]
+    env = dict(os.environ, GLOG_v="3")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"layers": layers, "lazy_inline": lazy, "compile_s": None, "error": f"timed out after {timeout:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"layers": layers, "lazy_inline": lazy, "compile_s": None, "error": f"exit {proc.returncode}: {tail}"}
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "none")), flush=True)

@@ -1,0 +1,122 @@
+"""The benchmark's outputs: ``bench.json`` (every figure) and ``bench.md`` (tables).
+
+``results`` is the dict :func:`naohai.bench.suite.run_suite` returns; :func:`render_markdown`
+turns it into text and :func:`write_report` writes both files.  Missing figures (a row not
+measured, a failed compile) print as an em dash.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+DASH = "\u2014"
+MIB = 1024.0 ** 2
+
+
+def fmt_int(x: Optional[float]) -> str:
+    return DASH if x is None else f"{x:,.0f}"
+
+
+def fmt_pct(x: Optional[float]) -> str:
+    return DASH if x is None else f"{100 * x:.1f}%"
+
+
+def fmt_ratio(x: Optional[float], digits: int = 2) -> str:
+    return DASH if x is None else f"{x:.{digits}f}"
+
+
+def fmt_s(x: Optional[float]) -> str:
+    return DASH if x is None else f"{x:.1f} s"
+
+
+def fmt_mib(x: Optional[float]) -> str:
+    return DASH if x is None else f"{x / MIB:,.1f} MiB"
+
+
+def _table(head: List[str], rows: List[List[str]]) -> List[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def throughput_rows(results: Dict[str, Any]) -> List[List[str]]:
+    rows = []
+    for m in results.get("models", []):
+        t = m["throughput"]
+        rows.append([f"{m['name']} ({m['params'] / 1e6:.2f}M, {m['batch']} x {m['seq']})",
+                     fmt_int(t["naohai"]["tokens_per_s"]), fmt_pct(t["naohai"]["mfu"]),
+                     fmt_int(t["eager"]["tokens_per_s"]), fmt_pct(t["eager"]["mfu"]),
+                     fmt_int(t["compile"]["tokens_per_s"]), fmt_pct(t["compile"]["mfu"]),
+                     fmt_ratio(m["ratios"]["naohai_over_eager"]), fmt_ratio(m["ratios"]["naohai_over_compile"])])
+    return rows
+
+
+def render_markdown(results: Dict[str, Any]) -> str:
+    env = results["environment"]
+    per_round = ", ".join(f"{m['name']} {m['steps_per_round']}" for m in results.get("models", []))
+    out = [f"# naohai bench", "",
+           f"{env['date']} on {env['machine']} ({env['cpus']} CPUs; load average {env['load_before']} before, "
+           f"{env['load_after']} after); MindSpore {env['mindspore']}, PyTorch {env.get('torch') or DASH} "
+           f"({env.get('torch_threads') or DASH} threads, OMP_WAIT_POLICY={env.get('omp_wait_policy') or DASH}); best of {results['rounds']} rounds; timed steps per "
+           f"round: {per_round} "
+           f"(each round's first step is not timed).", ""]
+    peak = results["peak"]
+    out += [f"Measured fp32 matmul peak (MindSpore MatMul {peak['n']}^3, best of {peak['repeats']}): "
+            f"**{peak['tflops']:.3f} TFLOP/s** -- the MFU denominator; model FLOPs per token from "
+            f"`naohai/model/flops.py` for every row.", ""]
+    if results.get("torch_note"):
+        out += [f"PyTorch rows: {results['torch_note']}", ""]
+    out += ["## Training throughput (tokens/s, MFU)", ""]
+    out += _table(["model", "naohai", "MFU", "PyTorch eager", "MFU", "torch.compile", "MFU", "naohai / eager",
+                   "naohai / compile"], throughput_rows(results))
+    out += ["", "naohai runs through its trainer (data loader, `TrainStep` with clip 1.0 and the finite/loss-scale "
+            "guard, learning-rate read, console and metrics-file logging); PyTorch trains the same architecture "
+            "(`run/bench/torch_peer.py`) on the same batches: fp32, AdamW with the same decay groups, clip 1.0, "
+            "tied head, dropout 0.", ""]
+    comp = results.get("compile")
+    if comp:
+        out += ["## Train-step compile time (one CPU device, graph mode; hidden 64, seq 32)", ""]
+        rows = []
+        base = {}
+        for r in comp["runs"]:
+            if r["layers"] == min(x["layers"] for x in comp["runs"]) and r.get("compile_s"):
+                base[r["lazy_inline"]] = r["compile_s"]
+        for r in comp["runs"]:
+            b = base.get(r["lazy_inline"])
+            rel = r["compile_s"] / b if b and r.get("compile_s") else None
+            rows.append([str(r["layers"]), "shared (default)" if r["lazy_inline"] == "front" else
+                         "separate", fmt_s(r.get("compile_s")), fmt_ratio(rel), r.get("error", "")])
+        out += _table(["layers", "decoder layers", "compile", f"x {min(x['layers'] for x in comp['runs'])} layers",
+                       "note"], rows)
+        out += ["", comp.get("note", ""), ""]
+    if results.get("loader"):
+        out += ["## Data loader against training", ""]
+        out += _table(["model", "loader tokens/s", "naohai training tokens/s", "loader / training"],
+                      [[r["model"], fmt_int(r["loader_tokens_per_s"]), fmt_int(r["train_tokens_per_s"]),
+                        fmt_ratio(r["ratio"], 0)] for r in results["loader"]])
+        out += [""]
+    if results.get("memory"):
+        out += ["## Model-state memory: planner (one device) against the built run", ""]
+        rows = []
+        for r in results["memory"]:
+            p, a = r["planned"], r["allocated"]
+            rows.append([r["model"], fmt_mib(p["parameters"]), fmt_mib(a["parameters"]),
+                         fmt_mib(p["optimizer_state"]), fmt_mib(a["optimizer_state"]), fmt_mib(p["gradients"]),
+                         fmt_mib(p["activations"]), fmt_mib(a["rss_after_build"] - a["rss_before_build"]),
+                         fmt_mib(a["rss_after_first_round"] - a["rss_before_build"])])
+        out += _table(["model", "params planned", "params allocated", "Adam planned", "Adam allocated",
+                       "grads planned", "activations planned", "RSS growth: build", "RSS growth: build + steps"],
+                      rows)
+        out += ["", "Allocated = bytes of the built step's trainable parameters and AdamWeightDecay's moment "
+                "tensors; RSS growth includes the compiled graphs, gradients, activations and MindSpore's "
+                "memory pool.", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_report(results: Dict[str, Any], out_dir: str) -> Dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, "bench.json"), "markdown": os.path.join(out_dir, "bench.md")}
+    with open(paths["json"], "w", encoding="utf-8") as fh:
+        json.dump(results, fh, indent=1, sort_keys=True)
+    with open(paths["markdown"], "w", encoding="utf-8") as fh:
+        fh.write(render_markdown(results))
+    return paths

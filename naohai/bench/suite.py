@@ -1,0 +1,169 @@
+"""One benchmark run, in order: matmul peak, training rows, loader, memory, compile times.
+
+:func:`run_suite` measures everything on this machine -- each training row in its own
+worker process (:mod:`naohai.bench.worker`), each compile probe in a fresh one -- and returns the results dict that :mod:`naohai.bench.report` and
+:mod:`naohai.bench.charts` write.  Rounds alternate naohai, PyTorch eager and
+``torch.compile`` so that load from other processes falls on all rows alike; each row
+keeps its best round.  The load average before and after is recorded: on a shared machine
+the ratios of one run are the figures to compare, not absolute tokens/s.  Unless the environment
+sets it, ``OMP_WAIT_POLICY=PASSIVE`` is set before PyTorch loads (see :func:`run_suite`).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from naohai.bench import arith
+from naohai.bench.models import BenchModel
+
+DEFAULT_STEPS = {"tiny": 20, "42m": 6}
+
+
+@dataclass
+class Options:
+    models: Sequence[BenchModel]
+    rounds: int = 3
+    steps: Optional[int] = None                    # per round; None = DEFAULT_STEPS per model
+    compile_layers: Sequence[int] = (4, 16, 64)
+    lazy_inline: bool = True                       # also time the compile with every layer compiled separately
+    torch_compile: bool = True
+    torch_threads: Optional[int] = None
+    peak_n: int = 2048
+    peak_repeats: int = 5
+    workdir: Optional[str] = None
+    notes: List[str] = field(default_factory=list)
+
+
+def _load() -> str:
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def environment() -> Dict[str, Any]:
+    import mindspore
+    env = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()} "
+           f"{platform.processor() or platform.node()}".strip(), "cpus": os.cpu_count(),
+           "python": platform.python_version(), "mindspore": mindspore.__version__, "load_before": _load()}
+    try:
+        with open("/proc/cpuinfo", "r", encoding="utf-8") as fh:
+            names = [l.split(":", 1)[1].strip() for l in fh if l.startswith("model name")]
+        if names:
+            env["machine"] = names[0]
+    except OSError:
+        pass
+    return env
+
+
+def _row(tps: Optional[float], flops_token: float, peak: float, rounds: List[Optional[float]],
+         first_step_s: Optional[float] = None, note: str = "") -> Dict[str, Any]:
+    return {"tokens_per_s": tps, "mfu": arith.mfu(tps, flops_token, peak) if tps else None,
+            "rounds_tokens_per_s": rounds, "first_step_s": first_step_s, "note": note}
+
+
+def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_torch: bool, log) -> Dict[str, Any]:
+    from naohai.bench.loader_speed import loader_tokens_per_s
+    from naohai.bench.memory import compare, planned_states
+    from naohai.bench.randdata import write_random_prepared
+    from naohai.bench.worker import Worker
+    from naohai.model.flops import flops_per_token
+    from naohai.model.params import count_params
+
+    steps = int(opts.steps or DEFAULT_STEPS.get(bm.name, 10))
+    fpt = flops_per_token(bm.model)
+    prepared = write_random_prepared(os.path.join(workdir, f"data-{bm.name}"), bm.model.vocab_size, bm.seq,
+                                     train_windows=max(64, 8 * bm.batch))
+    log(f"{bm.name}: starting the rows ({count_params(bm.model) / 1e6:.2f}M parameters, batch {bm.batch} x {bm.seq})")
+    keys = ["naohai"] + (["eager"] + (["compile"] if opts.torch_compile else []) if with_torch else [])
+    workers: Dict[str, Any] = {}
+    per_round: Dict[str, List[float]] = {k: [] for k in keys}
+    first: Dict[str, Optional[float]] = {}
+    try:
+        for key in keys:
+            workers[key] = Worker(key, bm.name, prepared, workdir, peak)
+        for r in range(opts.rounds):
+            for key in keys:
+                ans = workers[key].request(cmd="round", steps=steps + 1)
+                per_round[key].append(arith.tokens_per_second(bm.tokens_per_step, ans["times"]))
+                first[key] = ans["first_step_s"]
+                log(f"{bm.name} round {r + 1}/{opts.rounds}: {key} {per_round[key][-1]:,.0f} tokens/s "
+                    f"(load {_load()})")
+        allocated = workers["naohai"].request(cmd="allocated")
+    finally:
+        for w in workers.values():
+            w.close()
+    throughput = {}
+    for key in ("naohai", "eager", "compile"):
+        if key in keys:
+            throughput[key] = _row(arith.best(per_round[key]), fpt, peak, per_round[key], first.get(key))
+        else:
+            throughput[key] = _row(None, fpt, peak, [], note="not measured")
+    nao = throughput["naohai"]["tokens_per_s"]
+    loader = loader_tokens_per_s(prepared, bm.batch)
+    memory = compare(planned_states(bm.model, bm.batch), allocated)
+    memory["model"] = bm.name
+    return {"name": bm.name, "params": count_params(bm.model), "batch": bm.batch, "seq": bm.seq,
+            "flops_per_token": fpt, "steps_per_round": steps, "throughput": throughput,
+            "ratios": {"naohai_over_eager": arith.ratio(nao, throughput["eager"]["tokens_per_s"]),
+                       "naohai_over_compile": arith.ratio(nao, throughput["compile"]["tokens_per_s"])},
+            "loader": {"model": bm.name, "loader_tokens_per_s": loader, "train_tokens_per_s": nao,
+                       "ratio": arith.ratio(loader, nao)},
+            "memory": memory}
+
+
+COMPILE_NOTE = ("'shared' is naohai's default (train.reuse_layer_graphs: equal decoder layers compile to one "
+                "graph through MindSpore's lazy_inline key, policy 'front' on CPU); 'separate' sets it false. "
+                "Each figure is one fresh process timing train_step.compile(ids, labels).")
+
+
+def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, Any]:
+    from naohai.bench.compile_time import measure
+    from naohai.bench.torch_row import peer_module
+    import mindspore as ms
+    from naohai.train.device import measured_cpu_peak_tflops
+
+    ms.set_device("CPU")           # before the first kernel (the peak's MatMul); the trainer sets it again
+    # OpenMP threads that spin while waiting (GNU OpenMP's default) lose most of their speed when other
+    # processes share the cores: measured here, the tiny PyTorch eager row ran at 1.5-1.8k tokens/s with
+    # ACTIVE and 7.6-8.0k with PASSIVE under a load average of 3.5 on 2 cores.  Must precede torch's import.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env = environment()
+    env["omp_wait_policy"] = os.environ["OMP_WAIT_POLICY"]
+    if opts.torch_threads:
+        os.environ["NAOHAI_BENCH_TORCH_THREADS"] = str(int(opts.torch_threads))
+    peer, why = peer_module()      # imports torch here only to say whether the rows can run
+    if peer is not None:
+        import torch
+        env["torch"] = torch.__version__
+        env["torch_threads"] = int(opts.torch_threads) if opts.torch_threads else torch.get_num_threads()
+    else:
+        log(f"PyTorch rows skipped: {why}")
+    log(f"measuring the fp32 matmul peak ({opts.peak_n}^3, best of {opts.peak_repeats}) ...")
+    peak = measured_cpu_peak_tflops(opts.peak_n, opts.peak_repeats)
+    log(f"peak {peak:.3f} TFLOP/s")
+    results: Dict[str, Any] = {"environment": env, "rounds": opts.rounds, "steps": opts.steps or dict(DEFAULT_STEPS),
+                               "peak": {"n": opts.peak_n, "repeats": opts.peak_repeats, "tflops": peak},
+                               "torch_note": why if peer is None else
+                               ("torch.compile not run (--no-torch-compile)" if not opts.torch_compile else None),
+                               "models": [], "loader": [], "memory": []}
+    with tempfile.TemporaryDirectory(prefix="naohai-bench-", dir=opts.workdir) as workdir:
+        for bm in opts.models:
+            m = bench_model(bm, opts, peak, workdir, peer is not None, log)
+            results["loader"].append(m.pop("loader"))
+            results["memory"].append(m.pop("memory"))
+            results["models"].append(m)
+    runs = []
+    for layers in opts.compile_layers:
+        for lazy in (("front", "none") if opts.lazy_inline else ("front",)):
+            log(f"compile time: {layers} layers, {'shared' if lazy == 'front' else 'separate'} layer graphs ...")
+            runs.append(measure(layers, lazy))
+            log(f"  {runs[-1].get('compile_s') or runs[-1].get('error')}")
+    if runs:
+        results["compile"] = {"runs": runs, "note": COMPILE_NOTE}
+    env["load_after"] = _load()
+    return results

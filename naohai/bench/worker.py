@@ -1,0 +1,104 @@
+"""One benchmark row in its own process, driven round by round over a pipe.
+
+MindSpore and PyTorch in one process slowed PyTorch by an order of magnitude here (the
+tiny eager row after naohai's rounds in the same process: 444 tokens/s with
+OMP_WAIT_POLICY=PASSIVE; in a process of its own 7,600-8,000, same load), so each row
+(``naohai``, ``eager``, ``compile``) runs in a worker: ``python -m naohai.bench.worker
+ROW MODEL PREPARED_DIR WORKDIR PEAK``.  It builds the row, answers ``@@bench {"ready": ...}``,
+then reads one JSON command per line from stdin -- ``{"cmd": "round", "steps": N}`` (answer:
+the timed step seconds and the first step's seconds), ``{"cmd": "allocated"}`` (naohai:
+:meth:`NaohaiRun.allocated`), ``{"cmd": "quit"}``.  Answers are the stdout lines starting with
+``@@bench ``; anything else there (library chatter) is ignored.  :class:`Worker` is the
+parent's side.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Dict
+
+PREFIX = "@@bench "
+
+
+class Worker:
+    """Start a worker process and exchange commands with it."""
+
+    def __init__(self, row: str, model: str, prepared_dir: str, workdir: str, peak: float):
+        self.row = row
+        self.log_path = os.path.join(workdir, f"worker-{model}-{row}.log")
+        self._log = open(self.log_path, "w", encoding="utf-8")
+        cmd = [sys.executable, "-m", "naohai.bench.worker", row, model, prepared_dir, workdir, repr(float(peak))]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     bufsize=1)
+        self.ready = self._answer()
+
+    def _answer(self) -> Dict[str, Any]:
+        for line in self.proc.stdout:
+            if line.startswith(PREFIX):
+                return json.loads(line[len(PREFIX):])
+        self.proc.wait()
+        self._log.flush()
+        with open(self.log_path, "r", encoding="utf-8", errors="replace") as fh:
+            tail = [l for l in fh.read().splitlines() if l.strip()][-3:]
+        raise RuntimeError(f"bench worker {self.row} exited with {self.proc.returncode}: {' | '.join(tail)}")
+
+    def request(self, **cmd) -> Dict[str, Any]:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.request(cmd="quit")
+            except (RuntimeError, OSError, ValueError):
+                pass
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+def _say(obj: Dict[str, Any]) -> None:
+    sys.stdout.write(PREFIX + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv) -> int:
+    row, model, prepared_dir, workdir, peak = argv[0], argv[1], argv[2], argv[3], float(argv[4])
+    from naohai.bench.models import bench_models
+    bm = bench_models()[model]
+    if row == "naohai":
+        from naohai.bench.naohai_row import NaohaiRun
+        runner = NaohaiRun(bm, workdir, peak, prepared_dir=prepared_dir)
+    else:
+        from naohai.bench.naohai_row import bench_recipe
+        from naohai.bench.torch_row import TorchRun, peer_module
+        peer, why = peer_module()
+        if peer is None:
+            raise SystemExit(why)
+        train = bench_recipe(bm, os.path.join(workdir, "unused"), prepared_dir).train
+        runner = TorchRun(peer, bm, prepared_dir, train, compiled=row == "compile")
+    info: Dict[str, Any] = {"ready": True}
+    if row != "naohai":
+        import torch
+        info.update(torch=torch.__version__, threads=torch.get_num_threads())
+    _say(info)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "round":
+            times = runner.round(int(cmd["steps"]))
+            _say({"times": times, "first_step_s": runner.first_step_s})
+        elif cmd["cmd"] == "allocated":
+            _say(runner.allocated())
+        else:
+            _say({"bye": True})
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

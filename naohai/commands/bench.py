@@ -1,0 +1,83 @@
+"""`naohai bench`: measure naohai on this machine against PyTorch in the same run.
+
+  naohai bench [--out DIR] [--quick] [--models tiny,42m] [--rounds 3] [--steps N]
+               [--compile-layers 4,16,64] [--no-lazy-inline] [--no-torch-compile] [--torch-threads N]
+
+Writes DIR/bench.md, DIR/bench.json and PNG charts (see :mod:`naohai.bench`).  PyTorch is
+an optional extra (``pip install -e ".[bench]"``); without it only naohai's rows are measured.
+``--quick``: the tiny model, one round of 6 steps, compile times for 4 and 16 layers only,
+no separately compiled layers or torch.compile variants (a smoke run of a few minutes).
+"""
+from __future__ import annotations
+
+import os
+
+from naohai.errors import UserError
+from naohai.validate import cli_int
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="measure training throughput / MFU against PyTorch, compile time, loader, "
+                                     "memory on this machine")
+    p.add_argument("--out", default="runs/bench", help="folder for bench.md, bench.json and the charts "
+                                                       "(default runs/bench)")
+    p.add_argument("--quick", action="store_true", help="a short smoke run (tiny model, 1 round, 4/16-layer compile)")
+    p.add_argument("--models", help="comma-separated: tiny, 42m (default both; --quick: tiny)")
+    p.add_argument("--rounds", type=cli_int(1, 100), help="rounds per row, best kept (default 3; --quick 1)")
+    p.add_argument("--steps", type=cli_int(2, 100000), help="timed steps per round (default tiny 20, 42m 6)")
+    p.add_argument("--compile-layers", help="layer counts for the compile-time probe (default 4,16,64; "
+                                            "'none' skips it)")
+    p.add_argument("--no-lazy-inline", action="store_true", help="skip the compile rows with every layer compiled separately (train.reuse_layer_graphs=false)")
+    p.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile rows")
+    p.add_argument("--torch-threads", type=cli_int(1, 4096), help="torch.set_num_threads (default: PyTorch's)")
+    p.set_defaults(run=run)
+
+
+def parse_layers(text: str):
+    """'4,16,64' -> (4, 16, 64); 'none' -> ()."""
+    if text.strip().lower() == "none":
+        return ()
+    out = []
+    for part in text.split(","):
+        try:
+            n = int(part.strip())
+        except ValueError:
+            n = 0
+        if not 1 <= n <= 512:
+            raise UserError(f"'{text}' is not a comma-separated list of layer counts in [1, 512] (or 'none')",
+                            where="command line", key="--compile-layers")
+        if n in out:
+            raise UserError(f"layer count {n} is listed twice", where="command line", key="--compile-layers")
+        out.append(n)
+    return tuple(out)
+
+
+def options(args):
+    """The :class:`naohai.bench.suite.Options` of the parsed flags (every check before any work)."""
+    from naohai.bench.models import parse_models
+    from naohai.bench.suite import Options
+    quick = bool(args.quick)
+    models = parse_models(args.models or ("tiny" if quick else "tiny,42m"))
+    layers = parse_layers(args.compile_layers) if args.compile_layers else ((4, 16) if quick else (4, 16, 64))
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError("exists and is not a folder", where=out, key="--out")
+    return Options(models=models, rounds=args.rounds or (1 if quick else 3), steps=args.steps or (6 if quick else None),
+                   compile_layers=layers, lazy_inline=not (quick or args.no_lazy_inline),
+                   torch_compile=not (quick or args.no_torch_compile), torch_threads=args.torch_threads)
+
+
+def run(args) -> int:
+    opts = options(args)
+    from naohai.bench.charts import write_charts
+    from naohai.bench.report import render_markdown, write_report
+    from naohai.bench.suite import run_suite
+
+    results = run_suite(opts, log=lambda line: print(line, flush=True))
+    out = os.path.abspath(args.out)
+    paths = write_report(results, out)
+    charts = write_charts(results, out)
+    print()
+    print(render_markdown(results))
+    print(f"wrote {paths['markdown']}, {paths['json']}" + (f", {', '.join(charts)}" if charts else ""))
+    return 0

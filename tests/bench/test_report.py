@@ -1,0 +1,85 @@
+"""`naohai bench`'s writers: bench.json holds the results, bench.md the tables, charts are PNGs;
+the random-token folder is one naohai's loader reads; the planner/allocated comparison."""
+import json
+
+import numpy as np
+import pytest
+
+from naohai.bench.charts import write_charts
+from naohai.bench.memory import compare, planned_states
+from naohai.bench.models import bench_models
+from naohai.bench.randdata import write_random_prepared
+from naohai.bench.report import render_markdown, write_report
+
+
+def _results():
+    row = lambda tps, mfu: {"tokens_per_s": tps, "mfu": mfu, "rounds_tokens_per_s": [tps], "first_step_s": 1.0,
+                            "note": ""}
+    return {
+        "environment": {"date": "2026-01-02 03:04", "machine": "test cpu", "cpus": 2, "mindspore": "2.10.0",
+                        "torch": "2.13.0", "torch_threads": 2, "load_before": "1.00", "load_after": "2.00"},
+        "rounds": 3, "steps": {"tiny": 20}, "peak": {"n": 2048, "repeats": 5, "tflops": 0.16},
+        "torch_note": None,
+        "models": [{"name": "tiny", "params": 1072640, "batch": 16, "seq": 128, "flops_per_token": 7222272.0,
+                    "steps_per_round": 20,
+                    "throughput": {"naohai": row(8858.0, 0.4), "eager": row(13357.0, 0.6),
+                                   "compile": row(None, None)},
+                    "ratios": {"naohai_over_eager": 8858.0 / 13357.0, "naohai_over_compile": None}}],
+        "loader": [{"model": "tiny", "loader_tokens_per_s": 1e6, "train_tokens_per_s": 8858.0,
+                    "ratio": 1e6 / 8858.0}],
+        "memory": [{"model": "tiny", "planned": {"parameters": 4 * 2 ** 20, "optimizer_state": 8 * 2 ** 20,
+                                                 "gradients": 4 * 2 ** 20, "activations": 2 ** 20},
+                    "allocated": {"parameters": 4 * 2 ** 20, "optimizer_state": 8 * 2 ** 20,
+                                  "rss_before_build": 0, "rss_after_build": 2 ** 20,
+                                  "rss_after_first_round": 10 * 2 ** 20}}],
+        "compile": {"runs": [{"layers": 4, "lazy_inline": "none", "compile_s": 2.0},
+                             {"layers": 16, "lazy_inline": "none", "compile_s": 8.0},
+                             {"layers": 64, "lazy_inline": "none", "compile_s": None, "error": "timed out"}],
+                    "note": "n"},
+    }
+
+
+def test_markdown_tables_hold_the_figures():
+    md = render_markdown(_results())
+    assert "| tiny (1.07M, 16 x 128) | 8,858 | 40.0% | 13,357 | 60.0% | \u2014 | \u2014 | 0.66 | \u2014 |" in md
+    assert "**0.160 TFLOP/s**" in md and "load average 1.00 before, 2.00 after" in md
+    assert "| 16 | naohai as is | 8.0 s | 4.00 |  |" in md
+    assert "| 64 | naohai as is | \u2014 | \u2014 | timed out |" in md
+    assert "| tiny | 1,000,000 | 8,858 | 113 |" in md
+    assert "| tiny | 4.0 MiB | 4.0 MiB | 8.0 MiB | 8.0 MiB | 4.0 MiB | 1.0 MiB | 1.0 MiB | 10.0 MiB |" in md
+
+
+def test_write_report_round_trips_json(tmp_path):
+    res = _results()
+    paths = write_report(res, str(tmp_path / "out"))
+    assert json.loads(open(paths["json"], encoding="utf-8").read()) == json.loads(json.dumps(res))
+    assert open(paths["markdown"], encoding="utf-8").read() == render_markdown(res)
+
+
+def test_charts_are_pngs(tmp_path):
+    from PIL import Image
+    paths = write_charts(_results(), str(tmp_path))
+    assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["compile.png", "throughput.png"]
+    for p in paths:
+        with Image.open(p) as img:
+            assert img.format == "PNG" and img.size == (820, 460)
+
+
+def test_random_prepared_folder_feeds_the_loader(tmp_path):
+    from naohai.data.loader import TokenWindowLoader
+    from naohai.data.prepare import load_prepared
+    path = write_random_prepared(str(tmp_path / "d"), 32000, 16, train_windows=10)
+    prep = load_prepared(path, verify=True)          # meta, dtypes and every id < vocab
+    assert prep.num_windows("train") == 10 and prep.dtype == np.uint16
+    batch = TokenWindowLoader(path, "train", 4).next_batch()
+    assert batch.shape == (4, 17) and batch.max() < 32000
+
+
+def test_planned_states_of_one_device_are_4_4_8_bytes_per_parameter():
+    cfg = bench_models()["tiny"].model
+    p = planned_states(cfg, 16)
+    n = 1072640
+    assert p["parameters_count"] == n
+    assert (p["parameters"], p["gradients"], p["optimizer_state"]) == (4 * n, 4 * n, 8 * n)
+    c = compare(p, {"parameters": 4 * n, "optimizer_state": 8 * n})
+    assert c["parameters_ratio"] == 1.0 and c["optimizer_state_ratio"] == 1.0
