@@ -58,8 +58,8 @@ def register(sub) -> None:
     allow_intermixed(a)
     a = actions.add_parser("export", help="write the full model weights in another format")
     a.add_argument("checkpoint", help="a checkpoint, run folder or imported model folder")
-    a.add_argument("--format", choices=("safetensors",) + FORMATS, default="safetensors",
-                   help="safetensors (naohai names) or a reference checkpoint layout (.ckpt)")
+    a.add_argument("--format", "--to", dest="format", choices=("safetensors",) + FORMATS, default="safetensors",
+                   help="safetensors (naohai names) or a reference checkpoint layout (.ckpt); --to is the same")
     a.add_argument("--out", required=True, help="output file")
     p.set_defaults(run=run)
 

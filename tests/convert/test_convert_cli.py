@@ -32,7 +32,7 @@ def test_import_eval_export_import_round_trip(tmp_path, capsys):
         assert abs(got["loss"] - want) <= 1e-5 * max(1.0, want), (family, got, want)
         assert abs(got["perplexity"] - np.exp(want)) <= 1e-4 * np.exp(want)
         exported = str(tmp_path / f"{family}-export.ckpt")
-        assert main(["ckpt", "export", out, "--format", fmt, "--out", exported]) == 0
+        assert main(["ckpt", "export", out, "--to", fmt, "--out", exported]) == 0
         back = read_reference(exported)
         assert set(back) == set(w) and all(np.array_equal(back[k], w[k]) for k in w)
         again = str(tmp_path / f"{family}-again")
