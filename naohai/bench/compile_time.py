@@ -6,6 +6,10 @@ device, graph mode, the tiny preset's architecture) at a small width -- hidden 6
 kernels.  Each measurement runs ``python -m naohai.bench.compile_time LAYERS LAZY`` in
 a subprocess: it builds the steps with :func:`naohai.train.builder.build` and times
 ``train_step.compile(ids, labels)`` (MindSpore's whole graph pipeline, no execution).
+The probe turns on MindSpore's own compile profile (``compile_config.COMPILE_PROFILE``), and
+:func:`measure` splits the time into its phases: type inference (the front end, where
+shared layers are inferred once), graph passes (``optimize``, where the ``front`` policy
+inlines every layer) and the backend's kernel build (``task_emit``).
 
 ``LAZY`` is ``front``, naohai's default (``train.reuse_layer_graphs``: equal decoder layers
 share one graph through MindSpore's ``lazy_inline`` key, policy ``front`` on CPU, set by
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -33,6 +38,10 @@ def probe(layers: int, lazy: str) -> Dict[str, float]:
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor
+    from mindspore.graph._parse import compile_config
+    # MindSpore then prints its compile phase times to stdout (measure() reads them).  Set before the context
+    # and the build: set just before compile() it had no effect.
+    compile_config.COMPILE_PROFILE = "1"
 
     from naohai.config import MODEL_PRESETS, ModelConfig, recipe_from_dict
     from naohai.strategy import apply as strategy_apply
@@ -57,6 +66,32 @@ def probe(layers: int, lazy: str) -> Dict[str, float]:
     return {"layers": int(layers), "lazy_inline": lazy, "build_s": t_build, "compile_s": t_compile}
 
 
+PHASES = {"type_inference": "type_inference", "optimize": "graph_passes", "task_emit": "kernel_build"}
+_PHASE_LINE = re.compile(r"^\[([A-Za-z_\-]+)\]: ([0-9.eE+\-]+)")
+
+
+def phases_from_profile(text: str) -> Dict[str, float]:
+    """The top-level phase seconds of MindSpore's compile profile, grouped as :data:`PHASES` (rest: ``other``).
+
+    The profile starts with ``TotalTime = S, [N]`` and lists each top-level action as
+    ``[name]: seconds`` at column 0 (nested passes are indented).
+    """
+    out: Dict[str, float] = {}
+    total = None
+    for line in text.splitlines():
+        if line.startswith("TotalTime = "):
+            total = float(line.split("=", 1)[1].split(",", 1)[0])
+            out = {}
+            continue
+        m = _PHASE_LINE.match(line)
+        if total is not None and m:
+            key = PHASES.get(m.group(1), "other")
+            out[key] = out.get(key, 0.0) + float(m.group(2))
+    if total is not None:
+        out["profiled_total"] = total
+    return out
+
+
 def measure(layers: int, lazy: str = "none", timeout: float = 900.0) -> Dict[str, Optional[float]]:
     """:func:`probe` in a fresh Python process; on failure the figures are None and ``error`` says why."""
     cmd = [sys.executable, "-m", "naohai.bench.compile_time", str(int(layers)), lazy]
@@ -67,7 +102,7 @@ def measure(layers: int, lazy: str = "none", timeout: float = 900.0) -> Dict[str
         return {"layers": layers, "lazy_inline": lazy, "compile_s": None, "error": f"timed out after {timeout:.0f} s"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
-            return json.loads(line)
+            return dict(json.loads(line), phases=phases_from_profile(proc.stdout))
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return {"layers": layers, "lazy_inline": lazy, "compile_s": None, "error": f"exit {proc.returncode}: {tail}"}
 

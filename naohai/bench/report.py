@@ -83,10 +83,13 @@ def render_markdown(results: Dict[str, Any]) -> str:
         for r in comp["runs"]:
             b = base.get(r["lazy_inline"])
             rel = r["compile_s"] / b if b and r.get("compile_s") else None
+            ph = r.get("phases") or {}
             rows.append([str(r["layers"]), "shared (default)" if r["lazy_inline"] == "front" else
-                         "separate", fmt_s(r.get("compile_s")), fmt_ratio(rel), r.get("error", "")])
+                         "separate", fmt_s(r.get("compile_s")), fmt_ratio(rel)]
+                        + [fmt_s(ph.get(k)) for k in ("type_inference", "graph_passes", "kernel_build")]
+                        + [r.get("error", "")])
         out += _table(["layers", "decoder layers", "compile", f"x {min(x['layers'] for x in comp['runs'])} layers",
-                       "note"], rows)
+                       "type inference", "graph passes", "kernel build", "note"], rows)
         out += ["", comp.get("note", ""), ""]
     if results.get("loader"):
         out += ["## Data loader against training", ""]

@@ -33,7 +33,8 @@ def _results():
                                   "rss_before_build": 0, "rss_after_build": 2 ** 20,
                                   "rss_after_first_round": 10 * 2 ** 20}}],
         "compile": {"runs": [{"layers": 4, "lazy_inline": "none", "compile_s": 2.0},
-                             {"layers": 16, "lazy_inline": "none", "compile_s": 8.0},
+                             {"layers": 16, "lazy_inline": "none", "compile_s": 8.0,
+                              "phases": {"type_inference": 2.0, "graph_passes": 4.0, "kernel_build": 1.5}},
                              {"layers": 64, "lazy_inline": "none", "compile_s": None, "error": "timed out"}],
                     "note": "n"},
     }
@@ -43,8 +44,8 @@ def test_markdown_tables_hold_the_figures():
     md = render_markdown(_results())
     assert "| tiny (1.07M, 16 x 128) | 8,858 | 40.0% | 13,357 | 60.0% | \u2014 | \u2014 | 0.66 | \u2014 |" in md
     assert "**0.160 TFLOP/s**" in md and "load average 1.00 before, 2.00 after" in md
-    assert "| 16 | separate | 8.0 s | 4.00 |  |" in md
-    assert "| 64 | separate | \u2014 | \u2014 | timed out |" in md
+    assert "| 16 | separate | 8.0 s | 4.00 | 2.0 s | 4.0 s | 1.5 s |  |" in md
+    assert "| 64 | separate | \u2014 | \u2014 | \u2014 | \u2014 | \u2014 | timed out |" in md
     assert "| tiny | 1,000,000 | 8,858 | 113 |" in md
     assert "| tiny | 4.0 MiB | 4.0 MiB | 8.0 MiB | 8.0 MiB | 4.0 MiB | 1.0 MiB | 1.0 MiB | 10.0 MiB |" in md
 
