@@ -10,6 +10,11 @@ the timed step seconds and the first step's seconds), ``{"cmd": "allocated"}`` (
 :meth:`NaohaiRun.allocated`), ``{"cmd": "quit"}``.  Answers are the stdout lines starting with
 ``@@bench ``; anything else there (library chatter) is ignored.  :class:`Worker` is the
 parent's side.
+
+Workers get :func:`worker_env`, Python's ``os.environ``, passed explicitly: once the parent
+has loaded MindSpore (for the matmul peak), MindSpore has set ``OMP_NUM_THREADS=1`` in the
+process's C environment (not in ``os.environ``), and a child started with the inherited
+environment ran PyTorch on one thread (tiny eager 8,600-9,100 tokens/s instead of 12,900).
 """
 from __future__ import annotations
 
@@ -22,6 +27,11 @@ from typing import Any, Dict
 PREFIX = "@@bench "
 
 
+def worker_env() -> Dict[str, str]:
+    """The environment a worker starts with: ``os.environ`` as Python sees it (see the module docstring)."""
+    return dict(os.environ)
+
+
 class Worker:
     """Start a worker process and exchange commands with it."""
 
@@ -31,7 +41,7 @@ class Worker:
         self._log = open(self.log_path, "w", encoding="utf-8")
         cmd = [sys.executable, "-m", "naohai.bench.worker", row, model, prepared_dir, workdir, repr(float(peak))]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     bufsize=1)
+                                     bufsize=1, env=worker_env())
         self.ready = self._answer()
 
     def _answer(self) -> Dict[str, Any]:
