@@ -1,10 +1,11 @@
 """`naohai data clean`: raw ``.jsonl`` / ``.txt`` (``.gz``) -> cleaned ``.jsonl`` shards + ``report.json``.
 
 Steps, in order, each switched on or off in the config (:mod:`naohai.data.clean_config`):
-``normalize`` (:mod:`~naohai.data.normalize`), ``language`` and ``classifier``
+``normalize`` (:mod:`~naohai.data.normalize`), ``language``
 (:mod:`~naohai.data.fasttext_models`), ``quality`` (:mod:`~naohai.data.quality`),
-``pii`` (:mod:`~naohai.data.pii`), ``exact_dedup`` and ``near_dedup``
-(:mod:`~naohai.data.dedup`), ``perplexity`` (:mod:`~naohai.data.score`, off by default).
+``pii`` (:mod:`~naohai.data.pii`), ``classifier`` (:mod:`~naohai.data.fasttext_models`,
+off by default; a supervised fastText model), ``exact_dedup`` and ``near_dedup`` (:mod:`~naohai.data.dedup`),
+``perplexity`` (:mod:`~naohai.data.score`, off by default) -- the order of ``STEPS``.
 
 How it runs
     Stage 1: the main process streams the inputs (:mod:`~naohai.data.reader`; bad
