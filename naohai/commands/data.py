@@ -113,11 +113,7 @@ def run_clean(args) -> int:
     report = clean(args.inputs, args.out, cfg, workers=args.workers, progress=not args.no_progress,
                    restart=args.restart, lm_factory=lm_factory)
     print(report_table(report))
-    problems = report["read"]["problems"]
-    for item in problems["listed"][:20]:
-        print(f"  malformed: {item['where']}: {item['reason']}")
-    if problems["total"] > 20:
-        print(f"  ... {problems['total'] - 20} more in {os.path.join(args.out, 'report.json')}")
+    _print_problems(report, args.out)
     return 0
 
 
@@ -176,11 +172,7 @@ def run_score(args) -> int:
     lm = load_scorer(args.model, args.tokenizer, args.device)
     report = score(args.inputs, args.out, lm, settings, progress=not args.no_progress, restart=args.restart)
     print(report_table(report))
-    problems = report["read"]["problems"]
-    for item in problems["listed"][:20]:
-        print(f"  malformed: {item['where']}: {item['reason']}")
-    if problems["total"] > 20:
-        print(f"  ... {problems['total'] - 20} more in {os.path.join(args.out, 'report.json')}")
+    _print_problems(report, args.out)
     return 0
 
 
@@ -259,3 +251,12 @@ def run_info(args) -> int:
         print("first training window, decoded:")
         print(repr(tok.decode(prep.window("train", 0))))
     return 0
+
+
+def _print_problems(report, out_dir: str, most: int = 20) -> None:
+    """The first ``most`` malformed input lines a clean or score run recorded, and how many more."""
+    problems = report["read"]["problems"]
+    for item in problems["listed"][:most]:
+        print(f"  malformed: {item['where']}: {item['reason']}")
+    if problems["total"] > most:
+        print(f"  ... {problems['total'] - most} more in {os.path.join(out_dir, 'report.json')}")

@@ -40,7 +40,6 @@ import glob
 import json
 import multiprocessing
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -50,13 +49,12 @@ import numpy as np
 from naohai.data import dedup, normalize as norm, pii, quality
 from naohai.data.clean_config import CleanConfig
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
+from naohai.data.rundir import REPORT, WORK, atomic_write, prepare_run_dir
 from naohai.data.score import quantiles as _quantiles
 from naohai.errors import UserError
 
 FORMAT = "naohai-clean-v1"
 STEPS = ("normalize", "language", "quality", "pii", "classifier", "exact_dedup", "near_dedup", "perplexity")
-WORK = ".work"
-REPORT = "report.json"
 MAX_PROBLEMS_LISTED = 1000
 _EXCERPT = 300
 
@@ -133,10 +131,6 @@ class _Models:
 _MODELS: Optional[_Models] = None
 
 
-def _atomic_write(path: str, write) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def process_unit(unit: int, batch: List[tuple], work_dir: str) -> int:
@@ -215,44 +209,15 @@ def process_unit(unit: int, batch: List[tuple], work_dir: str) -> int:
             json.dump({"docs": len(batch), "kept": len(kept),
                        "steps": {k: v.s.as_dict() for k, v in steps.items()}}, fh, ensure_ascii=False)
 
-    _atomic_write(base + ".jsonl", write_docs)
-    _atomic_write(base + ".npy", write_sigs)
-    _atomic_write(base + ".json", write_stats)
+    atomic_write(base + ".jsonl", write_docs)
+    atomic_write(base + ".npy", write_sigs)
+    atomic_write(base + ".json", write_stats)
     return unit
 
 
 # --------------------------------------------------------------------------- the run
 def _plan(files: Sequence[str], cfg: CleanConfig) -> Dict[str, Any]:
     return {"format": FORMAT, "config": cfg.to_dict(), "inputs": fingerprint(files)}
-
-
-def _prepare_out(out_dir: str, plan: Dict[str, Any], restart: bool) -> str:
-    work = os.path.join(out_dir, WORK)
-    plan_path = os.path.join(work, "plan.json")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.exists(plan_path):
-        raise UserError("is not empty and holds no `naohai data clean` run; choose a new --out directory "
-                        "(nothing there is replaced)", where=out_dir, key="--out")
-    if os.path.exists(plan_path):
-        with open(plan_path, "r", encoding="utf-8") as fh:
-            old = json.load(fh)
-        if old != json.loads(json.dumps(plan)):
-            if not restart:
-                raise UserError("holds a clean run with another config or other inputs (changed files?); "
-                                "pass --restart to discard it and start again, or choose a new --out",
-                                where=out_dir, key="--out")
-            shutil.rmtree(work)
-            for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")) + [os.path.join(out_dir, REPORT)]:
-                if os.path.exists(p):
-                    os.remove(p)
-        elif restart:
-            shutil.rmtree(work)
-            for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")) + [os.path.join(out_dir, REPORT)]:
-                if os.path.exists(p):
-                    os.remove(p)
-    os.makedirs(work, exist_ok=True)
-    if not os.path.exists(plan_path):
-        _atomic_write(plan_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(json.dumps(plan, indent=1)))
-    return work
 
 
 class _Problems:
@@ -344,7 +309,7 @@ def _unit_perplexities(work: str, u: int, texts: List[str], lm, batch: int) -> n
     def write(tmp):
         with open(tmp, "wb") as fh:
             np.save(fh, ppl)
-    _atomic_write(path, write)
+    atomic_write(path, write)
     return ppl
 
 
@@ -440,7 +405,8 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
     files = resolve_inputs(inputs)
     out_dir = os.path.abspath(out_dir)
     plan = _plan(files, cfg)
-    work = _prepare_out(out_dir, plan, restart)
+    work = prepare_run_dir(out_dir, plan, restart, "naohai data clean",
+                           "a clean run with another config or other inputs (changed files?)")
     report_path = os.path.join(out_dir, REPORT)
     if os.path.exists(report_path):
         with open(report_path, "r", encoding="utf-8") as fh:
@@ -464,7 +430,7 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
         "lsh": ({"bands": dedup.lsh_params(cfg.near_dedup)[0], "rows": dedup.lsh_params(cfg.near_dedup)[1]}
                 if cfg.near_dedup.enabled else None),
     }
-    _atomic_write(report_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(
+    atomic_write(report_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(
         json.dumps(report, ensure_ascii=False, indent=1)))
     return report
 

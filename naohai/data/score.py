@@ -35,7 +35,6 @@ import glob
 import json
 import math
 import os
-import shutil
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -43,11 +42,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
+from naohai.data.rundir import REPORT, WORK, atomic_write, prepare_run_dir, remove_outputs
 from naohai.errors import UserError
 
 FORMAT = "naohai-score-v1"
-WORK = ".work"
-REPORT = "report.json"
 QUANTILES = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 _EXCERPT = 300
 _MAX_PROBLEMS_LISTED = 1000
@@ -163,12 +161,6 @@ def threshold_for(ppl: np.ndarray, settings: ScoreSettings) -> Optional[float]:
 
 
 # --------------------------------------------------------------------------- the run
-def _atomic_write(path: str, write) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def _bar(total, desc, enabled, unit="doc"):
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, file=sys.stderr, dynamic_ncols=True)
@@ -177,40 +169,6 @@ def _bar(total, desc, enabled, unit="doc"):
 def _plan(files: Sequence[str], lm: LM, settings: ScoreSettings) -> Dict[str, Any]:
     return {"format": FORMAT, "inputs": fingerprint(files), "model": lm.describe,
             "settings": {k: v for k, v in asdict(settings).items() if k not in ("samples",)}}
-
-
-def _remove_outputs(out_dir: str) -> None:
-    for p in glob.glob(os.path.join(out_dir, "part-*.jsonl*")) + [os.path.join(out_dir, REPORT)]:
-        if os.path.exists(p):
-            os.remove(p)
-
-
-def _prepare_out(out_dir: str, plan: Dict[str, Any], restart: bool) -> str:
-    work = os.path.join(out_dir, WORK)
-    plan_path = os.path.join(work, "plan.json")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.exists(plan_path):
-        raise UserError("is not empty and holds no `naohai data score` run; choose a new --out directory "
-                        "(nothing there is replaced)", where=out_dir, key="--out")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UserError("is a file, not a directory", where=out_dir, key="--out")
-    if os.path.exists(plan_path):
-        with open(plan_path, "r", encoding="utf-8") as fh:
-            old = json.load(fh)
-        same = old == json.loads(json.dumps(plan))
-        if old.get("format") != FORMAT:
-            raise UserError("holds another kind of run (a `data clean` output?); choose a new --out directory",
-                            where=out_dir, key="--out")
-        if not same and not restart:
-            raise UserError("holds a score run with other inputs, another model or other settings; pass "
-                            "--restart to discard it and start again, or choose a new --out",
-                            where=out_dir, key="--out")
-        if restart:
-            shutil.rmtree(work)
-            _remove_outputs(out_dir)
-    os.makedirs(work, exist_ok=True)
-    if not os.path.exists(plan_path):
-        _atomic_write(plan_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(json.dumps(plan, indent=1)))
-    return work
 
 
 def _records(files, settings) -> Iterator[Any]:
@@ -230,7 +188,7 @@ def _pass1(files, lm: LM, settings: ScoreSettings, work: str, progress: bool) ->
         def write(tmp):
             with open(tmp, "wb") as fh:
                 np.save(fh, scores)
-        _atomic_write(path, write)
+        atomic_write(path, write)
 
     with _bar(None, "score: model", progress) as bar:
         for item in _records(files, settings):
@@ -266,7 +224,8 @@ def score(inputs: Sequence[str], out_dir: str, lm: LM, settings: ScoreSettings, 
     settings.validate()
     files = resolve_inputs(inputs)
     out_dir = os.path.abspath(out_dir)
-    work = _prepare_out(out_dir, _plan(files, lm, settings), restart)
+    work = prepare_run_dir(out_dir, _plan(files, lm, settings), restart, "naohai data score",
+                           "a score run with other inputs, another model or other settings")
     report_path = os.path.join(out_dir, REPORT)
     if os.path.exists(report_path):
         with open(report_path, "r", encoding="utf-8") as fh:
@@ -277,7 +236,7 @@ def score(inputs: Sequence[str], out_dir: str, lm: LM, settings: ScoreSettings, 
     ppl = perplexities(scores)
     limit = threshold_for(ppl, settings)
 
-    _remove_outputs(out_dir)
+    remove_outputs(out_dir)
     problems = {"total": 0, "by_file": {}, "listed": []}
     stats = {"docs_in": 0, "bytes_in": 0, "kept": 0, "dropped": 0, "bytes_out": 0, "reasons": {}, "samples": []}
     shard, in_shard, fh = 0, 0, None
@@ -348,7 +307,7 @@ def score(inputs: Sequence[str], out_dir: str, lm: LM, settings: ScoreSettings, 
         "output": {"documents": stats["kept"], "shards": shards,
                    "bytes": sum(os.path.getsize(p) for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")))},
     }
-    _atomic_write(report_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(
+    atomic_write(report_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(
         json.dumps(report, ensure_ascii=False, indent=1)))
     return report
 

@@ -1,0 +1,50 @@
+"""A data run's output folder: new, resumed, restarted, or refused without losing anything."""
+import json
+import os
+
+import pytest
+
+from naohai.data.rundir import prepare_run_dir
+from naohai.errors import UserError
+
+CLEAN = {"format": "naohai-clean-v1", "config": {"a": 1}, "inputs": []}
+
+
+def _prep(out, plan, restart=False, command="naohai data clean"):
+    return prepare_run_dir(str(out), plan, restart, command, "a run with another config")
+
+
+def test_new_resumed_and_restarted(tmp_path):
+    out = tmp_path / "out"
+    work = _prep(out, CLEAN)
+    assert json.load(open(os.path.join(work, "plan.json"))) == CLEAN
+    (out / "part-00000.jsonl").write_text("x\n")
+    open(os.path.join(work, "unit-000000.json"), "w").write("{}")
+    _prep(out, CLEAN)                                             # same plan: resume, nothing removed
+    assert (out / "part-00000.jsonl").exists() and os.path.exists(os.path.join(work, "unit-000000.json"))
+    changed = dict(CLEAN, config={"a": 2})
+    with pytest.raises(UserError, match="another config; pass --restart"):
+        _prep(out, changed)
+    assert (out / "part-00000.jsonl").exists()                    # refused: nothing lost
+    _prep(out, changed, restart=True)
+    assert not (out / "part-00000.jsonl").exists() and not os.path.exists(os.path.join(work, "unit-000000.json"))
+    assert json.load(open(os.path.join(work, "plan.json")))["config"] == {"a": 2}
+
+
+def test_refusals_keep_what_is_there(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("keep")
+    with pytest.raises(UserError, match="is a file"):
+        _prep(f, CLEAN)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "mine.txt").write_text("keep")
+    with pytest.raises(UserError, match="holds no `naohai data clean` run"):
+        _prep(other, CLEAN)
+    scored = tmp_path / "scored"
+    _prep(scored, {"format": "naohai-score-v1"}, command="naohai data score")
+    (scored / "part-00000.jsonl").write_text("scored\n")
+    with pytest.raises(UserError, match="another kind of run"):
+        _prep(scored, CLEAN, restart=True)                        # --restart never deletes another kind's run
+    assert f.read_text() == "keep" and (other / "mine.txt").read_text() == "keep"
+    assert (scored / "part-00000.jsonl").read_text() == "scored\n"
