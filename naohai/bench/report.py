@@ -60,7 +60,8 @@ def render_markdown(results: Dict[str, Any]) -> str:
            f"round: {per_round} "
            f"(each round's first step is not timed).", ""]
     peak = results["peak"]
-    out += [f"Measured fp32 matmul peak ({peak['n']}^3, the faster of MindSpore's compiled MatMul and NumPy's BLAS, best of {peak['repeats']}): "
+    out += [f"Measured fp32 matmul peak ({peak['n']}^3, the faster of MindSpore's compiled MatMul and NumPy's "
+            f"BLAS, best of {peak['repeats']}): "
             f"**{peak['tflops']:.3f} TFLOP/s** -- the MFU denominator; model FLOPs per token from "
             f"`naohai/model/flops.py` for every row.", ""]
     if results.get("torch_note"):

@@ -49,7 +49,7 @@ import numpy as np
 from naohai.data import dedup, normalize as norm, pii, quality
 from naohai.data.clean_config import CleanConfig
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
-from naohai.data.rundir import REPORT, WORK, atomic_write, prepare_run_dir
+from naohai.data.rundir import REPORT, atomic_write, prepare_run_dir, remove_outputs
 from naohai.data.score import quantiles as _quantiles
 from naohai.errors import UserError
 
@@ -129,8 +129,6 @@ class _Models:
 
 
 _MODELS: Optional[_Models] = None
-
-
 
 
 def process_unit(unit: int, batch: List[tuple], work_dir: str) -> int:
@@ -319,8 +317,7 @@ def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: boo
     seen = set()
     index = dedup.NearDuplicateIndex(cfg.near_dedup) if cfg.near_dedup.enabled else None
     scored: List[float] = []
-    for old in glob.glob(os.path.join(out_dir, "part-*.jsonl*")):
-        os.remove(old)
+    remove_outputs(out_dir)                 # shards of an interrupted stage 2 (no report yet)
     shard, in_shard, written, fh = 0, 0, 0, None
 
     def close():

@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
-from naohai.data.rundir import REPORT, WORK, atomic_write, prepare_run_dir, remove_outputs
+from naohai.data.rundir import REPORT, atomic_write, prepare_run_dir, remove_outputs
 from naohai.errors import UserError
 
 FORMAT = "naohai-score-v1"
