@@ -8,10 +8,17 @@ which the cells also build from, so the two cannot drift apart.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List, Tuple
 
 from naohai.config import ModelConfig
 from naohai.model.spec import LOGICAL_AXES, Axes, OpSpec, layer_ops, op_catalog, top_ops  # noqa: F401
+
+
+#: op names of earlier naohai versions -> the ops that replaced them (strategy files may still say them)
+RENAMED_OPS: Dict[str, Tuple[str, ...]] = {
+    # OneHot + SoftmaxCrossEntropyWithLogits became LogSoftmax + GatherD (no one-hot target)
+    "loss.xent": ("loss.log_softmax", "loss.pick"),
+}
 
 
 def layer_op_names(cfg: ModelConfig, query_layer: bool = False) -> List[str]:

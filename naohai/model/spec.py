@@ -263,10 +263,12 @@ def top_ops(cfg: ModelConfig, b: int) -> List[OpSpec]:
     ops += _norm_ops(cfg, "final_norm", t, "head.final_norm")
     head_weight = "embedding.word_embedding" if cfg.tie_embeddings else "head.weight"
     ops.append(_linear("head.logits", ("batch", "embed"), ("vocab", "embed"), t, v, h, head_weight))
-    # The class axis of the loss is declared unshardable (None): MindSpore 2.10's
-    # SoftmaxCrossEntropyWithLogits refuses to split it ("The strategy corresponding to axis
-    # dimension is not 1"), so with a vocab-parallel head the logits are gathered before the loss.
-    ops.append(OpSpec("loss.xent", "SoftmaxCrossEntropy", (("batch", None), ("batch", None)), ((t, v), (t, v))))
+    # The loss: nll = -log_softmax(logits)[label].  Its class axis is declared unshardable (None):
+    # MindSpore 2.10's LogSoftmax and GatherD cannot split the axis they work along, so with a
+    # vocab-parallel head the logits are gathered before the loss.  The pick's second input is the
+    # label column [t, 1].
+    ops.append(OpSpec("loss.log_softmax", "LogSoftmax", (("batch", None),), ((t, v),)))
+    ops.append(OpSpec("loss.pick", "GatherD", (("batch", None), ("batch", None)), ((t, v), (t, 1))))
     return ops
 
 

@@ -92,28 +92,30 @@ class Head(nn.Cell):
 
 class CrossEntropy(nn.Cell):
     """Next-token cross entropy in float32: the mean over all tokens, or with ``loss_pad_id`` the
-    references' sum(nll * m) / (sum(m) + 1e-5), m = 1 where the INPUT token is not the pad id."""
+    references' sum(nll * m) / (sum(m) + 1e-5), m = 1 where the INPUT token is not the pad id.
+
+    nll = -log_softmax(logits)[label]: a ``LogSoftmax`` and a ``GatherD`` that picks the label's
+    column (named ``loss.log_softmax`` and ``loss.pick``).  No one-hot target is built; on CPU this
+    pair runs forward and backward on [2048, 32128] logits in a quarter of the time of OneHot +
+    SoftmaxCrossEntropyWithLogits (``naohai bench`` measures the whole step)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.vocab = cfg.padded_vocab_size
         self.pad = cfg.loss_pad_id
         if self.pad is not None:
             self.not_pad = ops.NotEqual()
             self.sum = ops.ReduceSum()
             self.eps = Tensor(1e-5, ms.float32)
             self.cast = ops.Cast()
-        self.onehot = ops.OneHot()
-        self.xent = ops.SoftmaxCrossEntropyWithLogits()
+        self.log_softmax = ops.LogSoftmax(axis=-1)
+        self.pick = ops.GatherD()
+        self.neg = ops.Neg()
         self.mean = ops.ReduceMean()
         self.reshape = ops.Reshape()
-        self.on = Tensor(1.0, ms.float32)
-        self.off = Tensor(0.0, ms.float32)
 
     def construct(self, logits, labels, input_ids=None):
-        labels = self.reshape(labels, (-1,))
-        target = self.onehot(labels, self.vocab, self.on, self.off)
-        loss, _ = self.xent(logits, target)
+        picked = self.pick(self.log_softmax(logits), 1, self.reshape(labels, (-1, 1)))
+        loss = self.neg(self.reshape(picked, (-1,)))
         if self.pad is None:
             return self.mean(loss)
         mask = self.cast(self.not_pad(self.reshape(input_ids, (-1,)), self.pad), ms.float32)
@@ -181,7 +183,8 @@ class NaohaiLM(nn.Cell):
         if prim is not None:
             out["final_norm"] = prim
         out["head.logits"] = self.head.logits
-        out["loss.xent"] = self.loss.xent
+        out["loss.log_softmax"] = self.loss.log_softmax
+        out["loss.pick"] = self.loss.pick
         return out
 
 

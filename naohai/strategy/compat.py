@@ -22,45 +22,47 @@ from naohai.errors import UserError
 
 #: (rule id, one-line summary) of every rule below, for reports
 RULES: List[Tuple[str, str]] = [
-    ("xent-class-axis", "loss.xent (SoftmaxCrossEntropyWithLogits) cannot split its class (vocab) axis"),
+    ("loss-class-axis", "loss.log_softmax (LogSoftmax) cannot split its class (vocab) axis"),
 ]
 
+LOSS_OP = "loss.log_softmax"
 
-def _xent_class_axis(resolved) -> None:
-    strat = resolved.op_strategy.get("loss.xent")
-    if not strat:
-        return
-    split = max(dims[1] for dims in strat if len(dims) > 1)
+
+def _class_axis_split(resolved) -> int:
+    strat = resolved.op_strategy.get(LOSS_OP)
+    return max(dims[1] for dims in strat) if strat else 1
+
+
+def _loss_class_axis(resolved) -> None:
+    split = _class_axis_split(resolved)
     if split > 1:
-        rows = strat[0][0]
+        rows = resolved.op_strategy[LOSS_OP][0][0]
         raise UserError(
-            f"op loss.xent would split the vocabulary (class) axis {split} ways (embedding.vocab_parallel maps "
-            "the vocab axis of every op to 'model'); MindSpore 2.10's SoftmaxCrossEntropyWithLogits cannot split "
-            "its class axis (compile error 'SoftmaxCrossEntropyWithLogitsInfo: The strategy corresponding to axis "
-            f"dimension is not 1'). Keep vocab_parallel for the embedding and head, and add "
-            f"ops: {{loss.xent: [[{rows}, 1], [{rows}, 1]]}} to the strategy (naohai check --compat-fixes does "
-            "this in a copy)", where=resolved.source, key="ops.loss.xent", rule="mindspore-2.10: xent-class-axis")
+            f"op {LOSS_OP} would split the vocabulary (class) axis {split} ways; MindSpore 2.10's LogSoftmax "
+            "cannot split the axis it normalises over (compile error 'LogSoftmaxInfo: The strategy corresponding "
+            "to axis dimension(2) is not 1'). Keep vocab_parallel for the embedding and head (the logits are "
+            f"gathered before the loss) and set ops: {{{LOSS_OP}: [[{rows}, 1]]}} in the strategy (naohai check "
+            "--compat-fixes does this in a copy)", where=resolved.source, key=f"ops.{LOSS_OP}",
+            rule="mindspore-2.10: loss-class-axis")
 
 
 def compat_fixes(raw: Dict[str, Any], resolved, recipe=None) -> Tuple[Dict[str, Any], List[str]]:
     """A copy of a strategy mapping with the fixable 2.10 incompatibilities fixed, and what changed."""
     out = copy.deepcopy(raw)
     notes: List[str] = []
-    strat = resolved.op_strategy.get("loss.xent")
-    if strat and max(dims[1] for dims in strat if len(dims) > 1) > 1:
+    if _class_axis_split(resolved) > 1:
+        strat = resolved.op_strategy[LOSS_OP]
         rows = strat[0][0]
-        out.setdefault("ops", {})
-        out["ops"] = dict(out["ops"] or {})
-        out["ops"]["loss.xent"] = [[rows, 1], [rows, 1]]
-        notes.append(f"ops.loss.xent {[list(d) for d in strat]} -> [[{rows}, 1], [{rows}, 1]] (MindSpore 2.10 cannot "
-                     "split SoftmaxCrossEntropyWithLogits' class axis; the head's vocab-parallel logits are "
-                     "gathered before the loss)")
+        out["ops"] = dict(out.get("ops") or {})
+        out["ops"][LOSS_OP] = [[rows, 1]]
+        notes.append(f"ops.{LOSS_OP} {[list(d) for d in strat]} -> [[{rows}, 1]] (MindSpore 2.10 cannot split "
+                     "LogSoftmax's class axis; the head's vocab-parallel logits are gathered before the loss)")
     return out, notes
 
 
 def check_compat(resolved, recipe=None) -> None:
     """Raise a UserError for the first MindSpore 2.10 incompatibility in ``resolved``."""
-    _xent_class_axis(resolved)
+    _loss_class_axis(resolved)
 
 
 def validated_run(recipe, path: str, warn=print):

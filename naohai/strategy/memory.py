@@ -56,16 +56,17 @@ Micro-batches in flight on stage k of p, with m micro-batches: GPipe m;
 1F1B min(m, p - k); interleaved with v chunks (Megatron warm-up count)
 min(m, (2(p - k - 1) + (v - 1)p + 1) / v).
 
-The last stage and the loss.  MindSpore 2.10's SoftmaxCrossEntropyWithLogits
-cannot split the class axis (see ``naohai.model.catalog``), so the head's logits,
-cast to float32 (4sbV/t_vocab per device), are all-gathered to the whole padded
-vocabulary V on every model-parallel rank.  Per micro-batch in flight the stage
-keeps the final norm's input and output (4sbh) and the loss gradient (the
-second output of the cross entropy, float32, 4sbV), kept from forward to
-backward; once, while the loss runs, it also holds the gathered logits (4sbV),
-the one-hot target (float32, 4sbV) and the logits slice (4sbV/t_vocab).  That
-transient and the full-recompute working set are never live together: the
-stage counts the larger of the two.
+The last stage and the loss, nll = -log_softmax(logits)[label] (``loss.log_softmax``
+then ``loss.pick``).  MindSpore 2.10's LogSoftmax cannot split the class axis (see
+``naohai.strategy.compat``), so the head's logits, cast to float32 (4sbV/t_vocab per
+device), are all-gathered to the whole padded vocabulary V on every model-parallel
+rank.  Per micro-batch in flight the stage keeps the final norm's input and output
+(4sbh) and the log-probabilities (float32, 4sbV), which LogSoftmax's backward reads,
+from forward to backward; once, while the loss runs, it also holds two more float32
+4sbV tensors (the gathered logits in the forward; in the backward the pick's dense
+gradient and the log-softmax's input gradient are both [t, V]) and the logits slice
+(4sbV/t_vocab).  That transient and the full-recompute working set are never live
+together: the stage counts the larger of the two.
 """
 from __future__ import annotations
 
@@ -301,8 +302,8 @@ def in_flight(r: ResolvedStrategy, k: int) -> float:
 
 @dataclass(frozen=True)
 class LossBuffers:
-    kept: float                  # per micro-batch in flight: the float32 loss gradient
-    transient: float             # once: gathered logits + one-hot target + the logits slice
+    kept: float                  # per micro-batch in flight: the float32 log-probabilities
+    transient: float             # once: two float32 [t, V] (gathered logits; pick and log-softmax gradients) + the logits slice
     gathered: bool               # the logits are all-gathered over the vocab slices
 
 
@@ -320,7 +321,7 @@ class StageActivations:
     per_micro_batch: float       # saved bytes of one micro-batch on this stage (layers + head + loss gradient)
     in_flight: float
     working_set: float           # one layer recomputed in backward (full recompute), once
-    loss_transient: float        # last stage: gathered logits + one-hot + logits slice, once
+    loss_transient: float        # last stage: two float32 [t, V] + logits slice, once
     total: float
 
     @property

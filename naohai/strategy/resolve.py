@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from naohai.config import MODEL_PRESETS, ModelConfig, Recipe
 from naohai.errors import UserError, did_you_mean
-from naohai.model.catalog import OpSpec, layer_op_names, layer_ops, op_catalog
+from naohai.model.catalog import RENAMED_OPS, OpSpec, layer_op_names, layer_ops, op_catalog
 from naohai.strategy import checks
 from naohai.strategy.batch import adopt_batch
 from naohai.strategy.schema import (LayerEntry, OpTuple, RecomputeEntry, RuleValue, Strategy,  # noqa: F401
@@ -253,6 +253,13 @@ def _op_strategies(s: Strategy, cfg: ModelConfig, catalog: Dict[str, OpSpec],
                 out[full] = strat
     for full, strat in s.ops.items():
         key = f"ops.{full}"
+        if full in RENAMED_OPS:
+            now = RENAMED_OPS[full]
+            rows = strat[0][0] if strat and strat[0] else 1
+            wanted = "; ".join(f"{n}: {[[rows] + [1] * (len(a) - 1) for a in catalog[n].inputs]}"
+                               for n in now if n in catalog)
+            _fail(s, key, f"there is no op '{full}' any more: it was replaced by {' and '.join(now)}; give "
+                  f"each its own strategy (keeping your batch split: {wanted})", "op name exists")
         if full not in catalog:
             _fail(s, key, f"no op named '{full}'.{did_you_mean(full, catalog)}", "op name exists")
         _check_tuple(s, key, full, catalog[full], strat, stage_devices)

@@ -110,7 +110,7 @@ def test_parameter_names_and_shapes_match_param_shapes(name):
 KIND_TYPES = {
     "MatMul": ops.MatMul, "BatchMatMul": ops.BatchMatMul, "Gather": ops.Gather, "Add": ops.Add,
     "Mul": ops.Mul, "Softmax": ops.Softmax, "LayerNorm": ops.LayerNorm,
-    "SoftmaxCrossEntropy": ops.SoftmaxCrossEntropyWithLogits, "Dropout": ops.Dropout,
+    "LogSoftmax": ops.LogSoftmax, "GatherD": ops.GatherD, "Dropout": ops.Dropout,
     "Activation": (ops.Sigmoid, ops.Erf, ops.FastGeLU),
 }
 

@@ -34,7 +34,7 @@ def _with_ops(tmp_path, name, ops):
     return path
 
 
-XENT_SPLIT = {"loss.xent": [[2, 2], [2, 2]]}   # class (vocab) axis split: 2.10 refuses it
+CLASS_SPLIT = {"loss.log_softmax": [[2, 2]]}   # class (vocab) axis split: 2.10 refuses it
 
 
 def test_vocab_rule_never_splits_the_loss_class_axis():
@@ -42,29 +42,40 @@ def test_vocab_rule_never_splits_the_loss_class_axis():
     recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=2"])
     resolved = check_strategy(load_strategy(str(S / "tiny-dp2-mp2-pp2.yaml")), recipe)
     assert resolved.vocab_parallel and resolved.op_strategy["head.logits"] == ((2, 1), (2, 1))
-    assert resolved.op_strategy["loss.xent"] == ((2, 1), (2, 1))
+    assert resolved.op_strategy["loss.log_softmax"] == ((2, 1),)
+    assert resolved.op_strategy["loss.pick"] == ((2, 1), (2, 1))
     check_compat(resolved, recipe)
 
 
-def test_validator_refuses_xent_class_split_with_mindspores_reason(capsys, tmp_path):
-    path = _with_ops(tmp_path, "tiny-dp2-mp2.yaml", XENT_SPLIT)
+def test_validator_refuses_loss_class_split_with_mindspores_reason(capsys, tmp_path):
+    path = _with_ops(tmp_path, "tiny-dp2-mp2.yaml", CLASS_SPLIT)
     assert main(["check", "tiny", str(path), "train.micro_batch_size=8"]) == 2
     err = capsys.readouterr().err
-    assert "loss.xent" in err and "xent-class-axis" in err and "[[2, 1], [2, 1]]" in err
+    assert "loss.log_softmax" in err and "loss-class-axis" in err and "[[2, 1]]" in err
+    assert "Traceback" not in err
+
+
+def test_the_old_loss_op_name_is_refused_with_its_replacements(capsys, tmp_path):
+    """Strategy files written for the one-hot loss say loss.xent; the error names the two ops that replaced it."""
+    path = _with_ops(tmp_path, "tiny-dp2-mp2.yaml", {"loss.xent": [[2, 1], [2, 1]]})
+    assert main(["check", "tiny", str(path), "train.micro_batch_size=8"]) == 2
+    err = capsys.readouterr().err
+    assert "ops.loss.xent" in err and str(path) in err and "Traceback" not in err
+    assert "loss.log_softmax: [[2, 1]]" in err and "loss.pick: [[2, 1], [2, 1]]" in err
 
 
 def test_compat_fix_keeps_batch_split_and_passes(tmp_path):
     from naohai.config import load_recipe
     recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=2"])
-    path = _with_ops(tmp_path, "tiny-dp2-mp2-pp2.yaml", XENT_SPLIT)
+    path = _with_ops(tmp_path, "tiny-dp2-mp2-pp2.yaml", CLASS_SPLIT)
     resolved = check_strategy(load_strategy(str(path)), recipe)
-    assert resolved.op_strategy["loss.xent"] == ((2, 2), (2, 2))   # what the escape hatch gives
-    with pytest.raises(UserError, match="xent-class-axis"):
+    assert resolved.op_strategy["loss.log_softmax"] == ((2, 2),)   # what the escape hatch gives
+    with pytest.raises(UserError, match="loss-class-axis"):
         check_compat(resolved)
     fixed, notes = compat_fixes(read_yaml(str(path)), resolved)
     again = check_strategy(parse_strategy(fixed, "fixed"), recipe)
     check_compat(again)
-    assert again.op_strategy["loss.xent"] == ((2, 1), (2, 1)) and len(notes) == 1
+    assert again.op_strategy["loss.log_softmax"] == ((2, 1),) and len(notes) == 1
     assert again.op_strategy["head.logits"] == resolved.op_strategy["head.logits"] == ((2, 1), (2, 1))
 
 
@@ -190,17 +201,17 @@ def test_ready_layouts_compile_on_every_rank(case, compiled_layout):
 
 @pytest.mark.slow
 def test_mindspore_rejects_what_only_compat_refuses(tmp_path):
-    """Raw path (no compat rules): our validator accepts an escape hatch splitting loss.xent's class axis."""
-    path = _with_ops(tmp_path, "tiny-dp2-mp2.yaml", XENT_SPLIT)
+    """Raw path (no compat rules): our validator accepts an escape hatch splitting loss.log_softmax's class axis."""
+    path = _with_ops(tmp_path, "tiny-dp2-mp2.yaml", CLASS_SPLIT)
     kwargs = {"recipe_path": str(ROOT / "recipes/tiny.yaml"), "strategy_path": str(path),
               "overrides": ["train.micro_batch_size=8"], "check_compat": False}
     rep = run_compile("naohai.train.compile_target:build_for_compile", 4, tmp_path / "run", timeout=600,
                       kwargs=kwargs)
     assert rep.failed_ranks == [0, 1, 2, 3]
     err = rep.rank(2).error
-    assert err["op"] == "SoftmaxCrossEntropyWithLogits"
-    assert any("The strategy corresponding to axis dimension is not 1" in e for e in err["log_errors"])
-    assert "rank 0,1,2,3: RuntimeError op=SoftmaxCrossEntropyWithLogits" in rep.render()
+    assert err["op"] == "LogSoftmax"
+    assert any("The strategy corresponding to axis dimension(2) is not 1" in e for e in err["log_errors"])
+    assert "rank 0,1,2,3: RuntimeError op=LogSoftmax" in rep.render()
 
 
 def test_sequence_parallel_residual_split_differently_is_refused():

@@ -43,7 +43,7 @@ def test_every_named_op_carries_the_resolved_strategy(name):
 HAND = {  # op -> in_strategy, written from the rules in the files (batch->data, heads/mlp/vocab->model)
     "tiny-dp2": {"layers.0.attention.q": ((2, 1), (1, 1)), "layers.3.mlp.down": ((2, 1), (1, 1)),
                  "embedding.lookup": ((1, 1), (2, 1)), "head.logits": ((2, 1), (1, 1)),
-                 "loss.xent": ((2, 1), (2, 1))},
+                 "loss.log_softmax": ((2, 1),), "loss.pick": ((2, 1), (2, 1))},
     "tiny-dp2-mp2": {"layers.0.attention.q": ((2, 1), (2, 1)), "layers.0.attention.out": ((2, 2), (1, 2)),
                      "layers.1.attention.scores": ((2, 2, 1, 1), (2, 2, 1, 1)),
                      "layers.2.mlp.up": ((2, 1), (2, 1)), "layers.2.mlp.down": ((2, 2), (1, 2)),

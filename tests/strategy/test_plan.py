@@ -174,9 +174,10 @@ def plan7b(vocab_parallel=True):
 
 def test_last_stage_loss_buffers_pengcheng_mind_7b_mp8_pp2():
     # seq 4096, padded vocab 125952, one sequence per micro-batch; the loss's class axis cannot be split
-    # (MindSpore 2.10 SoftmaxCrossEntropyWithLogits), so the fp32 logits are gathered to the whole vocabulary:
-    # kept per micro-batch in flight (1 on the last 1F1B stage): the loss gradient 4sbV;
-    # once: gathered logits 4sbV + one-hot target 4sbV + the fp32 logits slice 4sbV/8
+    # (MindSpore 2.10 LogSoftmax), so the fp32 logits are gathered to the whole vocabulary:
+    # kept per micro-batch in flight (1 on the last 1F1B stage): the log-probabilities 4sbV (LogSoftmax's
+    # backward reads its output); once, at the backward's peak, the pick's dense gradient 4sbV + the
+    # log-softmax input gradient 4sbV + the fp32 logits slice 4sbV/8 (reduce-scattered back)
     sbv = 4096 * 1 * 125952
     want = 4 * sbv + (4 * sbv + 4 * sbv + 4 * sbv / 8)
     plan = plan7b()
@@ -184,9 +185,9 @@ def test_last_stage_loss_buffers_pengcheng_mind_7b_mp8_pp2():
     assert last.loss_bytes == pytest.approx(want)
     assert want / 1024 ** 3 == pytest.approx(6.01, abs=0.01)        # about 5.8 GiB real, 0.24 GiB before
     assert plan.stages[0].loss_bytes == 0
-    # the stage total holds the loss: last-stage activations exceed its layers' alone by the kept gradient
+    # the stage total holds the loss: last-stage activations exceed its layers' alone by the kept log-probs
     assert last.activation_bytes >= 4 * sbv + max(last.recompute_working_set, want - 4 * sbv)
-    # without a vocab-parallel head nothing is gathered: logits 4sbV + one-hot 4sbV once, gradient kept
+    # without a vocab-parallel head nothing is gathered: the two backward [t, V] gradients once, log-probs kept
     assert plan7b(False).stages[-1].loss_bytes == pytest.approx(12 * sbv)
 
 
