@@ -49,12 +49,27 @@ def make_params(cell: nn.Cell, specs, cfg: ModelConfig, rng: np.random.RandomSta
 
 
 # ------------------------------------------------------------------------------ norms
+def cpu_backend() -> bool:
+    """Whether the cells are being built for MindSpore's CPU backend, where some fused kernels are slow
+    enough that a composite form of the same math pays (see :class:`Norm`)."""
+    return ms.get_context("device_target") == "CPU"
+
+
 class Norm(nn.Cell):
-    """LayerNorm, RMSNorm or non-parametric LayerNorm over the last axis of [tokens, hidden]."""
+    """LayerNorm, RMSNorm or non-parametric LayerNorm over the last axis of [tokens, hidden].
+
+    The LayerNorms are MindSpore's fused ``LayerNorm`` (the op strategies address it), except on the
+    CPU backend: there they are computed from elementwise ops with the row means taken as a MatMul
+    against a [hidden, 1] column of 1/hidden, because MindSpore 2.10's CPU ``LayerNormGrad`` kernel
+    and its row reductions are slow (forward and backward on [2048, 128]: 4.7 ms fused, 2.4 ms so;
+    on [2048, 512]: 19.9 and 7.8 ms).  CPU runs are one-device runs: the strategy's shard of the
+    fused op has nothing to apply to there; recomputing the norm recomputes this cell, either form.
+    """
 
     def __init__(self, cfg: ModelConfig, rng=None):
         super().__init__()
         h = cfg.hidden_size
+        self.h = h
         self.kind = cfg.norm
         self.eps = cfg.norm_eps
         self.fp32 = cfg.norm_fp32
@@ -73,12 +88,34 @@ class Norm(nn.Cell):
             if self.kind == "nonparam_layernorm":  # non-parametric (OLMo): fixed unit scale, zero shift
                 self.gamma = Tensor(np.ones(h, np.float32))
                 self.beta = Tensor(np.zeros(h, np.float32))
+        self.composite = self.norm is not None and cpu_backend()
+        if self.composite:
+            self.reshape = ops.Reshape()
+            self.row_mean = ops.MatMul()
+            self.row_mean_sq = ops.MatMul()
+            self.average = Tensor(np.full((h, 1), 1.0 / h, np.float32))
+            self.center = ops.Sub()
+            self.square = ops.Mul()
+            self.add_eps = ops.Add()
+            self.rsqrt = ops.Rsqrt()
+            self.mul = ops.Mul()
+            self.mul_gamma = ops.Mul()
+            self.add_beta = ops.Add()
 
     def construct(self, x):
         dtype = x.dtype
         if self.fp32:
             x = self.cast(x, ms.float32)
-        if self.norm is None:
+        if self.composite:
+            shape = x.shape
+            x2 = self.reshape(x, (-1, self.h))
+            average = self.cast(self.average, x2.dtype)
+            c = self.center(x2, self.row_mean(x2, average))
+            var = self.row_mean_sq(self.square(c, c), average)
+            y = self.add_beta(self.mul_gamma(self.mul(c, self.rsqrt(self.add_eps(var, self.eps))), self.gamma),
+                              self.beta)
+            y = self.reshape(y, shape)
+        elif self.norm is None:
             var = self.mean(self.square(x), -1)
             y = self.mul_gamma(self.mul(x, self.rsqrt(self.add_eps(var, self.eps))), self.gamma)
         else:

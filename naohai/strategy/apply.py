@@ -187,7 +187,11 @@ def apply_recompute(model, resolved) -> None:
         elif spec.mode == "select":
             ops_by_name = layer.shardable_ops()
             for op in spec.ops:
-                ops_by_name[op].recompute()
+                owner = getattr(layer, op, None)
+                if isinstance(owner, nn.Cell):      # a norm: the cell, whichever form it computes in
+                    owner.recompute()
+                else:
+                    ops_by_name[op].recompute()
 
 
 def assign_stages(model, resolved) -> None:

@@ -132,3 +132,39 @@ def test_norm_runs_in_float32_for_float16_input(kind):
     # the float16 arithmetic the fp32 path avoids really does overflow
     with np.errstate(over="ignore"):
         assert not np.isfinite((x16 * x16).mean(-1, dtype=np.float16)).all()
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "nonparam_layernorm"])
+def test_cpu_layernorm_equals_mindspores_fused_op_forward_and_backward(kind):
+    """On the CPU backend the LayerNorms are composite (row means as MatMuls); MindSpore's own fused
+    LayerNorm and LayerNormGrad are the reference for the output and the x, gamma and beta gradients."""
+    from mindspore import nn, ops
+    cfg = cfg_of(norm=kind, norm_eps=1e-5)
+    cell = Norm(cfg)
+    assert cell.composite and isinstance(cell.primitive(), ops.LayerNorm)   # the strategy's op still exists
+    ref.randomize(cell, np.random.RandomState(0))
+    rng = np.random.RandomState(1)
+    x = (rng.standard_normal((2, 5, 16)) * 3 + 1).astype(np.float32)       # [b, s, h]: any leading shape
+    w = rng.standard_normal((2, 5, 16)).astype(np.float32)
+
+    class Fused(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.op = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=1e-5)
+
+        def construct(self, x, gamma, beta):
+            return self.op(x, gamma, beta)[0]
+
+    gamma = cell.gamma.asnumpy() if kind == "layernorm" else np.ones(16, np.float32)
+    beta = cell.beta.asnumpy() if kind == "layernorm" else np.zeros(16, np.float32)
+    fused = Fused()
+    np.testing.assert_allclose(cell(Tensor(x)).asnumpy(), fused(Tensor(x), Tensor(gamma), Tensor(beta)).asnumpy(),
+                               rtol=1e-5, atol=1e-5)
+    weights = cell.trainable_params()
+    assert len(weights) == (2 if kind == "layernorm" else 0)
+    dx, dparams = ops.grad(lambda x: (cell(x) * Tensor(w)).sum(), grad_position=0, weights=weights)(Tensor(x)) \
+        if weights else (ops.grad(lambda x: (cell(x) * Tensor(w)).sum())(Tensor(x)), ())
+    want = ops.grad(lambda x, g, b: (fused(x, g, b) * Tensor(w)).sum(), grad_position=(0, 1, 2))(
+        Tensor(x), Tensor(gamma), Tensor(beta))
+    for g, r in zip((dx,) + tuple(dparams), want):
+        np.testing.assert_allclose(g.asnumpy(), r.asnumpy(), rtol=1e-4, atol=1e-4)

@@ -87,6 +87,22 @@ def test_selective_recompute_marks_exactly_the_listed_primitives():
     assert model.head.logits.attrs.get("recompute") is None
 
 
+def test_selecting_a_norm_for_recompute_recomputes_its_cell():
+    """A norm is one named op, but on CPU the cell computes it from several primitives: the cell is
+    marked, so the whole norm is recomputed in either form; other ops stay primitive-marked."""
+    recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=8"])
+    raw = {"name": "t", "mesh": {"data": 1, "model": 1, "pipeline": 1},
+           "layers": {"0": {"recompute": {"select": ["input_norm", "mlp.up"]}}}}
+    resolved = check_strategy(parse_strategy(raw, "inline"), recipe)
+    model = NaohaiLM(recipe.model)
+    A.apply_strategy(model, resolved)
+    assert model.layers[0].input_norm._has_config_recompute
+    assert not model.layers[0].post_attention_norm._has_config_recompute
+    assert not model.layers[1].input_norm._has_config_recompute
+    assert model.layers[0].mlp.up.attrs.get("recompute") is True
+    assert model.layers[1].mlp.up.attrs.get("recompute") is None
+
+
 def test_full_recompute_with_comm_on_a_layer_range():
     recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=8"])
     raw = {"name": "t", "mesh": {"data": 2, "model": 2, "pipeline": 1},
