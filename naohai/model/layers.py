@@ -126,6 +126,31 @@ class Norm(nn.Cell):
         return self.norm
 
 
+class RowSumSoftmax(nn.Cell):
+    """``op(x)``, a Softmax primitive over the last axis, whose backward dx = y * dy - y * sum(y * dy)
+    takes the row sums as a MatMul against a column of ones.  Used on the CPU backend only, where the
+    backward MindSpore 2.10 derives reduces with a slow ReduceSum (softmax forward and backward on
+    [16, 4, 128, 128]: 6.5 ms so, 3.1 ms with this); the primitive itself is the strategy's op."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+        self.mul = ops.Mul()
+        self.mul_out = ops.Mul()
+        self.sub = ops.Sub()
+        self.row_sum = ops.MatMul()
+        self.reshape = ops.Reshape()
+
+    def construct(self, x):
+        return self.op(x)
+
+    def bprop(self, x, out, dout):
+        width = out.shape[-1]
+        yd = self.mul(out, dout)
+        sums = self.row_sum(self.reshape(yd, (-1, width)), ops.ones((width, 1), yd.dtype))
+        return (self.sub(yd, self.mul_out(out, self.reshape(sums, out.shape[:-1] + (1,)))),)
+
+
 # ------------------------------------------------------------------------------ positions
 def rope_tables(positions: int, head_dim: int, base: float, style: str = "rotate_half"):
     """cos/sin tables [positions, head_dim]; theta_i = base^(-2i/d) for the i-th rotated pair.
@@ -252,6 +277,7 @@ class Attention(nn.Cell):
         else:
             self.bias_table = Tensor(attention_bias(cfg))
         self.softmax = ops.Softmax(axis=-1)
+        self.probs = RowSumSoftmax(self.softmax) if cpu_backend() else self.softmax
         self.prob_dropout = Dropout(cfg.dropout)
         self.context = ops.BatchMatMul()
         self.out = ops.MatMul(transpose_b=True)
@@ -342,7 +368,7 @@ class Attention(nn.Cell):
         scores = self.cast(scores, self.softmax_dtype)
         scores = self.scale(scores, self.cast(self.scale_value, self.softmax_dtype))
         scores = self.mask(scores, self.cast(bias, self.softmax_dtype))
-        probs = self.prob_dropout(self.cast(self.softmax(scores), self.dtype))
+        probs = self.prob_dropout(self.cast(self.probs(scores), self.dtype))
         ctx = self.context(probs, v)                                           # [b, nh, s, d]
         ctx = self.reshape(self.transpose(ctx, (0, 2, 1, 3)), (-1, self.nh * self.hd))
         out = self._proj(self.out, self.out_add, ctx, self.out_weight, self.out_bias)

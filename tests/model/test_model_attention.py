@@ -222,3 +222,25 @@ def test_float16_attention_close_to_numpy(softmax_fp32, position):
     assert got.dtype == np.float32 and np.all(np.isfinite(got))
     want = ref.attention(x.astype(np.float64), {f"a.{k}": v for k, v in p.items()}, "a", cfg)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_cpu_softmax_backward_equals_mindspores_own():
+    """On the CPU backend attention's softmax has a hand-written backward (row sums as a MatMul);
+    MindSpore's derived backward of the same Softmax primitive is the reference."""
+    from mindspore import nn, ops
+    from naohai.model.layers import RowSumSoftmax
+    rng = np.random.RandomState(0)
+    x = Tensor((rng.standard_normal((2, 3, 5, 7)) * 3).astype(np.float32))
+    w = Tensor(rng.standard_normal((2, 3, 5, 7)).astype(np.float32))
+    prim = ops.Softmax(axis=-1)
+    ours = RowSumSoftmax(prim)
+
+    class Plain(nn.Cell):
+        def construct(self, x):
+            return prim(x)
+
+    np.testing.assert_allclose(ours(x).asnumpy(), prim(x).asnumpy(), rtol=1e-6)
+    got = ops.grad(lambda x: (ours(x) * w).sum())(x).asnumpy()
+    want = ops.grad(lambda x: (Plain()(x) * w).sum())(x).asnumpy()
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
