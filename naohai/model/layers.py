@@ -12,6 +12,12 @@ residual stream); matrix multiplications run in ``compute_dtype``; softmax and
 norms run in float32 when the config says so.  Parameters are float32 master
 weights, initialised from a numpy RandomState so that initialisation is exact
 and independent of MindSpore's RNG.
+
+On MindSpore's CPU backend two blocks compute the same math in another form,
+because 2.10's CPU kernels for them are slow (:func:`cpu_backend`): LayerNorm
+from elementwise ops with MatMul row means, and attention's softmax backward with
+MatMul row sums (:class:`RowSumSoftmax`).  The strategy's primitives are the same
+on every backend; CPU runs are one-device runs.
 """
 from __future__ import annotations
 
