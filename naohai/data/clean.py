@@ -49,7 +49,7 @@ import numpy as np
 from naohai.data import dedup, normalize as norm, pii, quality
 from naohai.data.clean_config import CleanConfig
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
-from naohai.data.rundir import REPORT, atomic_write, prepare_run_dir, remove_outputs
+from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_run_dir, remove_outputs
 from naohai.data.score import quantiles as _quantiles
 from naohai.errors import UserError
 
@@ -427,8 +427,7 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
         "lsh": ({"bands": dedup.lsh_params(cfg.near_dedup)[0], "rows": dedup.lsh_params(cfg.near_dedup)[1]}
                 if cfg.near_dedup.enabled else None),
     }
-    atomic_write(report_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(
-        json.dumps(report, ensure_ascii=False, indent=1)))
+    atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
     return report
 
 

@@ -28,6 +28,14 @@ def atomic_write(path: str, write: Callable[[str], Any]) -> None:
     os.replace(tmp, path)
 
 
+def atomic_write_text(path: str, text: str) -> None:
+    """:func:`atomic_write` of a UTF-8 text, the file closed before it is renamed into place."""
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    atomic_write(path, write)
+
+
 def remove_outputs(out_dir: str) -> None:
     """Delete a run's shards (``part-*.jsonl``, gzipped too) and its report."""
     for p in glob.glob(os.path.join(out_dir, "part-*.jsonl*")) + [os.path.join(out_dir, REPORT)]:
@@ -62,5 +70,5 @@ def prepare_run_dir(out_dir: str, plan: Dict[str, Any], restart: bool, command: 
             remove_outputs(out_dir)
     os.makedirs(work, exist_ok=True)
     if not os.path.exists(plan_path):
-        atomic_write(plan_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(json.dumps(plan, indent=1)))
+        atomic_write_text(plan_path, json.dumps(plan, indent=1))
     return work

@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
-from naohai.data.rundir import REPORT, atomic_write, prepare_run_dir, remove_outputs
+from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_run_dir, remove_outputs
 from naohai.errors import UserError
 
 FORMAT = "naohai-score-v1"
@@ -307,8 +307,7 @@ def score(inputs: Sequence[str], out_dir: str, lm: LM, settings: ScoreSettings, 
         "output": {"documents": stats["kept"], "shards": shards,
                    "bytes": sum(os.path.getsize(p) for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")))},
     }
-    atomic_write(report_path, lambda tmp: open(tmp, "w", encoding="utf-8").write(
-        json.dumps(report, ensure_ascii=False, indent=1)))
+    atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
     return report
 
 
