@@ -133,6 +133,8 @@ def probe(form: str, layers: int, size: str, steps: int) -> dict:
             best = min(best, (time.perf_counter() - t0) / steps)
         out["ms_per_step"] = best * 1e3
         out["last_loss"] = float(loss.asnumpy())
+    import resource
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     return out
 
 
@@ -229,18 +231,18 @@ def main() -> int:
     rows = [measure(f, n, args.size, args.steps) for f in args.forms for n in args.layers]
     base = {r["form"]: r.get("compile_s") for r in rows if r["layers"] == min(args.layers)}
     print(f"| form | layers | trainable tensors | compile | x {min(args.layers)} layers | first loss"
-          + (" | ms / step | loss after the timed steps |" if args.steps else " |"))
-    print("|---|---|---|---|---|---|" + ("---|---|" if args.steps else ""))
+          + (" | ms / step | loss after the timed steps |" if args.steps else " |") + " peak RSS |")
+    print("|---|---|---|---|---|---|" + ("---|---|" if args.steps else "") + "---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['form']} | {r['layers']} | | {r['error']} | | |" + (" | |" if args.steps else ""))
+            print(f"| {r['form']} | {r['layers']} | | {r['error']} | | |" + (" | |" if args.steps else "") + " |")
             continue
         ratio = r["compile_s"] / base[r["form"]] if base.get(r["form"]) else float("nan")
         line = (f"| {r['form']} | {r['layers']} | {r['params']} | {r['compile_s']:.2f} s | {ratio:.2f} "
                 f"| {r['first_loss']:.6f} |")
         if args.steps:
             line += f" {r['ms_per_step']:.1f} | {r['last_loss']:.6f} |"
-        print(line)
+        print(line + f" {r['peak_rss_mb']:,.0f} MB |")
     return 0
 
 
