@@ -22,7 +22,8 @@ agree: the first (before any update) and, with ``--steps``, the last (printed).
 
 ``--semi-auto`` instead compiles a two-matmul block (stacked weights, ``loop`` and
 ``unrolled``) on 2 simulated GPUs under semi-auto parallel (``naohai.simulate``), once data
-parallel and once with the weights split over the 2 devices, and prints each verdict.
+parallel and once with the weights split over the 2 devices, and prints each rank's verdict and
+the IR checks' (Send/Receive pairing, the same collectives in every group) for graphs that compiled.
 
 Usage::
 
@@ -186,26 +187,23 @@ def semi_auto() -> int:
     from naohai.simulate.harness import run_compile
 
     work = Path(tempfile.mkdtemp(prefix="naohai-layer-loop-"))
-    print("| form | layout | rank 0 | rank 1 |\n|---|---|---|---|")
+    print("| form | layout | rank 0 | rank 1 | IR checks |\n|---|---|---|---|---|")
     for loop in (True, False):
         for mp in (False, True):
             out = work / f"{'loop' if loop else 'unrolled'}-{'mp2' if mp else 'dp2'}"
-            run_compile("bench_layer_loop:sharded_loop", 2, out, timeout=600,
-                        kwargs={"loop": loop, "model_parallel": mp}, sys_path=[str(Path(__file__).parent)])
-            cells = []
-            for r in (0, 1):
-                res = out / f"rank_{r}" / "result.json"
-                d = json.loads(res.read_text()) if res.exists() else {"ok": False, "error": {"message": "no result"}}
-                cells.append("compiled" if d.get("ok") else "failed: " + str((d.get("error") or {}).get("message"))[:160])
+            rep = run_compile("bench_layer_loop:sharded_loop", 2, out, timeout=600,
+                              kwargs={"loop": loop, "model_parallel": mp}, sys_path=[str(Path(__file__).parent)],
+                              ir_check={"stages": 1, "clip": False})
+            checks = "-" if rep.ir_checks is None else ("passed" if rep.ir_checks.get("passed") else "FAILED")
             print(f"| {'loop' if loop else 'unrolled'} | {'weights split over 2' if mp else 'data parallel 2'} | "
-                  f"{cells[0]} | {cells[1]} |")
+                  + " | ".join(r.verdict() for r in rep.per_rank) + f" | {checks} |")
     print(f"(logs under {work})")
     return 0
 
 
 def measure(form: str, layers: int, size: str, steps: int) -> dict:
     cmd = [sys.executable, __file__, "--probe", form, str(layers), size, str(steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=None)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
