@@ -51,7 +51,6 @@ from naohai.data.clean_config import CleanConfig
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
 from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_run_dir, remove_outputs
 from naohai.data.score import quantiles as _quantiles
-from naohai.errors import UserError
 
 FORMAT = "naohai-clean-v1"
 STEPS = ("normalize", "language", "quality", "pii", "classifier", "exact_dedup", "near_dedup", "perplexity")
