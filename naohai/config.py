@@ -219,6 +219,7 @@ class DataConfig:
 
 # --------------------------------------------------------------------------- train
 DEVICES = ("auto", "CPU", "GPU", "Ascend")
+LAYER_LOOP = ("auto", "always", "never")
 
 
 @dataclass
@@ -257,6 +258,8 @@ class TrainConfig:
     seed: int = 42
     mode: str = "graph"              # graph | pynative
     reuse_layer_graphs: bool = True  # compile equal decoder layers once (lazy_inline; CPU and Ascend)
+    layer_loop: str = "auto"         # auto | always | never: equal layers as one loop over stacked weights
+    #                                  (naohai.model.stack); auto = on CPU, one device or data parallel
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8
@@ -285,6 +288,9 @@ class TrainConfig:
             bad("decay_steps", f"must be a positive integer (or left out for train.steps), got {self.decay_steps}")
         if self.mode not in ("graph", "pynative"):
             bad("mode", f"'{self.mode}' is not one of graph, pynative")
+        if self.layer_loop not in LAYER_LOOP:
+            bad("layer_loop", f"'{self.layer_loop}' is not one of {', '.join(LAYER_LOOP)}."
+                              f"{did_you_mean(str(self.layer_loop), LAYER_LOOP)}")
         for key in ("steps", "global_batch_size", "micro_batch_size"):
             if getattr(self, key) <= 0:
                 bad(key, f"must be a positive integer, got {getattr(self, key)}")

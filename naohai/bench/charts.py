@@ -63,12 +63,13 @@ def write_charts(results: Dict[str, Any], out_dir: str) -> List[str]:
     comp = results.get("compile")
     if comp and comp.get("runs"):
         layers = sorted({r["layers"] for r in comp["runs"]})
-        variants = sorted({r["lazy_inline"] for r in comp["runs"]}, key=lambda v: v != "none")
+        labels = {"loop": "layer loop (default)", "shared": "one cell per layer, shared graph",
+                  "separate": "layers compiled separately"}
+        forms = [f for f in labels if any(r["form"] == f for r in comp["runs"])]
         series = []
-        for i, var in enumerate(variants):
-            by = {r["layers"]: r.get("compile_s") for r in comp["runs"] if r["lazy_inline"] == var}
-            series.append(("layers compiled separately" if var == "none" else "equal layers shared (default)", [by.get(n) for n in layers],
-                           COLOURS[i]))
+        for i, form in enumerate(forms):
+            by = {r["layers"]: r.get("compile_s") for r in comp["runs"] if r["form"] == form}
+            series.append((labels[form], [by.get(n) for n in layers], COLOURS[i]))
         paths.append(bar_chart(os.path.join(out_dir, "compile.png"), "train-step compile seconds",
                                [f"{n} layers" for n in layers], series, unit=" s"))
     return paths

@@ -3,7 +3,7 @@
 The configuration is the one the README starts with (`naohai train tiny`: one CPU
 device, graph mode, the tiny preset's architecture) at a small width -- hidden 64,
 2 heads, FFN 128, sequence 32, vocabulary 256, batch 2 -- so the time is compile, not
-kernels.  Each measurement runs ``python -m naohai.bench.compile_time LAYERS LAZY`` in
+kernels.  Each measurement runs ``python -m naohai.bench.compile_time LAYERS FORM`` in
 a subprocess: it builds the steps with :func:`naohai.train.builder.build` and times
 ``train_step.compile(ids, labels)`` (MindSpore's whole graph pipeline, no execution).
 The probe turns on MindSpore's own compile profile (``compile_config.COMPILE_PROFILE``), and
@@ -11,10 +11,14 @@ The probe turns on MindSpore's own compile profile (``compile_config.COMPILE_PRO
 shared layers are inferred once), graph passes (``optimize``, where the ``front`` policy
 inlines every layer) and the backend's kernel build (``task_emit``).
 
-``LAZY`` is ``front``, naohai's default (``train.reuse_layer_graphs``: equal decoder layers
-share one graph through MindSpore's ``lazy_inline`` key, policy ``front`` on CPU, set by
-:func:`naohai.strategy.apply.reuse_layer_graphs`), or ``none`` (``reuse_layer_graphs:
-false``, every layer compiled on its own).
+``FORM`` is how the decoder layers are compiled (:data:`FORMS`):
+
+* ``loop``, naohai's default on CPU (``train.layer_loop: auto``): one layer graph run by a
+  loop over stacked weights (:mod:`naohai.model.stack`);
+* ``shared`` (``layer_loop: never``): one cell per layer, equal layers sharing one graph
+  through MindSpore's ``lazy_inline`` key (``train.reuse_layer_graphs``, policy ``front`` on
+  CPU, set by :func:`naohai.strategy.apply.reuse_layer_graphs`), inlined before the backend;
+* ``separate`` (``layer_loop: never``, ``reuse_layer_graphs: false``): every layer on its own.
 """
 from __future__ import annotations
 
@@ -29,9 +33,11 @@ from typing import Dict, Optional
 PROBE_MODEL = dict(hidden_size=64, num_heads=2, ffn_hidden_size=128, seq_length=32, vocab_size=256,
                    vocab_pad_multiple=128)
 PROBE_BATCH = 2
+FORMS = {"loop": dict(layer_loop="auto"), "shared": dict(layer_loop="never", reuse_layer_graphs=True),
+         "separate": dict(layer_loop="never", reuse_layer_graphs=False)}
 
 
-def probe(layers: int, lazy: str) -> Dict[str, float]:
+def probe(layers: int, form: str) -> Dict[str, float]:
     """In this process: build the tiny-family step with ``layers`` layers and time its compile."""
     import dataclasses
 
@@ -52,8 +58,8 @@ def probe(layers: int, lazy: str) -> Dict[str, float]:
                                                    **PROBE_MODEL))
     recipe = recipe_from_dict({"name": "compile-probe", "model": model,
                                "train": dict(steps=10, global_batch_size=PROBE_BATCH, micro_batch_size=PROBE_BATCH,
-                                             device="CPU", mode="graph", output_dir="unused",
-                                             reuse_layer_graphs=lazy == "front")}, where="probe")
+                                             device="CPU", mode="graph", output_dir="unused", **FORMS[form])},
+                              where="probe")
     set_context(recipe, "CPU")
     t0 = time.perf_counter()
     built = build(recipe, None, strategy_apply.init_runtime(None, "CPU"))
@@ -63,7 +69,7 @@ def probe(layers: int, lazy: str) -> Dict[str, float]:
     built.steps.train_step.compile(ids, ids)
     t_compile = time.perf_counter() - t0
     del ms
-    return {"layers": int(layers), "lazy_inline": lazy, "build_s": t_build, "compile_s": t_compile}
+    return {"layers": int(layers), "form": form, "build_s": t_build, "compile_s": t_compile}
 
 
 PHASES = {"type_inference": "type_inference", "optimize": "graph_passes", "task_emit": "kernel_build"}
@@ -92,20 +98,20 @@ def phases_from_profile(text: str) -> Dict[str, float]:
     return out
 
 
-def measure(layers: int, lazy: str = "none", timeout: float = 900.0) -> Dict[str, Optional[float]]:
+def measure(layers: int, form: str = "loop", timeout: float = 900.0) -> Dict[str, Optional[float]]:
     """:func:`probe` in a fresh Python process; on failure the figures are None and ``error`` says why."""
-    cmd = [sys.executable, "-m", "naohai.bench.compile_time", str(int(layers)), lazy]
+    cmd = [sys.executable, "-m", "naohai.bench.compile_time", str(int(layers)), form]
     env = dict(os.environ, GLOG_v="3")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"layers": layers, "lazy_inline": lazy, "compile_s": None, "error": f"timed out after {timeout:.0f} s"}
+        return {"layers": layers, "form": form, "compile_s": None, "error": f"timed out after {timeout:.0f} s"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             return dict(json.loads(line), phases=phases_from_profile(proc.stdout))
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"layers": layers, "lazy_inline": lazy, "compile_s": None, "error": f"exit {proc.returncode}: {tail}"}
+    return {"layers": layers, "form": form, "compile_s": None, "error": f"exit {proc.returncode}: {tail}"}
 
 
 if __name__ == "__main__":
-    print(json.dumps(probe(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "none")), flush=True)
+    print(json.dumps(probe(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "loop")), flush=True)

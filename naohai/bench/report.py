@@ -80,13 +80,13 @@ def render_markdown(results: Dict[str, Any]) -> str:
         base = {}
         for r in comp["runs"]:
             if r["layers"] == min(x["layers"] for x in comp["runs"]) and r.get("compile_s"):
-                base[r["lazy_inline"]] = r["compile_s"]
+                base[r["form"]] = r["compile_s"]
         for r in comp["runs"]:
-            b = base.get(r["lazy_inline"])
+            b = base.get(r["form"])
             rel = r["compile_s"] / b if b and r.get("compile_s") else None
             ph = r.get("phases") or {}
-            rows.append([str(r["layers"]), "shared (default)" if r["lazy_inline"] == "front" else
-                         "separate", fmt_s(r.get("compile_s")), fmt_ratio(rel)]
+            rows.append([str(r["layers"]), "loop (default)" if r["form"] == "loop" else r["form"],
+                         fmt_s(r.get("compile_s")), fmt_ratio(rel)]
                         + [fmt_s(ph.get(k)) for k in ("type_inference", "graph_passes", "kernel_build")]
                         + [r.get("error", "")])
         out += _table(["layers", "decoder layers", "compile", f"x {min(x['layers'] for x in comp['runs'])} layers",

@@ -29,7 +29,7 @@ class Options:
     rounds: int = 3
     steps: Optional[int] = None                    # per round; None = DEFAULT_STEPS per model
     compile_layers: Sequence[int] = (4, 16, 64)
-    lazy_inline: bool = True                       # also time the compile with every layer compiled separately
+    compile_forms: Sequence[str] = ("loop", "shared", "separate")   # see naohai.bench.compile_time.FORMS
     torch_compile: bool = True
     torch_threads: Optional[int] = None
     peak_n: int = 2048
@@ -116,9 +116,10 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
             "memory": memory}
 
 
-COMPILE_NOTE = ("'shared' is naohai's default (train.reuse_layer_graphs: equal decoder layers compile to one "
-                "graph through MindSpore's lazy_inline key, policy 'front' on CPU); 'separate' sets it false. "
-                "Each figure is one fresh process timing train_step.compile(ids, labels).")
+COMPILE_NOTE = ("'loop' is naohai's default on CPU (train.layer_loop: auto; one layer graph run by a loop over "
+                "stacked weights); 'shared' is layer_loop: never (one cell per layer, equal layers sharing one graph "
+                "through MindSpore's lazy_inline key, policy 'front' on CPU); 'separate' also sets "
+                "reuse_layer_graphs: false. Each figure is one fresh process timing train_step.compile(ids, labels).")
 
 
 def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, Any]:
@@ -159,9 +160,9 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
             results["models"].append(m)
     runs = []
     for layers in opts.compile_layers:
-        for lazy in (("front", "none") if opts.lazy_inline else ("front",)):
-            log(f"compile time: {layers} layers, {'shared' if lazy == 'front' else 'separate'} layer graphs ...")
-            runs.append(measure(layers, lazy))
+        for form in opts.compile_forms:
+            log(f"compile time: {layers} layers, {form} ...")
+            runs.append(measure(layers, form))
             log(f"  {runs[-1].get('compile_s') or runs[-1].get('error')}")
     if runs:
         results["compile"] = {"runs": runs, "note": COMPILE_NOTE}

@@ -212,8 +212,9 @@ class CheckpointStore:
 
     def save_async(self, step: int, params: Sequence[ms.Parameter], manifest: Dict[str, Any],
                    strategy_file: Optional[str] = None, background: bool = True) -> "PendingSave":
-        """Start a save: the tensors are copied to host memory now, written (and fsynced, hashed,
-        read back) by a background thread; :meth:`PendingSave.finish` -- called at the same point
+        """Start a save of ``params`` (Parameters, or entries with ``name`` and ``asnumpy()``): the
+        tensors are copied to host memory now, written (and fsynced, hashed, read back) by a
+        background thread; :meth:`PendingSave.finish` -- called at the same point
         of the loop on every rank -- waits for the writes, then agrees and publishes as
         :meth:`save` does.  Training steps run while the files are written."""
         final = step_dir(self.output_dir, step)
@@ -234,7 +235,7 @@ class CheckpointStore:
         elif background:
             snapshot = [(p.name, ms.Tensor(p.asnumpy().copy())) for p in params]
         else:
-            snapshot = [(p.name, p) for p in params]
+            snapshot = [(p.name, p if isinstance(p, ms.Parameter) else ms.Tensor(p.asnumpy())) for p in params]
         pending = PendingSave(self, step, tmp, final, manifest)
 
         def write():
@@ -366,7 +367,8 @@ class CheckpointStore:
 
 def load_into(path: str, files: Sequence[str], params: Sequence[ms.Parameter],
               optional: Callable[[str], bool] = lambda name: False) -> List[str]:
-    """Copy the tensors of ``files`` into ``params`` by name; returns names not found (all optional)."""
+    """Copy the tensors of ``files`` into ``params`` (Parameters, or entries with ``name``, ``shape``, ``dtype``
+    and ``set_data``) by name; returns names not found (all optional)."""
     saved: Dict[str, Any] = {}
     for name in files:
         try:

@@ -1,12 +1,13 @@
 """`naohai bench`: measure naohai on this machine against PyTorch in the same run.
 
   naohai bench [--out DIR] [--quick] [--models tiny,42m] [--rounds 3] [--steps N]
-               [--compile-layers 4,16,64] [--no-lazy-inline] [--no-torch-compile] [--torch-threads N]
+               [--compile-layers 4,16,64] [--compile-forms loop,shared,separate] [--no-torch-compile]
+               [--torch-threads N]
 
 Writes DIR/bench.md, DIR/bench.json and PNG charts (see :mod:`naohai.bench`).  PyTorch is
 an optional extra (``pip install -e ".[bench]"``); without it only naohai's rows are measured.
-``--quick``: the tiny model, one round of 6 steps, compile times for 4 and 16 layers only,
-no separately compiled layers or torch.compile variants (a smoke run of a few minutes).
+``--quick``: the tiny model, one round of 6 steps, compile times for 4 and 16 layers of the
+default layer loop only, no torch.compile variants (a smoke run of a few minutes).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def register(sub) -> None:
     p.add_argument("--steps", type=cli_int(2, 100000), help="timed steps per round (default tiny 20, 42m 6)")
     p.add_argument("--compile-layers", help="layer counts for the compile-time probe (default 4,16,64; "
                                             "'none' skips it)")
-    p.add_argument("--no-lazy-inline", action="store_true", help="skip the compile rows with every layer compiled separately (train.reuse_layer_graphs=false)")
+    p.add_argument("--compile-forms", help="comma-separated layer forms for the compile probe: loop (the default "
+                                           "train.layer_loop), shared, separate (default all three; --quick: loop)")
     p.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile rows")
     p.add_argument("--torch-threads", type=cli_int(1, 4096), help="torch.set_num_threads (default: PyTorch's)")
     p.set_defaults(run=run)
@@ -52,6 +54,20 @@ def parse_layers(text: str):
     return tuple(out)
 
 
+def parse_forms(text, quick: bool):
+    """'loop,shared' -> ('loop', 'shared'); None -> all forms (--quick: loop only)."""
+    from naohai.bench.compile_time import FORMS
+    if text is None:
+        return ("loop",) if quick else tuple(FORMS)
+    out = tuple(part.strip() for part in text.split(","))
+    for form in out:
+        if form not in FORMS:
+            raise UserError(f"'{form}' is not one of {', '.join(FORMS)}", where="command line", key="--compile-forms")
+    if len(set(out)) != len(out):
+        raise UserError(f"'{text}' lists a form twice", where="command line", key="--compile-forms")
+    return out
+
+
 def options(args):
     """The :class:`naohai.bench.suite.Options` of the parsed flags (every check before any work)."""
     from naohai.bench.models import parse_models
@@ -63,7 +79,7 @@ def options(args):
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError("exists and is not a folder", where=out, key="--out")
     return Options(models=models, rounds=args.rounds or (1 if quick else 3), steps=args.steps or (6 if quick else None),
-                   compile_layers=layers, lazy_inline=not (quick or args.no_lazy_inline),
+                   compile_layers=layers, compile_forms=parse_forms(args.compile_forms, quick),
                    torch_compile=not (quick or args.no_torch_compile), torch_threads=args.torch_threads)
 
 

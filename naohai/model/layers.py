@@ -54,6 +54,14 @@ def make_params(cell: nn.Cell, specs, cfg: ModelConfig, rng: np.random.RandomSta
         setattr(cell, p.leaf, _param(rng, p.shape, spec.init_std(cfg, p), p.leaf, p.init))
 
 
+def layer_slice(weight, layer):
+    """``weight`` itself, or with ``layer`` (an int32 scalar tensor) its slice ``weight[layer]``: the cells
+    of a :class:`~naohai.model.stack.LayerStack` hold each weight stacked over its layers."""
+    if layer is None:
+        return weight
+    return ops.gather(weight, layer, 0)
+
+
 # ------------------------------------------------------------------------------ norms
 def cpu_backend() -> bool:
     """Whether the cells are being built for MindSpore's CPU backend, where some fused kernels are slow
@@ -108,8 +116,15 @@ class Norm(nn.Cell):
             self.mul_gamma = ops.Mul()
             self.add_beta = ops.Add()
 
-    def construct(self, x):
+    def construct(self, x, layer=None):
+        """``layer``: see :func:`layer_slice`."""
         dtype = x.dtype
+        if self.kind == "nonparam_layernorm":
+            gamma, beta = self.gamma, self.beta
+        elif self.kind == "layernorm":
+            gamma, beta = layer_slice(self.gamma, layer), layer_slice(self.beta, layer)
+        else:
+            gamma, beta = layer_slice(self.gamma, layer), None
         if self.fp32:
             x = self.cast(x, ms.float32)
         if self.composite:
@@ -118,14 +133,13 @@ class Norm(nn.Cell):
             average = self.cast(self.average, x2.dtype)
             c = self.center(x2, self.row_mean(x2, average))
             var = self.row_mean_sq(self.square(c, c), average)
-            y = self.add_beta(self.mul_gamma(self.mul(c, self.rsqrt(self.add_eps(var, self.eps))), self.gamma),
-                              self.beta)
+            y = self.add_beta(self.mul_gamma(self.mul(c, self.rsqrt(self.add_eps(var, self.eps))), gamma), beta)
             y = self.reshape(y, shape)
         elif self.norm is None:
             var = self.mean(self.square(x), -1)
-            y = self.mul_gamma(self.mul(x, self.rsqrt(self.add_eps(var, self.eps))), self.gamma)
+            y = self.mul_gamma(self.mul(x, self.rsqrt(self.add_eps(var, self.eps))), gamma)
         else:
-            y, _, _ = self.norm(x, self.gamma, self.beta)
+            y, _, _ = self.norm(x, gamma, beta)
         return self.cast(y, dtype)
 
     def primitive(self):
@@ -355,18 +369,22 @@ class Attention(nn.Cell):
             qe = self.query_lookup(self.query_embedding, positions, 0)             # [b, s, h]
         return self.reshape(qe, (-1, qe.shape[-1]))
 
-    def project_qkv(self, x, q_src, s: int, positions):
+    def _weight(self, weight, layer):
+        return None if weight is None else layer_slice(weight, layer)
+
+    def project_qkv(self, x, q_src, s: int, positions, layer=None):
         """Heads [b, n, s, d] of q, k, v (RoPE applied at ``positions``, default 0..s-1)."""
-        q = self._heads(self._proj(self.q, self.q_add, q_src, self.q_weight, self.q_bias), self.nh, s)
-        k = self._heads(self._proj(self.k, self.k_add, x, self.k_weight, self.k_bias), self.nkv, s)
-        v = self._heads(self._proj(self.v, self.v_add, x, self.v_weight, self.v_bias), self.nkv, s)
+        q = self._proj(self.q, self.q_add, q_src, layer_slice(self.q_weight, layer), self._weight(self.q_bias, layer))
+        k = self._proj(self.k, self.k_add, x, layer_slice(self.k_weight, layer), self._weight(self.k_bias, layer))
+        v = self._proj(self.v, self.v_add, x, layer_slice(self.v_weight, layer), self._weight(self.v_bias, layer))
+        q, k, v = self._heads(q, self.nh, s), self._heads(k, self.nkv, s), self._heads(v, self.nkv, s)
         if self.rope:
             cos, sin = self.rope_angles(positions)
             q = self.apply_rope(q, cos, sin)
             k = self.apply_rope(k, cos, sin)
         return q, k, v
 
-    def attend(self, q, k, v, bias):
+    def attend(self, q, k, v, bias, layer=None):
         """softmax(q k^T / sqrt(d) + bias) v merged to [b*s, nh*d], then the output projection."""
         k = self._expand_kv(k)
         v = self._expand_kv(v)
@@ -377,20 +395,21 @@ class Attention(nn.Cell):
         probs = self.prob_dropout(self.cast(self.probs(scores), self.dtype))
         ctx = self.context(probs, v)                                           # [b, nh, s, d]
         ctx = self.reshape(self.transpose(ctx, (0, 2, 1, 3)), (-1, self.nh * self.hd))
-        out = self._proj(self.out, self.out_add, ctx, self.out_weight, self.out_bias)
+        out = self._proj(self.out, self.out_add, ctx, layer_slice(self.out_weight, layer),
+                         self._weight(self.out_bias, layer))
         return self.cast(self.dropout(out), ms.float32)
 
-    def construct(self, x, positions=None, bias=None):
-        """x: [b*s, h] normalised hidden states -> [b*s, h]."""
+    def construct(self, x, positions=None, bias=None, layer=None):
+        """x: [b*s, h] normalised hidden states -> [b*s, h]; ``layer``: see :func:`layer_slice`."""
         batch = x.shape[0] // self.s
         pos = positions if self.reset_positions else None
-        q, k, v = self.project_qkv(x, self.query_source(x, pos, batch), self.s, pos)
+        q, k, v = self.project_qkv(x, self.query_source(x, pos, batch), self.s, pos, layer)
         if self.reset_attention:
             if self.alibi:
                 bias = self.alibi_add(bias, self.alibi_table)
         else:
             bias = self.bias_table
-        return self.attend(q, k, v, bias)
+        return self.attend(q, k, v, bias, layer)
 
     def step(self, x, positions, bias, past_k=None, past_v=None, slot=None):
         """Incremental attention for generation: x [b*t, h] are the t newest tokens at ``positions``
@@ -456,21 +475,25 @@ class MLP(nn.Cell):
         self.dropout = Dropout(cfg.dropout)
         self.cast = ops.Cast()
 
-    def construct(self, x):
+    def _weight(self, weight, layer):
+        return self.cast(layer_slice(weight, layer), self.dtype)
+
+    def construct(self, x, layer=None):
+        """``layer``: see :func:`layer_slice`."""
         x = self.cast(x, self.dtype)
-        up = self.up(x, self.cast(self.up_weight, self.dtype))
+        up = self.up(x, self._weight(self.up_weight, layer))
         if self.use_bias:
-            up = self.up_add(up, self.cast(self.up_bias, self.dtype))
+            up = self.up_add(up, self._weight(self.up_bias, layer))
         if self.swiglu:
-            gate = self.gate(x, self.cast(self.gate_weight, self.dtype))
+            gate = self.gate(x, self._weight(self.gate_weight, layer))
             if self.use_bias:
-                gate = self.gate_add(gate, self.cast(self.gate_bias, self.dtype))
+                gate = self.gate_add(gate, self._weight(self.gate_bias, layer))
             hidden = self.mul(self.act_mul(gate, self.act(gate)), up)
         else:
             hidden = self.activation(up)
-        out = self.down(hidden, self.cast(self.down_weight, self.dtype))
+        out = self.down(hidden, self._weight(self.down_weight, layer))
         if self.use_bias:
-            out = self.down_add(out, self.cast(self.down_bias, self.dtype))
+            out = self.down_add(out, self._weight(self.down_bias, layer))
         return self.cast(self.dropout(out), ms.float32)
 
     def activation(self, x):

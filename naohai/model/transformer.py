@@ -9,11 +9,12 @@ stream and whose output goes to the head un-normed.  The root cell holds no oper
 own (only sub-cells), so a pipeline split can assign every op a stage: the
 embedding on the first stage, final norm / head / loss on the last.
 
-Parameter names match :func:`naohai.model.params.param_shapes`.
+Parameter names match :func:`naohai.model.params.param_shapes` (under the layer loop through
+:func:`naohai.model.stack.per_layer_names`).
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
 
 import numpy as np
 import mindspore as ms
@@ -22,6 +23,7 @@ from mindspore import nn, ops, Tensor
 from naohai.config import ModelConfig
 from naohai.model.layers import MLP, Attention, DocumentLayout, Embedding, Norm, make_params, ms_dtype
 from naohai.model.spec import head_weight_params
+from naohai.model.stack import split_layers, stacked_count
 
 
 class DecoderLayer(nn.Cell):
@@ -41,13 +43,14 @@ class DecoderLayer(nn.Cell):
         self.attn_residual = ops.Add()
         self.mlp_residual = ops.Add()
 
-    def construct(self, x, input_ids=None):
-        """x [b*s, h]; ``input_ids`` [b, s] are needed only with EOD resets."""
-        positions, bias = None, None
-        if self.layout is not None:
+    def construct(self, x, input_ids=None, layer=None, positions=None, bias=None):
+        """x [b*s, h]; ``input_ids`` [b, s] are needed only with EOD resets, unless the caller passes the
+        ``positions`` and ``bias`` they give (a :class:`~naohai.model.stack.LayerStack` derives them once);
+        ``layer`` picks the slice of stacked weights (see :func:`~naohai.model.layers.layer_slice`)."""
+        if self.layout is not None and bias is None:
             positions, bias = self.layout(input_ids)
-        x = self.attn_residual(x, self.attention(self.input_norm(x), positions, bias))
-        return self.mlp_residual(x, self.mlp(self.post_attention_norm(x)))
+        x = self.attn_residual(x, self.attention(self.input_norm(x, layer), positions, bias, layer))
+        return self.mlp_residual(x, self.mlp(self.post_attention_norm(x, layer), layer))
 
     def step(self, x, positions, bias, past_k=None, past_v=None, slot=None):
         """One generation step (see Attention.step): returns (x, keys, values)."""
@@ -123,22 +126,46 @@ class CrossEntropy(nn.Cell):
 
 
 class NaohaiLM(nn.Cell):
-    """PanGu-alpha / PengCheng-Mind decoder LM.  ``construct(input_ids, labels) -> loss``."""
+    """PanGu-alpha / PengCheng-Mind decoder LM.  ``construct(input_ids, labels) -> loss``.
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0):
+    With ``layer_loop`` the equal layers run as one loop over stacked weights
+    (:mod:`naohai.model.stack`): the same initial values and math, other parameter names.
+    Generation (:meth:`step`) needs the per-layer form."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, layer_loop: bool = False):
         super().__init__()
         self.cfg = cfg
         rng = np.random.RandomState(seed)
         self.embedding = Embedding(cfg, rng)
-        self.layers = nn.CellList([DecoderLayer(cfg, i, rng) for i in range(cfg.num_layers)])
+        layers = [DecoderLayer(cfg, i, rng) for i in range(cfg.num_layers)]
+        self.layer_loop = bool(layer_loop) and stacked_count(cfg) >= 1
+        if self.layer_loop:
+            self.stack, self.last_layer = split_layers(cfg, layers)
+        else:
+            self.layers = nn.CellList(layers)
         self.head = Head(cfg, rng)
         self.loss = CrossEntropy(cfg)
         self.vocab = cfg.padded_vocab_size
         self.norm_before_last = cfg.final_norm == "before_query_layer"
         self.last = cfg.num_layers - 1
 
+    def layer_cells(self) -> List[nn.Cell]:
+        """The cell that runs each layer, by layer index (under the loop, the stack's one cell for its
+        layers)."""
+        if not self.layer_loop:
+            return list(self.layers)
+        out = [self.stack.layer] * stacked_count(self.cfg)
+        return out + ([self.last_layer] if self.last_layer is not None else [])
+
     def hidden(self, input_ids):
         x = self.embedding(input_ids)
+        if self.layer_loop:
+            x = self.stack(x, input_ids)
+            if self.last_layer is not None:
+                if self.norm_before_last:
+                    x = self.head.final_norm(x)
+                x = self.last_layer(x, input_ids)
+            return x
         for i, layer in enumerate(self.layers):
             if self.norm_before_last and i == self.last:
                 x = self.head.final_norm(x)
@@ -157,6 +184,8 @@ class NaohaiLM(nn.Cell):
         costs the new tokens' work plus attention over the cache, not the whole window.  With
         ``slot`` the cache has a fixed size (see :meth:`Attention.step`).
         """
+        if self.layer_loop:
+            raise ValueError("generation needs the per-layer model (NaohaiLM(..., layer_loop=False))")
         x = self.embedding.step(input_ids, positions)
         new = []
         for i, layer in enumerate(self.layers):
@@ -177,7 +206,7 @@ class NaohaiLM(nn.Cell):
     def shardable_ops(self) -> Dict[str, object]:
         """Every shardable primitive by its catalog name (see naohai.model.catalog)."""
         out = {f"embedding.{k}": v for k, v in self.embedding.shardable_ops().items()}
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layer_cells()):
             out.update({f"layers.{i}.{k}": v for k, v in layer.shardable_ops().items()})
         prim = self.head.final_norm.primitive()
         if prim is not None:

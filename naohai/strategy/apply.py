@@ -39,6 +39,7 @@ from mindspore.ops import functional as F
 from mindspore.ops import operations as P
 
 from naohai.errors import UserError
+from naohai.model.stack import stacked_count
 
 
 @dataclass
@@ -175,8 +176,9 @@ def apply_recompute(model, resolved) -> None:
     if resolved is None:
         return
     keep_dropout = ms.get_context("device_target") != "Ascend"
+    cells = model.layer_cells()       # under the layer loop one cell runs several layers (equal specs)
     for i, spec in enumerate(resolved.recompute):
-        layer = model.layers[i]
+        layer = cells[i]
         if spec.mode == "full":
             layer.recompute(mp_comm_recompute=bool(spec.comm),
                             parallel_optimizer_comm_recompute=bool(getattr(spec, "optimizer_comm", False)),
@@ -251,7 +253,7 @@ def reuse_layer_graphs(model, resolved) -> int:
     number of distinct layer graphs (0 when not applied).
     """
     device = ms.get_context("device_target")
-    if device not in ("CPU", "Ascend") or not len(model.layers):
+    if device not in ("CPU", "Ascend") or model.layer_loop or not len(model.layers):
         return 0
     keys = layer_graph_keys(model, resolved)
     for layer, key in zip(model.layers, keys):
@@ -259,6 +261,22 @@ def reuse_layer_graphs(model, resolved) -> int:
         if device == "CPU":
             layer.no_inline = False
     return len(set(keys))
+
+
+def layer_loop_refusal(cfg, resolved, runtime: Runtime):
+    """Why the layout cannot run the layers as one loop (:mod:`naohai.model.stack`), or None.
+
+    Semi-auto layouts (operator parallel, pipeline stages, optimizer parallel) keep one graph
+    per layer: MindSpore 2.10 fails to shard a loop over stacked weights ("Shape should have
+    only one -2", ``run/bench_layer_loop.py --semi-auto``), and a stack lives on one stage.
+    The looped layers also share one cell, so they must share one recompute setting."""
+    if runtime.mode == "semi_auto":
+        return f"the {runtime.mode} layout compiles one graph per layer (MindSpore cannot shard the loop)"
+    if resolved is not None:
+        specs = {repr(spec) for spec in resolved.recompute[:stacked_count(cfg)]}
+        if len(specs) > 1:
+            return "the strategy recomputes the looped layers differently (one cell runs them all)"
+    return None
 
 
 def apply_strategy(model, resolved, reuse_layers: bool = True) -> None:

@@ -19,9 +19,11 @@ from mindspore import Tensor, nn
 from naohai.config import Recipe
 from naohai.errors import UserError
 from naohai.model.params import param_shapes
+from naohai.model.stack import per_layer_names
 from naohai.model.transformer import NaohaiLM
 from naohai.strategy import apply as strategy_apply
 from naohai.train.schedule import learning_rate
+from naohai.train.state import file_view
 from naohai.train.step import AccumulateStep, ApplyStep, EvalStep, StepGuard, TrainStep, make_buffers
 
 
@@ -38,8 +40,9 @@ def make_optimizer(model: NaohaiLM, recipe: Recipe) -> nn.Optimizer:
     (spec ``no_decay``), embedding tables included."""
     no_decay = {p.name for p in param_shapes(recipe.model) if p.no_decay}
     params = list(model.trainable_params())
-    decay = [p for p in params if p.name not in no_decay]
-    plain = [p for p in params if p.name in no_decay]
+    skips = [per_layer_names(recipe.model, p.name)[0] in no_decay for p in params]
+    decay = [p for p, skip in zip(params, skips) if not skip]
+    plain = [p for p, skip in zip(params, skips) if skip]
     t = recipe.train
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": plain, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
@@ -140,12 +143,13 @@ class Built:
             out.append(p)
         return out
 
-    def saved_params(self) -> List[ms.Parameter]:
-        """What this rank writes to a checkpoint: under semi-auto only what the compiled step gave this
-        rank (its slices; other stages' tensors are left out), plus the replicated scalars."""
+    def saved_params(self) -> List[Any]:
+        """What this rank writes to a checkpoint, by the names files use (a stacked layer-loop tensor as
+        one entry per layer, see :mod:`naohai.train.state`): under semi-auto only what the compiled step
+        gave this rank (its slices; other stages' tensors are left out), plus the replicated scalars."""
         params = self.state_params()
         if self.runtime.mode != "semi_auto":
-            return params
+            return file_view(self.model.cfg, params)
         layout = self.steps.train_step.parameter_layout_dict or {}
         return [p for p in params if p.name in layout or int(np.prod(p.shape)) <= 1]
 
@@ -164,13 +168,32 @@ class Built:
         return learning_rate(recipe.train, int(self.optimizer.global_step.asnumpy().reshape(-1)[0]))
 
 
+def layer_loop(recipe: Recipe, resolved, runtime: strategy_apply.Runtime) -> Tuple[bool, Optional[str]]:
+    """(run the equal layers as one loop, a note for the log) from ``train.layer_loop``: ``auto`` loops
+    on CPU where the layout allows (one device, data parallel); ``always`` wherever it allows, else
+    refuses; ``never`` keeps one cell per layer."""
+    wanted = recipe.train.layer_loop
+    if wanted == "never":
+        return False, None
+    refusal = strategy_apply.layer_loop_refusal(recipe.model, resolved, runtime)
+    if refusal and wanted == "always":
+        raise UserError(f"train.layer_loop is 'always' but {refusal}; use 'auto' or 'never'", where=recipe.source,
+                        key="train.layer_loop", rule="the layer loop runs one device or data parallel only")
+    if wanted == "auto" and ms.get_context("device_target") != "CPU":
+        return False, None
+    if refusal:
+        return False, f"layers compiled one by one: {refusal}"
+    return True, None
+
+
 def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtime] = None,
           strategy_file: Optional[str] = None) -> Built:
     """Build model, optimizer and the steps for this rank.  ``runtime`` comes from ``init_runtime``;
     under semi-auto MindSpore writes the step's parameter strategy file to ``strategy_file``."""
     runtime = runtime or strategy_apply.Runtime("standalone", 0, 1, 0, 1)
     t = recipe.train
-    model = NaohaiLM(recipe.model, seed=t.seed)
+    loop, loop_note = layer_loop(recipe, resolved, runtime)
+    model = NaohaiLM(recipe.model, seed=t.seed, layer_loop=loop)
     strategy_apply.apply_strategy(model, resolved, t.reuse_layer_graphs)
     optimizer = make_optimizer(model, recipe)
     guard = StepGuard(t)
@@ -178,7 +201,7 @@ def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtim
     rows = t.global_batch_size // runtime.dp_size
     seq = recipe.model.seq_length
     eval_rows = rows if runtime.mode == "semi_auto" else t.micro_batch_size
-    steps = Steps(rows, eval_rows, seq, notes=list(parts.notes))
+    steps = Steps(rows, eval_rows, seq, notes=list(parts.notes) + ([loop_note] if loop_note else []))
     k = host_accumulation(recipe, runtime)
     if k == 1:
         step = TrainStep(parts.network, optimizer, guard, t.grad_clip, parts.micro, parts.collect, parts.reduce_loss)

@@ -16,6 +16,8 @@ from naohai.cli import main
     (["--compile-layers", "4,x"], "[1, 512]"),
     (["--compile-layers", "4,4"], "listed twice"),
     (["--compile-layers", "100000"], "[1, 512]"),
+    (["--compile-forms", "loop,fused"], "not one of loop, shared, separate"),
+    (["--compile-forms", "loop,loop"], "twice"),
     (["--bogus"], "unrecognized arguments"),
 ])
 def test_bad_flags_exit_2_without_traceback(capsys, argv, words):
@@ -37,8 +39,10 @@ def test_flags_become_options():
     args = build_parser().parse_args(["bench", "--quick"])
     o = options(args)
     assert [m.name for m in o.models] == ["tiny"] and o.rounds == 1 and tuple(o.compile_layers) == (4, 16)
-    assert not o.torch_compile and not o.lazy_inline
+    assert not o.torch_compile and tuple(o.compile_forms) == ("loop",)
     o = options(build_parser().parse_args(["bench", "--models", "42m,tiny", "--compile-layers", "none",
                                            "--rounds", "2"]))
     assert [m.name for m in o.models] == ["42m", "tiny"] and o.compile_layers == () and o.rounds == 2
-    assert o.torch_compile and o.lazy_inline
+    assert o.torch_compile and tuple(o.compile_forms) == ("loop", "shared", "separate")
+    o = options(build_parser().parse_args(["bench", "--compile-forms", "shared,loop"]))
+    assert o.compile_forms == ("shared", "loop")

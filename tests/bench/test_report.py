@@ -32,10 +32,10 @@ def _results():
                     "allocated": {"parameters": 4 * 2 ** 20, "optimizer_state": 8 * 2 ** 20,
                                   "rss_before_build": 0, "rss_after_build": 2 ** 20,
                                   "rss_after_first_round": 10 * 2 ** 20}}],
-        "compile": {"runs": [{"layers": 4, "lazy_inline": "none", "compile_s": 2.0},
-                             {"layers": 16, "lazy_inline": "none", "compile_s": 8.0,
+        "compile": {"runs": [{"layers": 4, "form": "separate", "compile_s": 2.0},
+                             {"layers": 16, "form": "separate", "compile_s": 8.0,
                               "phases": {"type_inference": 2.0, "graph_passes": 4.0, "kernel_build": 1.5}},
-                             {"layers": 64, "lazy_inline": "none", "compile_s": None, "error": "timed out"}],
+                             {"layers": 64, "form": "separate", "compile_s": None, "error": "timed out"}],
                     "note": "n"},
     }
 

@@ -228,7 +228,8 @@ def test_shared_layer_graphs_train_exactly_like_separate_ones(preset):
     tokens[:, :, 10] = 3                                     # an EOD inside each window
     out = {}
     for reuse in (False, True):
-        recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), over + [f"train.reuse_layer_graphs={reuse}"])
+        recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"),
+                             over + [f"train.reuse_layer_graphs={reuse}", "train.layer_loop=never"])
         built = build(recipe)
         graphs = {layer.cell_init_args for layer in built.model.layers if hasattr(layer, "_cell_init_args")}
         assert len(graphs) == (0 if not reuse else 1 if preset == "tiny" else 2)

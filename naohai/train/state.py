@@ -1,0 +1,89 @@
+"""The tensors of a run's state by the names checkpoint files use, whichever form the model has.
+
+Checkpoints, converters, ``ckpt reshard`` and generation all name decoder weights per layer
+(``layers.7.attention.q_weight``).  Under the layer loop (:mod:`naohai.model.stack`) the
+run holds them stacked (``stack.layer.attention.q_weight`` ``[n, ...]``, and the optimizer's
+``adam_m.``/``adam_v.`` moments alike).  :func:`file_view` turns a run's Parameters into
+entries with the per-layer names -- ``name``, ``shape``, ``dtype``, ``asnumpy()``,
+``set_data(value)``, what :mod:`naohai.checkpoint.store` reads and writes -- so both forms
+write the same files and load each other's checkpoints.  A stacked Parameter's entries
+share one buffer: reading takes one host copy of the stack per view, and the stack is set
+once all its layers are written.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+from naohai.config import ModelConfig
+from naohai.model.stack import is_stacked, per_layer_names
+
+
+class _Stack:
+    """The host copy of one stacked Parameter that its per-layer entries read and write."""
+
+    def __init__(self, param: ms.Parameter):
+        self.param = param
+        self.buffer = None
+        self.written = set()
+
+    def array(self) -> np.ndarray:
+        if self.buffer is None:
+            self.buffer = self.param.asnumpy().copy()
+        return self.buffer
+
+    def write(self, index: int, value: Any) -> None:
+        array = self.array()
+        array[index] = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+        self.written.add(index)
+        if len(self.written) == array.shape[0]:
+            self.param.set_data(Tensor(array))
+            self.written = set()
+
+
+class LayerEntry:
+    """Layer ``index`` of a stacked Parameter, under its per-layer name."""
+
+    def __init__(self, stack: _Stack, index: int, name: str):
+        self.stack, self.index, self.name = stack, index, name
+        self.shape = tuple(stack.param.shape[1:])
+        self.dtype = stack.param.dtype
+
+    def asnumpy(self) -> np.ndarray:
+        return self.stack.array()[self.index]
+
+    def set_data(self, value: Any) -> None:
+        self.stack.write(self.index, value)
+
+
+def file_view(cfg: ModelConfig, params: Sequence[ms.Parameter]) -> List[Any]:
+    """``params`` with every stacked one replaced by its per-layer entries (the others as they are,
+    a layer kept apart renamed to its per-layer name)."""
+    out: List[Any] = []
+    for p in params:
+        names = per_layer_names(cfg, p.name)
+        if is_stacked(p.name):
+            stack = _Stack(p)
+            out.extend(LayerEntry(stack, j, name) for j, name in enumerate(names))
+        elif names[0] != p.name:
+            out.append(_Renamed(p, names[0]))
+        else:
+            out.append(p)
+    return out
+
+
+class _Renamed:
+    """A Parameter under another name (the loop model's ``last_layer.*``)."""
+
+    def __init__(self, param: ms.Parameter, name: str):
+        self.param, self.name = param, name
+        self.shape, self.dtype = tuple(param.shape), param.dtype
+
+    def asnumpy(self) -> np.ndarray:
+        return self.param.asnumpy()
+
+    def set_data(self, value: Any) -> None:
+        self.param.set_data(value)

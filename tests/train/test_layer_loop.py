@@ -1,0 +1,123 @@
+"""Training with the layer loop (train.layer_loop, naohai.model.stack): the same run as one cell per
+layer, the same checkpoint files, resume across the two forms, and where the loop is refused."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor
+
+from naohai.config import load_recipe
+from naohai.errors import UserError
+from naohai.strategy import apply as A
+from naohai.strategy.resolve import RecomputeSpec, check_strategy
+from naohai.strategy.schema import parse_strategy
+from naohai.train.builder import build, layer_loop
+from naohai.train.job import start
+from tests.conftest import micro_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(recipe, steps=None, resume=False):
+    trainer = start(recipe, None, log=lambda *_: None, progress=False, max_steps=steps)
+    assert trainer.built.model.layer_loop == (recipe.train.layer_loop != "never")
+    if resume:
+        trainer.resume()
+    return trainer.run()
+
+
+def _tensors(run_dir, step):
+    with open(Path(run_dir) / "checkpoints" / f"step_{step:08d}" / "rank_0.json", encoding="utf-8") as fh:
+        return json.load(fh)["tensors"]
+
+
+@pytest.mark.parametrize("variant", [{}, {"micro_batch_size": 2}])
+def test_loop_trains_and_checkpoints_like_one_cell_per_layer(tmp_path, micro_data, variant):
+    """MindSpore's own outputs of the per-layer model are the reference: 8 steps, two evals, the files."""
+    prepared, tok = micro_data
+    flat = _run(micro_recipe(tmp_path / "flat", prepared, tok, layer_loop="never", **variant))
+    loop = _run(micro_recipe(tmp_path / "loop", prepared, tok, **variant))
+    assert sorted(loop.losses) == list(range(1, 9))
+    for step, value in flat.losses.items():
+        assert loop.losses[step] == pytest.approx(value, rel=1e-6, abs=1e-6), step
+    assert loop.evals == pytest.approx(flat.evals, rel=1e-6)
+    assert loop.losses[8] < loop.losses[1]
+    # the same tensors by the same per-layer names in both forms' files (optimizer moments included)
+    names = _tensors(tmp_path / "loop", 8)
+    assert names == _tensors(tmp_path / "flat", 8)
+    assert "layers.1.attention.q_weight" in names and "adam_m.layers.0.mlp.up_weight" in names
+    assert not [n for n in names if "stack." in n]
+
+
+@pytest.mark.parametrize("first, second", [("auto", "never"), ("never", "auto")])
+def test_resume_across_the_two_forms_is_exact(tmp_path, micro_data, first, second):
+    prepared, tok = micro_data
+    full = _run(micro_recipe(tmp_path / "full", prepared, tok, layer_loop=second))
+    _run(micro_recipe(tmp_path / "part", prepared, tok, layer_loop=first), steps=4)
+    resumed = _run(micro_recipe(tmp_path / "part", prepared, tok, layer_loop=second), steps=4, resume=True)
+    assert sorted(resumed.losses) == [5, 6, 7, 8]
+    for step in resumed.losses:
+        assert resumed.losses[step] == pytest.approx(full.losses[step], rel=1e-6, abs=1e-6), step
+    assert resumed.evals[8] == pytest.approx(full.evals[8], rel=1e-6)
+
+
+def _tiny(*over):
+    return load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=8", *over])
+
+
+def _strategy(recipe, layers):
+    raw = {"name": "t", "mesh": {"data": 1, "model": 1, "pipeline": 1}, "layers": layers}
+    return check_strategy(parse_strategy(raw, "inline"), recipe)
+
+
+def test_where_the_loop_runs_and_where_it_is_refused():
+    ms.set_device("CPU")
+    one = A.Runtime("standalone", 0, 1, 0, 1)
+    semi = A.Runtime("semi_auto", 0, 8, 0, 2, stages=2)
+    assert layer_loop(_tiny(), None, one) == (True, None)
+    assert layer_loop(_tiny(), None, A.Runtime("data_parallel", 0, 2, 0, 2)) == (True, None)
+    assert layer_loop(_tiny("train.layer_loop=never"), None, one) == (False, None)
+    loop, note = layer_loop(_tiny(), None, semi)
+    assert not loop and "one graph per layer" in note
+    with pytest.raises(UserError) as err:
+        layer_loop(_tiny("train.layer_loop=always"), None, semi)
+    assert err.value.key == "train.layer_loop"
+    # the looped layers share one cell, so one recompute setting
+    recipe = _tiny()
+    uneven = SimpleNamespace(recompute=[RecomputeSpec("full")] * 2 + [RecomputeSpec()] * 2)
+    loop, note = layer_loop(recipe, uneven, one)
+    assert not loop and "recomputes the looped layers differently" in note
+    even = SimpleNamespace(recompute=[RecomputeSpec("full")] * 4)
+    assert layer_loop(recipe, even, one) == (True, None)
+
+
+def test_bad_layer_loop_value_is_a_recipe_error():
+    with pytest.raises(UserError) as err:
+        _tiny("train.layer_loop=sometimes")
+    assert err.value.key == "train.layer_loop" and "auto, always, never" in err.value.message
+
+
+def test_uniform_full_recompute_runs_in_the_loop_with_the_same_steps():
+    """Full recompute of every layer under the loop marks the one looped cell and trains as the
+    per-layer model with the same strategy does (two steps, losses and updated weights)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    over = ["model.num_layers=3", "train.global_batch_size=2", "train.micro_batch_size=2", "model.seq_length=32"]
+    tokens = np.random.RandomState(0).randint(0, 2048, (2, 2, 33)).astype(np.int32)
+    out = {}
+    for form in ("never", "auto"):
+        recipe = _tiny(*over, f"train.layer_loop={form}")
+        resolved = _strategy(recipe, {"0-2": {"recompute": "full"}})
+        built = build(recipe, resolved)
+        assert built.model.layer_loop == (form == "auto")
+        assert all(cell._has_config_recompute for cell in built.model.layer_cells())
+        losses = [float(built.steps.train_step(Tensor(t[:, :-1]), Tensor(t[:, 1:]))[0].asnumpy()) for t in tokens]
+        weights = {e.name: np.array(e.asnumpy()) for e in built.saved_params() if not e.name.startswith("adam")}
+        out[form] = losses, weights
+    assert out["auto"][0] == pytest.approx(out["never"][0], rel=1e-6)
+    for name, value in out["never"][1].items():
+        np.testing.assert_allclose(out["auto"][1][name], value, rtol=1e-5, atol=1e-7, err_msg=name)
