@@ -1,18 +1,19 @@
 """Design probe (not a test, not product code): decoder layers as a graph-mode loop.
 
-Issue 11 asks for 64 layers to compile within 1.5x of 4 layers. naohai's layers are
-separate cells with their own parameters, and MindSpore 2.10 on CPU compiles them with
-``lazy_inline(policy="front")``, so compile time grows with depth (README, benchmark
-section). This script measures the alternative before anyone rebuilds the model for it:
-one transformer block written once, run by a ``while`` loop over a tensor counter, with
-each weight kind stored as one stacked Parameter ``[layers, ...]`` and picked per
-iteration by ``Gather``.
+Issue 11 asks for 64 layers to compile within 1.5x of 4 layers. With one cell per layer
+(``train.layer_loop: never``) MindSpore 2.10 on CPU compiles them with
+``lazy_inline(policy="front")``, and compile time grows with depth (README, benchmark
+section). This script measured the alternative on a stand-in block before naohai's model
+took it up (``naohai/model/stack.py``, ``naohai bench`` times the real step): one
+transformer block written once, run by a ``while`` loop over a tensor counter, with each
+weight kind stored as one stacked Parameter ``[layers, ...]`` and picked per iteration by
+``Gather``.
 
 Forms, each compiled in a fresh process (one CPU device, graph mode, AdamW through
 ``nn.TrainOneStepCell``):
 - ``loop``: stacked weights, ``while i < layers`` loop;
 - ``unrolled``: the same stacked weights, a Python ``for`` (one copy of the block per layer);
-- ``per-layer``: one Parameter per layer and kind (as naohai's model has), stacked inside
+- ``per-layer``: one Parameter per layer and kind (as ``layer_loop: never`` has), stacked inside
   the graph, then the same ``while`` loop: the optimizer sees one tensor per layer again.
 
 The block is pre-LayerNorm attention (fused q/k/v with bias, causal softmax) and a SwiGLU

@@ -15,6 +15,10 @@ Parameter names differ from the per-layer model (``stack.layer.attention.q_weigh
 :func:`per_layer_names` maps them; checkpoints and every other file use the per-layer
 names (``naohai/train/state.py`` splits and joins the stacks at that boundary).
 
+Write new values into the looped model's Parameters with ``ops.assign``, not ``set_data``: once
+its compiled train step has run, MindSpore 2.10 keeps reading and updating their old memory after
+a ``set_data`` (measured on CPU; ``tests/train/test_layer_loop.py``).
+
 The stack derives the packed window's positions and document mask once, before the loop.
 Dropout inside the loop draws a fresh mask in every iteration and its backward uses that
 mask, with or without recompute (MindSpore 2.10 on CPU; ``tests/model/test_stack.py``).

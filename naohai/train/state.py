@@ -7,8 +7,14 @@ run holds them stacked (``stack.layer.attention.q_weight`` ``[n, ...]``, and the
 entries with the per-layer names -- ``name``, ``shape``, ``dtype``, ``asnumpy()``,
 ``set_data(value)``, what :mod:`naohai.checkpoint.store` reads and writes -- so both forms
 write the same files and load each other's checkpoints.  A stacked Parameter's entries
-share one buffer: reading takes one host copy of the stack per view, and the stack is set
-once all its layers are written.
+share one buffer: reading takes one host copy of the stack per view, and the stack is written
+once all its layers are.
+
+Entries write in place (``ops.assign``), never by ``Parameter.set_data``: once the compiled train
+step of a layer-loop model has run, MindSpore 2.10 keeps reading and updating its parameters'
+old memory after a ``set_data`` -- stacked or not (measured on CPU;
+``tests/train/test_layer_loop.py``).  A checkpoint is loaded before the first step, but the
+view is safe at any point.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from typing import Any, List, Sequence
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import Tensor, ops
 
 from naohai.config import ModelConfig
 from naohai.model.stack import is_stacked, per_layer_names
@@ -40,7 +46,7 @@ class _Stack:
         array[index] = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
         self.written.add(index)
         if len(self.written) == array.shape[0]:
-            self.param.set_data(Tensor(array))
+            ops.assign(self.param, Tensor(array))     # in place (module docstring)
             self.written = set()
 
 
@@ -60,23 +66,21 @@ class LayerEntry:
 
 
 def file_view(cfg: ModelConfig, params: Sequence[ms.Parameter]) -> List[Any]:
-    """``params`` with every stacked one replaced by its per-layer entries (the others as they are,
-    a layer kept apart renamed to its per-layer name)."""
+    """An entry per tensor of the files for ``params``: a stacked Parameter gives one per layer, a layer
+    kept apart takes its per-layer name; every entry writes its Parameter in place."""
     out: List[Any] = []
     for p in params:
         names = per_layer_names(cfg, p.name)
         if is_stacked(p.name):
             stack = _Stack(p)
             out.extend(LayerEntry(stack, j, name) for j, name in enumerate(names))
-        elif names[0] != p.name:
-            out.append(_Renamed(p, names[0]))
         else:
-            out.append(p)
+            out.append(ParamEntry(p, names[0]))
     return out
 
 
-class _Renamed:
-    """A Parameter under another name (the loop model's ``last_layer.*``)."""
+class ParamEntry:
+    """A whole Parameter under its file name."""
 
     def __init__(self, param: ms.Parameter, name: str):
         self.param, self.name = param, name
@@ -86,4 +90,4 @@ class _Renamed:
         return self.param.asnumpy()
 
     def set_data(self, value: Any) -> None:
-        self.param.set_data(value)
+        ops.assign(self.param, value if isinstance(value, Tensor) else Tensor(np.asarray(value)))

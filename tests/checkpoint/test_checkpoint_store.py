@@ -16,6 +16,7 @@ import mindspore as ms
 
 from naohai.checkpoint import store
 from naohai.cli import main
+from naohai.model.stack import per_layer_names
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 
@@ -146,22 +147,26 @@ class PoisonOnce:
     def __init__(self, at):
         self.at, self.saved, self.after = at, None, None
 
-    def _param(self, trainer):
-        return next(p for p in trainer.built.model.get_parameters() if p.name == "layers.0.attention.q_weight")
+    @staticmethod
+    def _param(trainer):
+        """Layer 0's query weight, in either form of the model (its slice 0 under the layer loop)."""
+        cfg = trainer.built.model.cfg
+        return next(p for p in trainer.built.model.get_parameters()
+                    if per_layer_names(cfg, p.name)[0] == "layers.0.attention.q_weight")
 
     def on_step_begin(self, trainer):
         if trainer.step + 1 == self.at:
             p = self._param(trainer)
             self.saved = p.asnumpy().copy()
             poisoned = self.saved.copy()
-            poisoned[0, 0] = np.inf
-            p.set_data(ms.Tensor(poisoned))
+            poisoned[(0,) * poisoned.ndim] = np.inf
+            ms.ops.assign(p, ms.Tensor(poisoned))      # in place: see naohai/model/stack.py
 
     def on_step(self, trainer, rec):
         if rec["step"] == self.at:
             p = self._param(trainer)
             self.after = p.asnumpy().copy()
-            p.set_data(ms.Tensor(self.saved))
+            ms.ops.assign(p, ms.Tensor(self.saved))
 
 
 def test_non_finite_loss_is_skipped_logged_and_training_continues(tmp_path, micro_data):
@@ -176,9 +181,10 @@ def test_non_finite_loss_is_skipped_logged_and_training_continues(tmp_path, micr
     assert not math.isfinite(res.losses[3]) and all(math.isfinite(res.losses[s]) for s in (1, 2, 4, 5, 6))
     assert any("step      3 | SKIPPED (non-finite gradient norm)" in ln for ln in lines), lines
     # the skipped step changed nothing but the poisoned entry (the update was not applied)
-    assert np.isinf(poison.after[0, 0])
+    corner = (0,) * poison.after.ndim
+    assert np.isinf(poison.after[corner])
     after_q = poison.after.copy()
-    after_q[0, 0] = poison.saved[0, 0]
+    after_q[corner] = poison.saved[corner]
     np.testing.assert_array_equal(after_q, poison.saved)
     assert res.steps_done == 6 and any(not np.array_equal(before[p.name], p.asnumpy())
                                        for p in trainer.built.model.get_parameters())
@@ -215,10 +221,10 @@ class PoisonFrom:
 
     def on_step_begin(self, trainer):
         if trainer.step + 1 >= self.at:
-            p = next(p for p in trainer.built.model.get_parameters() if p.name == "layers.0.attention.q_weight")
+            p = PoisonOnce._param(trainer)
             value = p.asnumpy().copy()
-            value[0, 0] = np.inf
-            p.set_data(ms.Tensor(value))
+            value[(0,) * value.ndim] = np.inf
+            ms.ops.assign(p, ms.Tensor(value))
 
 
 def test_too_many_skipped_steps_stop_the_run_after_a_checkpoint(tmp_path, micro_data, capsys):

@@ -165,6 +165,9 @@ def test_recomputed_layer_backward_uses_the_forward_dropout_mask():
         def construct(self, x):
             return ops.ReduceSum()(self.layers[0](x) * 2.0)
 
+        def layer_cells(self):
+            return list(self.layers)
+
     class Resolved:
         recompute = [RecomputeSpec("full")]
 

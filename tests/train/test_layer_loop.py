@@ -121,3 +121,31 @@ def test_uniform_full_recompute_runs_in_the_loop_with_the_same_steps():
     assert out["auto"][0] == pytest.approx(out["never"][0], rel=1e-6)
     for name, value in out["never"][1].items():
         np.testing.assert_allclose(out["auto"][1][name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_state_written_after_steps_have_run_reaches_the_compiled_loop():
+    """The checkpoint view writes a stack in place: a loop model that has already trained, given the
+    state of a per-layer model, then takes the same step as that model (MindSpore 2.10 would keep
+    the stack's old memory after a plain set_data)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    over = ["model.num_layers=3", "train.global_batch_size=2", "train.micro_batch_size=2", "model.seq_length=32",
+            "train.warmup_steps=0"]
+    tokens = np.random.RandomState(0).randint(0, 2048, (3, 2, 33)).astype(np.int32)
+    batch = [(Tensor(t[:, :-1]), Tensor(t[:, 1:])) for t in tokens]
+    flat = build(_tiny(*over, "train.layer_loop=never"), None)
+    loop = build(_tiny(*over, "train.seed=7"), None)
+    assert loop.model.layer_loop
+    flat.steps.train_step(*batch[0])
+    for ids, labels in batch[1:]:
+        loop.steps.train_step(ids, labels)           # the loop's step has run: its memory is bound
+    source = {e.name: e.asnumpy() for e in flat.saved_params()}
+    targets = loop.saved_params()
+    assert {e.name for e in targets} == set(source)
+    for entry in targets:
+        entry.set_data(Tensor(np.array(source[entry.name])))
+    want = float(flat.steps.train_step(*batch[2])[0].asnumpy())
+    got = float(loop.steps.train_step(*batch[2])[0].asnumpy())
+    assert got == pytest.approx(want, rel=1e-6)
+    after = {e.name: e.asnumpy() for e in flat.saved_params()}
+    for entry in loop.saved_params():
+        np.testing.assert_allclose(entry.asnumpy(), after[entry.name], rtol=1e-5, atol=1e-7, err_msg=entry.name)
