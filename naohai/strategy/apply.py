@@ -10,7 +10,8 @@ layout                 what runs
 =====================  ==========================================================
 one device             the model; gradients unscaled in the graph
 data parallel only     MindSpore DATA_PARALLEL + an explicit gradient all-reduce
-(no op sharding)       (the only multi-rank mode with CPU kernels: runs on CPU)
+(no op sharding)       (the only multi-rank mode with CPU kernels: runs on CPU);
+                       these two may run the layers as one loop (``layer_loop_refusal``)
 anything else          semi-auto parallel through ``AutoParallel``: per-op shard
                        strategies, pipeline stages, optimizer parallel (``hsdp``),
                        each rank fed its data-parallel slice

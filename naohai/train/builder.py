@@ -5,7 +5,9 @@ build through :func:`build`, so the graphs checked on a laptop are the graphs
 trained.  :class:`Steps` is what the training loop calls: ``train(batch)`` runs one
 optimizer step on this rank's rows (one compiled call, or micro-batches accumulated
 on the host for one device / plain data parallel) and ``evaluate(batch)`` the
-held-out loss; both return global means, identical on every rank.
+held-out loss; both return global means, identical on every rank.  :func:`layer_loop`
+decides the model's form (one cell per layer, or the layers as one loop over stacked
+weights); :meth:`Built.saved_params` names the state as checkpoint files do in either form.
 """
 from __future__ import annotations
 
