@@ -21,7 +21,9 @@ a ``set_data`` (measured on CPU; ``tests/train/test_layer_loop.py``).
 
 The stack derives the packed window's positions and document mask once, before the loop.
 Dropout inside the loop draws a fresh mask in every iteration and its backward uses that
-mask, with or without recompute (MindSpore 2.10 on CPU; ``tests/model/test_stack.py``).
+mask (MindSpore 2.10 on CPU; ``tests/model/test_model_stack.py``).  MindSpore does not
+recompute inside the loop, so the trainer keeps one cell per layer when a strategy asks for
+recompute (:func:`naohai.strategy.apply.layer_loop_refusal`).
 """
 from __future__ import annotations
 

@@ -177,7 +177,7 @@ def apply_recompute(model, resolved) -> None:
     if resolved is None:
         return
     keep_dropout = ms.get_context("device_target") != "Ascend"
-    cells = model.layer_cells()       # under the layer loop one cell runs several layers (equal specs)
+    cells = model.layer_cells()
     for i, spec in enumerate(resolved.recompute):
         layer = cells[i]
         if spec.mode == "full":
@@ -270,13 +270,14 @@ def layer_loop_refusal(cfg, resolved, runtime: Runtime):
     Semi-auto layouts (operator parallel, pipeline stages, optimizer parallel) keep one graph
     per layer: MindSpore 2.10 fails to shard a loop over stacked weights ("Shape should have
     only one -2", ``run/bench_layer_loop.py --semi-auto``), and a stack lives on one stage.
-    The looped layers also share one cell, so they must share one recompute setting."""
+    Recompute is not applied inside a loop: MindSpore 2.10 compiles a loop body marked for
+    recompute to the same graph as an unmarked one (its backward reads the forward's saved
+    outputs; compared in the compiled IR on CPU), so layers that a strategy recomputes keep
+    one cell each, where it is applied."""
     if runtime.mode == "semi_auto":
         return f"the {runtime.mode} layout compiles one graph per layer (MindSpore cannot shard the loop)"
-    if resolved is not None:
-        specs = {repr(spec) for spec in resolved.recompute[:stacked_count(cfg)]}
-        if len(specs) > 1:
-            return "the strategy recomputes the looped layers differently (one cell runs them all)"
+    if resolved is not None and any(spec.mode != "none" for spec in resolved.recompute[:stacked_count(cfg)]):
+        return "the strategy recomputes layers, and MindSpore 2.10 does not recompute inside a loop"
     return None
 
 
