@@ -259,7 +259,8 @@ class TrainConfig:
     mode: str = "graph"              # graph | pynative
     reuse_layer_graphs: bool = True  # compile equal decoder layers once (lazy_inline; CPU and Ascend)
     layer_loop: str = "auto"         # auto | always | never: equal layers as one loop over stacked weights
-    #                                  (naohai.model.stack); auto = on CPU, one device or data parallel
+    #                                  (naohai.model.stack); auto = on CPU, one device or data parallel,
+    #                                  from 12 looped layers (naohai.train.builder.AUTO_LOOP_MIN_LAYERS)
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 8

@@ -63,7 +63,7 @@ def write_charts(results: Dict[str, Any], out_dir: str) -> List[str]:
     comp = results.get("compile")
     if comp and comp.get("runs"):
         layers = sorted({r["layers"] for r in comp["runs"]})
-        labels = {"loop": "layer loop (default)", "shared": "one cell per layer, shared graph",
+        labels = {"loop": "layer loop", "shared": "one cell per layer, shared graph",
                   "separate": "layers compiled separately"}
         forms = [f for f in labels if any(r["form"] == f for r in comp["runs"])]
         series = []

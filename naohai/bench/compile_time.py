@@ -13,9 +13,10 @@ inlines every layer) and the backend's kernel build (``task_emit``).
 
 ``FORM`` is how the decoder layers are compiled (:data:`FORMS`):
 
-* ``loop``, naohai's default on CPU (``train.layer_loop: auto``): one layer graph run by a
-  loop over stacked weights (:mod:`naohai.model.stack`);
-* ``shared`` (``layer_loop: never``): one cell per layer, equal layers sharing one graph
+* ``loop`` (``train.layer_loop: always``; ``auto``'s choice on CPU from 12 layers): one layer
+  graph run by a loop over stacked weights (:mod:`naohai.model.stack`);
+* ``shared`` (``layer_loop: never``; ``auto``'s choice below 12 layers): one cell per layer,
+  equal layers sharing one graph
   through MindSpore's ``lazy_inline`` key (``train.reuse_layer_graphs``, policy ``front`` on
   CPU, set by :func:`naohai.strategy.apply.reuse_layer_graphs`), inlined before the backend;
 * ``separate`` (``layer_loop: never``, ``reuse_layer_graphs: false``): every layer on its own.
@@ -33,7 +34,7 @@ from typing import Dict, Optional
 PROBE_MODEL = dict(hidden_size=64, num_heads=2, ffn_hidden_size=128, seq_length=32, vocab_size=256,
                    vocab_pad_multiple=128)
 PROBE_BATCH = 2
-FORMS = {"loop": dict(layer_loop="auto"), "shared": dict(layer_loop="never", reuse_layer_graphs=True),
+FORMS = {"loop": dict(layer_loop="always"), "shared": dict(layer_loop="never", reuse_layer_graphs=True),
          "separate": dict(layer_loop="never", reuse_layer_graphs=False)}
 
 

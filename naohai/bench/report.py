@@ -85,7 +85,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
             b = base.get(r["form"])
             rel = r["compile_s"] / b if b and r.get("compile_s") else None
             ph = r.get("phases") or {}
-            rows.append([str(r["layers"]), "loop (default)" if r["form"] == "loop" else r["form"],
+            rows.append([str(r["layers"]), r["form"],
                          fmt_s(r.get("compile_s")), fmt_ratio(rel)]
                         + [fmt_s(ph.get(k)) for k in ("type_inference", "graph_passes", "kernel_build")]
                         + [r.get("error", "")])

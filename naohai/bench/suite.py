@@ -116,10 +116,11 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
             "memory": memory}
 
 
-COMPILE_NOTE = ("'loop' is naohai's default on CPU (train.layer_loop: auto; one layer graph run by a loop over "
-                "stacked weights); 'shared' is layer_loop: never (one cell per layer, equal layers sharing one graph "
-                "through MindSpore's lazy_inline key, policy 'front' on CPU); 'separate' also sets "
-                "reuse_layer_graphs: false. Each figure is one fresh process timing train_step.compile(ids, labels).")
+COMPILE_NOTE = ("'loop' is train.layer_loop: always (one layer graph run by a loop over stacked weights); "
+                "'shared' is layer_loop: never (one cell per layer, equal layers sharing one graph through "
+                "MindSpore's lazy_inline key, policy 'front' on CPU); 'separate' also sets reuse_layer_graphs: false. "
+                "naohai's default on CPU (layer_loop: auto) is 'shared' below 12 layers and 'loop' from 12. "
+                "Each figure is one fresh process timing train_step.compile(ids, labels).")
 
 
 def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, Any]:

@@ -28,8 +28,8 @@ def register(sub) -> None:
     p.add_argument("--steps", type=cli_int(2, 100000), help="timed steps per round (default tiny 20, 42m 6)")
     p.add_argument("--compile-layers", help="layer counts for the compile-time probe (default 4,16,64; "
                                             "'none' skips it)")
-    p.add_argument("--compile-forms", help="comma-separated layer forms for the compile probe: loop (the default "
-                                           "train.layer_loop), shared, separate (default all three; --quick: loop)")
+    p.add_argument("--compile-forms", help="comma-separated layer forms for the compile probe: loop, shared, "
+                                           "separate (see train.layer_loop; default all three; --quick: loop)")
     p.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile rows")
     p.add_argument("--torch-threads", type=cli_int(1, 4096), help="torch.set_num_threads (default: PyTorch's)")
     p.set_defaults(run=run)

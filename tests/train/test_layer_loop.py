@@ -16,7 +16,7 @@ from naohai.errors import UserError
 from naohai.strategy import apply as A
 from naohai.strategy.resolve import RecomputeSpec, check_strategy
 from naohai.strategy.schema import parse_strategy
-from naohai.train.builder import build, layer_loop
+from naohai.train.builder import AUTO_LOOP_MIN_LAYERS, build, layer_loop
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(recipe, steps=None, resume=False):
     trainer = start(recipe, None, log=lambda *_: None, progress=False, max_steps=steps)
-    assert trainer.built.model.layer_loop == (recipe.train.layer_loop != "never")
+    assert trainer.built.model.layer_loop == (recipe.train.layer_loop == "always")
     if resume:
         trainer.resume()
     return trainer.run()
@@ -41,7 +41,7 @@ def test_loop_trains_and_checkpoints_like_one_cell_per_layer(tmp_path, micro_dat
     """MindSpore's own outputs of the per-layer model are the reference: 8 steps, two evals, the files."""
     prepared, tok = micro_data
     flat = _run(micro_recipe(tmp_path / "flat", prepared, tok, layer_loop="never", **variant))
-    loop = _run(micro_recipe(tmp_path / "loop", prepared, tok, **variant))
+    loop = _run(micro_recipe(tmp_path / "loop", prepared, tok, layer_loop="always", **variant))
     assert sorted(loop.losses) == list(range(1, 9))
     for step, value in flat.losses.items():
         assert loop.losses[step] == pytest.approx(value, rel=1e-6, abs=1e-6), step
@@ -54,7 +54,7 @@ def test_loop_trains_and_checkpoints_like_one_cell_per_layer(tmp_path, micro_dat
     assert not [n for n in names if "stack." in n]
 
 
-@pytest.mark.parametrize("first, second", [("auto", "never"), ("never", "auto")])
+@pytest.mark.parametrize("first, second", [("always", "never"), ("never", "always")])
 def test_resume_across_the_two_forms_is_exact(tmp_path, micro_data, first, second):
     prepared, tok = micro_data
     full = _run(micro_recipe(tmp_path / "full", prepared, tok, layer_loop=second))
@@ -79,22 +79,28 @@ def test_where_the_loop_runs_and_where_it_is_refused():
     ms.set_device("CPU")
     one = A.Runtime("standalone", 0, 1, 0, 1)
     semi = A.Runtime("semi_auto", 0, 8, 0, 2, stages=2)
-    assert layer_loop(_tiny(), None, one) == (True, None)
-    assert layer_loop(_tiny(), None, A.Runtime("data_parallel", 0, 2, 0, 2)) == (True, None)
-    assert layer_loop(_tiny("train.layer_loop=never"), None, one) == (False, None)
-    loop, note = layer_loop(_tiny(), None, semi)
+    deep = f"model.num_layers={AUTO_LOOP_MIN_LAYERS}"
+    # auto: one cell per layer for shallow models, the loop from AUTO_LOOP_MIN_LAYERS looped layers
+    assert layer_loop(_tiny(), None, one) == (False, None)
+    assert layer_loop(_tiny(f"model.num_layers={AUTO_LOOP_MIN_LAYERS - 1}"), None, one) == (False, None)
+    assert layer_loop(_tiny(deep), None, one) == (True, None)
+    assert layer_loop(_tiny(deep), None, A.Runtime("data_parallel", 0, 2, 0, 2)) == (True, None)
+    assert layer_loop(_tiny("train.layer_loop=always"), None, one) == (True, None)
+    assert layer_loop(_tiny(deep, "train.layer_loop=never"), None, one) == (False, None)
+    loop, note = layer_loop(_tiny(deep), None, semi)
     assert not loop and "one graph per layer" in note
     with pytest.raises(UserError) as err:
         layer_loop(_tiny("train.layer_loop=always"), None, semi)
     assert err.value.key == "train.layer_loop"
     # MindSpore does not recompute inside a loop: a strategy with recompute keeps one cell per layer
-    recipe = _tiny()
+    recipe = _tiny("train.layer_loop=always", "model.num_layers=4")
     for some in ([RecomputeSpec("full")] * 4, [RecomputeSpec()] * 3 + [RecomputeSpec("select", ("mlp.up",))]):
-        loop, note = layer_loop(recipe, SimpleNamespace(recompute=some), one)
+        with pytest.raises(UserError, match="does not recompute inside a loop"):
+            layer_loop(recipe, SimpleNamespace(recompute=some), one)
+        loop, note = layer_loop(_tiny(deep), SimpleNamespace(recompute=some * 4), one)
         assert not loop and "does not recompute inside a loop" in note
     assert layer_loop(recipe, SimpleNamespace(recompute=[RecomputeSpec()] * 4), one) == (True, None)
-    with pytest.raises(UserError):
-        layer_loop(_tiny("train.layer_loop=always"), SimpleNamespace(recompute=[RecomputeSpec("full")] * 4), one)
+
 
 
 def test_bad_layer_loop_value_is_a_recipe_error():
@@ -105,8 +111,8 @@ def test_bad_layer_loop_value_is_a_recipe_error():
 
 def test_a_strategy_with_recompute_builds_one_recomputed_cell_per_layer():
     ms.set_context(mode=ms.GRAPH_MODE)
-    recipe = _tiny("model.num_layers=3")
-    built = build(recipe, _strategy(recipe, {"0-2": {"recompute": "full"}}))
+    recipe = _tiny(f"model.num_layers={AUTO_LOOP_MIN_LAYERS}")
+    built = build(recipe, _strategy(recipe, {f"0-{AUTO_LOOP_MIN_LAYERS - 1}": {"recompute": "full"}}))
     assert not built.model.layer_loop
     assert all(cell._has_config_recompute for cell in built.model.layer_cells())
     assert any("does not recompute inside a loop" in note for note in built.steps.notes)
@@ -173,7 +179,7 @@ def test_state_written_after_steps_have_run_reaches_the_compiled_loop():
     tokens = np.random.RandomState(0).randint(0, 2048, (3, 2, 33)).astype(np.int32)
     batch = [(Tensor(t[:, :-1]), Tensor(t[:, 1:])) for t in tokens]
     flat = build(_tiny(*over, "train.layer_loop=never"), None)
-    loop = build(_tiny(*over, "train.seed=7"), None)
+    loop = build(_tiny(*over, "train.seed=7", "train.layer_loop=always"), None)
     assert loop.model.layer_loop
     flat.steps.train_step(*batch[0])
     for ids, labels in batch[1:]:
