@@ -26,12 +26,17 @@ agree: the first (before any update) and, with ``--steps``, the last (printed).
 parallel and once with the weights split over the 2 devices, and prints each rank's verdict and
 the IR checks' (Send/Receive pairing, the same collectives in every group) for graphs that compiled.
 
+``--trainer`` instead times naohai's own train step (``naohai.train.builder.build`` on the tiny
+recipe, ``Steps.train``) with ``train.layer_loop`` ``never`` and ``always``, each form in a fresh
+process, rounds alternating between the forms; it prints ms per step (best round) and the last loss.
+
 Usage::
 
     python run/bench_layer_loop.py                        # compile, 4/16/64 layers, probe size
     python run/bench_layer_loop.py --steps 20 --size tiny --layers 4 16   # also ms per step
     python run/bench_layer_loop.py --size 42m --layers 8 --steps 4 --forms loop unrolled
     python run/bench_layer_loop.py --semi-auto
+    python run/bench_layer_loop.py --trainer --layers 4 16 32 --steps 10
 """
 from __future__ import annotations
 
@@ -202,6 +207,51 @@ def semi_auto() -> int:
     return 0
 
 
+def trainer_probe(form: str, layers: int, steps: int) -> dict:
+    """In this process: naohai's tiny train step with ``layers`` layers, ``train.layer_loop: form``."""
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import numpy as np
+    import mindspore as ms
+    from naohai.config import load_recipe
+    from naohai.train.builder import build
+
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    recipe = load_recipe(str(Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"),
+                         [f"train.layer_loop={form}", f"model.num_layers={layers}"])
+    built = build(recipe)
+    batch = np.random.RandomState(0).randint(0, recipe.model.vocab_size,
+                                             (recipe.train.global_batch_size, recipe.model.seq_length + 1))
+    built.steps.train(batch)                      # compile and first step, not timed
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = built.steps.train(batch)
+    return {"form": form, "layers": layers, "loop": built.model.layer_loop,
+            "ms_per_step": (time.perf_counter() - t0) / steps * 1e3, "loss": out.loss}
+
+
+def trainer(layers, steps: int, rounds: int = 3) -> int:
+    print("| layers | one cell per layer, ms / step | loop, ms / step | loop / cells | last losses |\n|---|---|---|---|---|")
+    for n in layers:
+        best = {}
+        for _ in range(rounds):
+            for form in ("never", "always"):
+                cmd = [sys.executable, __file__, "--trainer-probe", form, str(n), str(steps)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+                if not lines:
+                    print(f"| {n} | {form} failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]} |")
+                    return 1
+                r = json.loads(lines[-1])
+                if form not in best or r["ms_per_step"] < best[form]["ms_per_step"]:
+                    best[form] = r
+        a, b = best["never"], best["always"]
+        print(f"| {n} | {a['ms_per_step']:.1f} | {b['ms_per_step']:.1f} | {b['ms_per_step'] / a['ms_per_step']:.2f} "
+              f"| {a['loss']:.6f} / {b['loss']:.6f} |")
+    return 0
+
+
 def measure(form: str, layers: int, size: str, steps: int) -> dict:
     cmd = [sys.executable, __file__, "--probe", form, str(layers), size, str(steps)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -213,6 +263,9 @@ def measure(form: str, layers: int, size: str, steps: int) -> dict:
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--trainer-probe":
+        print(json.dumps(trainer_probe(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))), flush=True)
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--probe":
         form, layers, size, steps = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
         print(json.dumps(probe(form, layers, size, steps)), flush=True)
@@ -224,9 +277,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=0, help="also time this many steps (best of 3)")
     ap.add_argument("--semi-auto", action="store_true",
                     help="compile loop / unrolled blocks on 2 simulated GPUs under semi-auto parallel instead")
+    ap.add_argument("--trainer", action="store_true",
+                    help="time naohai's tiny train step, layer_loop never against always, instead")
     args = ap.parse_args()
     if args.semi_auto:
         return semi_auto()
+    if args.trainer:
+        return trainer(args.layers, args.steps or 10)
     rows = [measure(f, n, args.size, args.steps) for f in args.forms for n in args.layers]
     base = {r["form"]: r.get("compile_s") for r in rows if r["layers"] == min(args.layers)}
     print(f"| form | layers | trainable tensors | compile | x {min(args.layers)} layers | first loss"
