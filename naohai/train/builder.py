@@ -171,11 +171,12 @@ class Built:
 
 
 # ``layer_loop: auto`` loops from this many looped layers on.  Below it one cell per layer compiles
-# in a few seconds on CPU (shared graphs, probe width: 1.9 s at 4 layers, 6.8 s at 16) and steps
-# faster: the loop's weight gradients are dense [layers, ...] tensors summed once per iteration,
-# a cost that grows with the square of the depth (tiny's width and batch, best of 3 x 10 steps:
-# +8% per step at 16 layers, +16% at 32; README, benchmark section).  From here on the loop's
-# constant compile time (1.3 s at 4, 16 or 64 layers) and halved resident memory win.
+# in a few seconds on CPU (shared graphs, probe width: 2.4 s at 4 layers, 6.1 s at 16).  The loop's
+# steps get slower with depth -- its weight gradients are dense [layers, ...] tensors summed once per
+# iteration -- (tiny's width, loop / cells per step: 0.92-1.27 at 4 layers, 1.00-1.09 at 16,
+# 1.06-1.16 at 32 over several runs; README, benchmark section), while its compile time stays
+# constant (1.3-1.5 s at 4, 16 or 64 layers) and its resident memory is about half.  A judgement,
+# not a measured crossover.
 AUTO_LOOP_MIN_LAYERS = 12
 
 
