@@ -193,7 +193,8 @@ def layer_loop(recipe: Recipe, resolved, runtime: strategy_apply.Runtime) -> Tup
     refusal = strategy_apply.layer_loop_refusal(recipe.model, resolved, runtime)
     if refusal and wanted == "always":
         raise UserError(f"train.layer_loop is 'always' but {refusal}; use 'auto' or 'never'", where=recipe.source,
-                        key="train.layer_loop", rule="the layer loop runs one device or data parallel only")
+                        key="train.layer_loop",
+                        rule="the layer loop needs one device or data parallel, and no recompute in the strategy")
     if wanted == "auto" and ms.get_context("device_target") != "CPU":
         return False, None
     if refusal:
