@@ -237,13 +237,10 @@ def trainer(layers, steps: int, rounds: int = 3) -> int:
         best = {}
         for _ in range(rounds):
             for form in ("never", "always"):
-                cmd = [sys.executable, __file__, "--trainer-probe", form, str(n), str(steps)]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-                if not lines:
-                    print(f"| {n} | {form} failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]} |")
+                r = child_result(["--trainer-probe", form, str(n), str(steps)])
+                if "error" in r:
+                    print(f"| {n} | {form} failed: {r['error']} |")
                     return 1
-                r = json.loads(lines[-1])
                 if form not in best or r["ms_per_step"] < best[form]["ms_per_step"]:
                     best[form] = r
         a, b = best["never"], best["always"]
@@ -252,14 +249,19 @@ def trainer(layers, steps: int, rounds: int = 3) -> int:
     return 0
 
 
-def measure(form: str, layers: int, size: str, steps: int) -> dict:
-    cmd = [sys.executable, __file__, "--probe", form, str(layers), size, str(steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def child_result(args) -> dict:
+    """This script run with ``args`` in a fresh process: its last JSON line, or ``{"error": ...}``."""
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"form": form, "layers": layers, "size": size, "error": f"exit {proc.returncode}: {tail}"}
+    return {"error": f"exit {proc.returncode}: {tail}"}
+
+
+def measure(form: str, layers: int, size: str, steps: int) -> dict:
+    return {"form": form, "layers": layers, "size": size,
+            **child_result(["--probe", form, str(layers), size, str(steps)])}
 
 
 def main() -> int:

@@ -56,8 +56,9 @@ def make_params(cell: nn.Cell, specs, cfg: ModelConfig, rng: np.random.RandomSta
 
 def layer_slice(weight, layer):
     """``weight`` itself, or with ``layer`` (an int32 scalar tensor) its slice ``weight[layer]``: the cells
-    of a :class:`~naohai.model.stack.LayerStack` hold each weight stacked over its layers."""
-    if layer is None:
+    of a :class:`~naohai.model.stack.LayerStack` hold each weight stacked over its layers.  An absent
+    weight (None: no bias, no norm shift) stays None."""
+    if layer is None or weight is None:
         return weight
     return ops.gather(weight, layer, 0)
 
@@ -88,6 +89,7 @@ class Norm(nn.Cell):
         self.eps = cfg.norm_eps
         self.fp32 = cfg.norm_fp32
         self.cast = ops.Cast()
+        self.beta = None                  # RMSNorm has no shift
         make_params(self, spec.norm_params(cfg, ""), cfg, rng)
         if self.kind == "rmsnorm":
             self.square = ops.Square()
@@ -119,12 +121,9 @@ class Norm(nn.Cell):
     def construct(self, x, layer=None):
         """``layer``: see :func:`layer_slice`."""
         dtype = x.dtype
-        if self.kind == "nonparam_layernorm":
-            gamma, beta = self.gamma, self.beta
-        elif self.kind == "layernorm":
-            gamma, beta = layer_slice(self.gamma, layer), layer_slice(self.beta, layer)
-        else:
-            gamma, beta = layer_slice(self.gamma, layer), None
+        gamma, beta = self.gamma, self.beta
+        if self.kind != "nonparam_layernorm":         # (its fixed gamma / beta are not stacked)
+            gamma, beta = layer_slice(gamma, layer), layer_slice(beta, layer)
         if self.fp32:
             x = self.cast(x, ms.float32)
         if self.composite:
@@ -369,14 +368,11 @@ class Attention(nn.Cell):
             qe = self.query_lookup(self.query_embedding, positions, 0)             # [b, s, h]
         return self.reshape(qe, (-1, qe.shape[-1]))
 
-    def _weight(self, weight, layer):
-        return None if weight is None else layer_slice(weight, layer)
-
     def project_qkv(self, x, q_src, s: int, positions, layer=None):
         """Heads [b, n, s, d] of q, k, v (RoPE applied at ``positions``, default 0..s-1)."""
-        q = self._proj(self.q, self.q_add, q_src, layer_slice(self.q_weight, layer), self._weight(self.q_bias, layer))
-        k = self._proj(self.k, self.k_add, x, layer_slice(self.k_weight, layer), self._weight(self.k_bias, layer))
-        v = self._proj(self.v, self.v_add, x, layer_slice(self.v_weight, layer), self._weight(self.v_bias, layer))
+        q = self._proj(self.q, self.q_add, q_src, layer_slice(self.q_weight, layer), layer_slice(self.q_bias, layer))
+        k = self._proj(self.k, self.k_add, x, layer_slice(self.k_weight, layer), layer_slice(self.k_bias, layer))
+        v = self._proj(self.v, self.v_add, x, layer_slice(self.v_weight, layer), layer_slice(self.v_bias, layer))
         q, k, v = self._heads(q, self.nh, s), self._heads(k, self.nkv, s), self._heads(v, self.nkv, s)
         if self.rope:
             cos, sin = self.rope_angles(positions)
@@ -396,7 +392,7 @@ class Attention(nn.Cell):
         ctx = self.context(probs, v)                                           # [b, nh, s, d]
         ctx = self.reshape(self.transpose(ctx, (0, 2, 1, 3)), (-1, self.nh * self.hd))
         out = self._proj(self.out, self.out_add, ctx, layer_slice(self.out_weight, layer),
-                         self._weight(self.out_bias, layer))
+                         layer_slice(self.out_bias, layer))
         return self.cast(self.dropout(out), ms.float32)
 
     def construct(self, x, positions=None, bias=None, layer=None):
