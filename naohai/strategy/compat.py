@@ -23,7 +23,16 @@ from naohai.errors import UserError
 #: (rule id, one-line summary) of every rule below, for reports
 RULES: List[Tuple[str, str]] = [
     ("loss-class-axis", "loss.log_softmax (LogSoftmax) cannot split its class (vocab) axis"),
+    ("pipeline-gpipe-needs-interleave", "pipeline.scheduler gpipe needs MindSpore's pipeline_interleave; "
+                                        "without it only 1f1b is allowed"),
+    ("pipeline-interleaved-not-wired", "pipeline.scheduler interleaved is not a MindSpore 2.10 scheduler name and "
+                                       "naohai places no layer into a virtual chunk: planning only"),
 ]
+
+#: MindSpore 2.10's pipeline schedulers (``AutoParallel.pipeline``, ``_PipelineScheduler`` in
+#: mindspore/parallel/_auto_parallel_context.py); with ``interleave=False`` only "1f1b" is accepted
+#: (``set_pipeline_config``: "When pipeline_interleave is False, ... only '1f1b' is allowed")
+MS_SCHEDULERS = ("1f1b", "gpipe", "seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")
 
 LOSS_OP = "loss.log_softmax"
 
@@ -46,6 +55,29 @@ def _loss_class_axis(resolved) -> None:
             rule="mindspore-2.10: loss-class-axis")
 
 
+def _pipeline_scheduler(resolved) -> None:
+    if int(resolved.stages) <= 1:
+        return   # no pipeline: MindSpore never reads the scheduler
+    sched = str(resolved.scheduler)
+    if sched == "gpipe":
+        raise UserError(
+            "scheduler 'gpipe' compiles in MindSpore 2.10 only together with pipeline_interleave (virtual "
+            "chunks), which naohai's gpipe does not use; every rank would fail in set_pipeline_config with "
+            "\"When pipeline_interleave is False, 'gpipe' is not supported, only '1f1b' is allowed\". Use "
+            "pipeline: {scheduler: 1f1b} (it holds fewer micro-batches' activations than gpipe; naohai plan "
+            "shows the difference; naohai check --compat-fixes does this in a copy)",
+            where=resolved.source, key="pipeline.scheduler", rule="mindspore-2.10: pipeline-gpipe-needs-interleave")
+    if sched == "interleaved":
+        raise UserError(
+            f"scheduler 'interleaved' ({resolved.virtual_chunks} virtual chunks) is a planning-only scheduler: "
+            f"MindSpore 2.10's AutoParallel.pipeline knows {', '.join(MS_SCHEDULERS)} (its interleaved 1F1B "
+            "is '1f1b' with interleave=True and every layer given a virtual chunk, Cell.pipeline_segment), and "
+            "naohai does not place layers into virtual chunks, so no rank could compile it. Use pipeline: "
+            "{scheduler: 1f1b, virtual_chunks: 1} to compile or train (naohai check --compat-fixes does this in "
+            "a copy); naohai plan still figures the interleaved layout",
+            where=resolved.source, key="pipeline.scheduler", rule="mindspore-2.10: pipeline-interleaved-not-wired")
+
+
 def compat_fixes(raw: Dict[str, Any], resolved, recipe=None) -> Tuple[Dict[str, Any], List[str]]:
     """A copy of a strategy mapping with the fixable 2.10 incompatibilities fixed, and what changed."""
     out = copy.deepcopy(raw)
@@ -57,12 +89,22 @@ def compat_fixes(raw: Dict[str, Any], resolved, recipe=None) -> Tuple[Dict[str, 
         out["ops"][LOSS_OP] = [[rows, 1]]
         notes.append(f"ops.{LOSS_OP} {[list(d) for d in strat]} -> [[{rows}, 1]] (MindSpore 2.10 cannot split "
                      "LogSoftmax's class axis; the head's vocab-parallel logits are gathered before the loss)")
+    if int(resolved.stages) > 1 and str(resolved.scheduler) in ("gpipe", "interleaved"):
+        pipe = dict(out.get("pipeline") or {})
+        old = pipe.get("scheduler")
+        pipe["scheduler"] = "1f1b"
+        pipe.pop("virtual_chunks", None)
+        if old == "interleaved" and isinstance(pipe.get("layers_per_stage"), list):
+            pipe["layers_per_stage"] = "auto"   # the list had one entry per stage x chunk
+        out["pipeline"] = pipe
+        notes.append(f"pipeline.scheduler {old} -> 1f1b (MindSpore 2.10 compiles naohai's pipeline with 1f1b only)")
     return out, notes
 
 
 def check_compat(resolved, recipe=None) -> None:
     """Raise a UserError for the first MindSpore 2.10 incompatibility in ``resolved``."""
     _loss_class_axis(resolved)
+    _pipeline_scheduler(resolved)
 
 
 def validated_run(recipe, path: str, warn=print):

@@ -79,6 +79,55 @@ def test_compat_fix_keeps_batch_split_and_passes(tmp_path):
     assert again.op_strategy["head.logits"] == resolved.op_strategy["head.logits"] == ((2, 1), (2, 1))
 
 
+def _with_pipeline(tmp_path, name, **pipeline):
+    import yaml
+    raw = read_yaml(str(S / name))
+    raw["pipeline"] = dict(raw.get("pipeline") or {}, **pipeline)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("pipeline,rule", [({"scheduler": "gpipe"}, "pipeline-gpipe-needs-interleave"),
+                                           ({"scheduler": "interleaved", "virtual_chunks": 2, "layers_per_stage": "auto"},
+                                            "pipeline-interleaved-not-wired")])
+def test_check_refuses_pipeline_schedulers_mindspore_cannot_compile(capsys, tmp_path, pipeline, rule):
+    """Exit 2 before any compile, naming pipeline.scheduler; --compat-fixes writes a 1f1b copy that passes."""
+    path = _with_pipeline(tmp_path, "tiny-dp4-pp2.yaml", **pipeline)
+    assert main(["check", "tiny", str(path), "train.micro_batch_size=2", "--compile"]) == 2
+    err = " ".join(capsys.readouterr().err.split())   # the CLI wraps the paragraph
+    assert "key 'pipeline.scheduler'" in err and rule in err and str(path) in err and "Traceback" not in err
+    assert "1f1b" in err
+    assert main(["check", "tiny", str(path), "train.micro_batch_size=2", "--compat-fixes",
+                 "--workdir", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out
+    assert f"pipeline.scheduler {pipeline['scheduler']} -> 1f1b" in out and "scheduler 1f1b" in out
+
+
+def test_gpipe_rule_is_mindspores_own_refusal():
+    """The rule's source: MindSpore 2.10 refuses a pipeline config of gpipe without interleave, and
+    AutoParallel.pipeline does not know the scheduler name 'interleaved' (in-process, no compile)."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.parallel.auto_parallel import AutoParallel
+    try:
+        with pytest.raises(TypeError, match="When pipeline_interleave is False, 'gpipe' is not supported, "
+                                            "only '1f1b' is allowed"):
+            ms.set_auto_parallel_context(pipeline_config={"pipeline_interleave": False, "pipeline_scheduler": "gpipe"})
+        ms.set_auto_parallel_context(pipeline_config={"pipeline_interleave": True, "pipeline_scheduler": "gpipe"})
+    finally:
+        ms.reset_auto_parallel_context()
+    with pytest.raises(ValueError, match="scheduler"):
+        AutoParallel(nn.Dense(2, 2)).pipeline(stages=2, interleave=True, scheduler="interleaved")
+
+
+def test_one_stage_layout_ignores_the_scheduler():
+    from naohai.config import load_recipe
+    recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=8"])
+    raw = dict(read_yaml(str(S / "tiny-dp2.yaml")), pipeline={"scheduler": "gpipe"})
+    check_compat(check_strategy(parse_strategy(raw, "one-stage"), recipe), recipe)   # MindSpore never reads it
+
+
 @pytest.mark.parametrize("preset,name,old_pp", [("pangu-alpha-200b", "pangu-alpha-200b-2048p", 16),
                                                 ("pengcheng-mind-200b", "naohai-200b-3456p", 27)])
 def test_scale_down_keeps_mp_rules_recompute_and_says_what_changed(preset, name, old_pp):
