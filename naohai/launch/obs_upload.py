@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import subprocess
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
@@ -18,7 +19,9 @@ from naohai.errors import UserError
 from naohai.launch.credentials import Credentials, require
 
 DEFAULT_EXCLUDES = (".git", ".hg", "runs", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache",
-                    "*.egg-info", "*.ckpt", "*.safetensors", "*.npy", "*.mindir", ".ipynb_checkpoints")
+                    "*.egg-info", "*.ckpt", "*.safetensors", "*.npy", "*.mindir", ".ipynb_checkpoints",
+                    # what MindSpore's kernel compilers leave in the working directory
+                    "akg_kernel_meta", "kernel_meta", "dsa_transfrom.log", "kernel_build_tmp.key")
 MULTIPART_THRESHOLD = 32 * 1024 * 1024
 PART_SIZE = 16 * 1024 * 1024
 
@@ -65,10 +68,32 @@ def _excluded(rel: str, excludes: Sequence[str]) -> bool:
         any(fnmatch.fnmatch(rel, pat) for pat in excludes)
 
 
+def _git_files(root: str) -> Optional[List[str]]:
+    """Tracked and untracked-but-not-ignored files of the git work tree whose top is ``root``
+    (relative posix paths), or None when ``root`` is not the top of a work tree or git is absent."""
+    try:
+        top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=False)
+        if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(root):
+            return None
+        listed = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                                capture_output=True, check=False)
+    except OSError:
+        return None
+    if listed.returncode != 0:
+        return None
+    return sorted({rel for rel in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if rel})
+
+
 def collect_files(root: str, excludes: Sequence[str] = DEFAULT_EXCLUDES) -> List[Tuple[str, str]]:
-    """``[(absolute path, relative posix path)]`` under ``root``, sorted, excludes applied."""
+    """``[(absolute path, relative posix path)]`` under ``root``, sorted, excludes applied.  In a git
+    checkout only the files git would keep (tracked, or untracked and not ignored by ``.gitignore``)."""
     if not os.path.isdir(root):
         raise UserError("is not a directory", where=root)
+    in_git = _git_files(root)
+    if in_git is not None:
+        return [(os.path.join(root, *rel.split("/")), rel) for rel in in_git
+                if not _excluded(rel, excludes) and os.path.isfile(os.path.join(root, *rel.split("/")))]
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")

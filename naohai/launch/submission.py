@@ -112,6 +112,9 @@ def submit(opts: SubmitOptions, environ: Mapping[str, str], dry_run: bool = Fals
     if opts.data:
         print(f"data: {opts.data} -> obs:/{req.data_obs.api_form}", file=out)
     if dry_run:
+        print("files that would be uploaded:", file=out)
+        for path, rel in files:
+            print(f"  {rel} ({os.path.getsize(path)} bytes)", file=out)
         print(describe_credentials(environ), file=out)
         print("job body (dry run, nothing uploaded or created):", file=out)
         print(json.dumps(body, indent=2, ensure_ascii=False), file=out)

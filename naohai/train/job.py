@@ -30,13 +30,20 @@ from naohai.train.callbacks import ConsoleLog, LossPlot, MetricsFiles
 from naohai.train.device import peak_tflops, resolve_device
 from naohai.train.loop import Trainer, TrainResult
 
+_USER_COMPILER_CACHE = os.environ.get("MS_COMPILER_CACHE_PATH")   # the user's own choice wins
+
 
 def set_context(recipe: Recipe, device: str) -> None:
-    """Graph or PyNative mode, the device, seeds; bfloat16 on CPU is refused."""
+    """Graph or PyNative mode, the device, seeds; bfloat16 on CPU is refused.  MindSpore's kernel
+    compilers (graph-kernel fusion, custom ops) write their build files (``akg_kernel_meta/``,
+    ``kernel_build_tmp.key``) under ``MS_COMPILER_CACHE_PATH``, the working directory by default:
+    unless the user set it, it is the run folder's ``kernel_meta/``."""
     if device == "CPU" and recipe.model.compute_dtype == "bfloat16":
         raise UserError("bfloat16 compute needs an Ascend 910B: MindSpore 2.10's CPU MatMul has no bfloat16 "
                         "kernel. Use float32 (or float16 with train.loss_scale.dynamic) on CPU.",
                         where=recipe.source, key="model.compute_dtype")
+    if _USER_COMPILER_CACHE is None:
+        os.environ["MS_COMPILER_CACHE_PATH"] = os.path.abspath(os.path.join(recipe.train.output_dir, "kernel_meta"))
     ms.set_context(mode=ms.GRAPH_MODE if recipe.train.mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device(device)
     ms.set_seed(recipe.train.seed)

@@ -4,6 +4,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -205,6 +206,9 @@ def test_dry_run_prints_body_and_sends_nothing(cloud, creds, code, capsys, caplo
     assert cloud.requests == []
     assert '"boot_file": "/naohai-bkt/code/run/modelarts_boot.sh"' in out
     assert "(4 files," in out                       # the excludes are applied to the plan too
+    listed = [line.split(" (")[0].strip() for line in out.split("files that would be uploaded:\n")[1].splitlines()
+              if line.startswith("  ")][:4]
+    assert listed == ["pkg/mod.py", "recipes/tiny.yaml", "run/modelarts_boot.sh", "strategies/dp2.yaml"]
     assert "HUAWEICLOUD_SDK_AK=AKFA****" in out and "HUAWEICLOUD_SDK_SK=<redacted>" in out
     assert AK not in out
 
@@ -266,3 +270,21 @@ def test_obs_path_forms():
     assert parse_obs_path("obs://bkt/a/", "--x").api_form == "/bkt/a/"
     assert parse_obs_path("/bkt", "--x").api_form == "/bkt/"
     assert parse_obs_path("/bkt/a/", "--x").child("run/x.sh").key == "a/run/x.sh"
+
+
+def test_git_checkout_uploads_what_git_keeps(tmp_path):
+    """In a git checkout the upload is the tracked and not-ignored files; the repository's own .gitignore
+    keeps MindSpore's compiler leftovers (akg_kernel_meta/, dsa_transfrom.log, kernel_build_tmp.key) out."""
+    from naohai.launch.obs_upload import collect_files
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copy(os.path.join(ROOT, ".gitignore"), root / ".gitignore")
+    for rel in ("naohai/a.py", "notes.txt", "akg_kernel_meta/Fused_AddN_1.so", "dsa_transfrom.log",
+                "kernel_build_tmp.key", "runs/tiny/metrics.jsonl", "kernel_meta/x.o", "scratch/big.bin"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    run = lambda *a: subprocess.run(["git", "-C", str(root), *a], check=True, capture_output=True)  # noqa: E731
+    run("init", "-q")
+    (root / ".git" / "info" / "exclude").write_text("scratch/\n")
+    run("add", ".gitignore", "naohai/a.py")
+    assert [rel for _, rel in collect_files(str(root))] == [".gitignore", "naohai/a.py", "notes.txt"]
