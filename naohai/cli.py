@@ -18,6 +18,36 @@ from naohai.errors import UserError
 COMMANDS = ("train", "generate", "eval", "ckpt", "data", "plan", "check", "launch", "submit", "bench")
 
 
+def version_text() -> str:
+    """``naohai --version``: naohai's version and where it is imported from, MindSpore's version, and the
+    device ``train.device: auto`` finds here."""
+    import os
+
+    import naohai
+    lines = [f"naohai {naohai.__version__} ({os.path.dirname(os.path.abspath(naohai.__file__))})"]
+    try:
+        import mindspore
+    except ImportError as exc:
+        lines.append(f"MindSpore: not importable ({exc})")
+        return "\n".join(lines)
+    lines.append(f"MindSpore {mindspore.__version__}")
+    from naohai.train.device import resolve_device
+    lines.append(f"device: {resolve_device('auto', where='--version', key='auto')} (what train.device: auto "
+                 f"picks here: Ascend, else GPU, else CPU)")
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_text` and exit 0 (MindSpore is imported only here)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):  # noqa: A002
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit(0)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but bad flags are UserErrors (exit 2, one paragraph)."""
 
@@ -27,6 +57,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="naohai", description="Train PanGu-alpha / PengCheng-Mind style LLMs with MindSpore.")
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print naohai's and MindSpore's versions and the device found, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:

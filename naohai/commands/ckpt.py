@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from naohai.commands._args import allow_intermixed
-from naohai.convert.names import FORMATS
+from naohai.convert import FORMATS
 from naohai.errors import UserError
 
 

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from naohai.launch.devices import worker_count
+from naohai.commands._args import allow_intermixed
 from naohai.launch.msrun import DEFAULT_PORT, MsrunPlan, run_msrun
-from naohai.launch.preflight import preflight
-
-from naohai.commands._args import allow_intermixed  # noqa: E402
 
 
 def register(subparsers) -> None:
@@ -46,6 +43,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from naohai.launch.devices import worker_count
+    from naohai.launch.preflight import preflight   # MindSpore: imported when a launch runs, not for --help
+
     workers = worker_count(args.strategy, args.devices_per_node, args.nodes)
     # validate recipe + strategy and refuse a layout this device cannot run, before any worker starts
     device = preflight(args.recipe, list(args.overrides), args.strategy, args.device, args.dry_run)

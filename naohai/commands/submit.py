@@ -9,7 +9,6 @@ import os
 
 from naohai.commands._args import allow_intermixed
 from naohai.errors import UserError
-from naohai.launch import submission
 
 ACTIONS = {"status": 1, "logs": 1, "stop": 1, "list": 0}
 
@@ -37,7 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--engine-name", help="preset engine name, e.g. MindSpore")
     p.add_argument("--engine-version", help="preset engine version")
     p.add_argument("--code-obs", help="OBS folder for the code, /bucket/path/")
-    p.add_argument("--code-dir", default=submission.REPO_ROOT,
+    p.add_argument("--code-dir",
                    help="local code directory to upload (default: this naohai checkout)")
     p.add_argument("--output-obs", help="OBS folder for outputs (train.output_dir), /bucket/path/")
     p.add_argument("--log-obs", help="OBS folder for the platform's job logs")
@@ -56,6 +55,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from naohai.launch import submission   # MindSpore (the strategy checks): imported when a job is made
+
     if args.target in ACTIONS and not os.path.isfile(args.target):
         return _action(args)
     missing = [flag for flag, value in (("--name", args.name), ("--flavor", args.flavor),
@@ -69,12 +70,14 @@ def run(args) -> int:
         log_obs=args.log_obs, data=args.data, data_obs=args.data_obs, image_url=args.image_url,
         engine_name=args.engine_name, engine_version=args.engine_version, pool_id=args.pool_id,
         workspace_id=args.workspace_id, endpoint=args.endpoint, obs_endpoint=args.obs_endpoint,
-        region=args.region, code_dir=args.code_dir, device=args.device)
+        region=args.region, code_dir=args.code_dir or submission.REPO_ROOT, device=args.device)
     submission.submit(opts, os.environ, dry_run=args.dry_run)
     return 0
 
 
 def _action(args) -> int:
+    from naohai.launch import submission
+
     want = ACTIONS[args.target]
     if len(args.rest) != want:
         usage = f"naohai submit {args.target}" + (" JOB_ID" if want else "")

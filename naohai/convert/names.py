@@ -45,10 +45,10 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 
 from naohai.config import ModelConfig
+from naohai.convert import FORMATS
 from naohai.errors import UserError
 from naohai.model.spec import param_shapes
 
-FORMATS = ("pangu-alpha", "pengcheng-mind")
 
 #: names in a reference training checkpoint that are not model weights
 NON_WEIGHT_PREFIXES = ("adam_m.", "adam_v.", "moment1.", "moment2.", "accu_grads.", "global_step", "loss_scale",
