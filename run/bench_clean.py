@@ -82,9 +82,7 @@ def main():
     sigs = dedup.signatures(docs, cfg.near_dedup)
     print(f"  {'near_dedup (MinHash)':24s} {mbps(nbytes, time.perf_counter() - t):7.2f} MB/s (1 core)")
     t = time.perf_counter()
-    index = dedup.NearDuplicateIndex(cfg.near_dedup)
-    for s in sigs:
-        index.check(s)
+    dedup.near_duplicates([(i,) for i in range(len(docs))], sigs, cfg.near_dedup)
     print(f"  {'near_dedup (LSH)':24s} {mbps(nbytes, time.perf_counter() - t):7.2f} MB/s (1 core)")
 
     if args.model:
@@ -103,8 +101,8 @@ def main():
     for k in (1, 2, 4):
         big = [d for c in range(k) for d in corpus(args.base_docs, c)]
         t = time.perf_counter()
-        index = dedup.NearDuplicateIndex(cfg.near_dedup)
-        dropped = sum(index.check(s) is not None for s in dedup.signatures(big, cfg.near_dedup))
+        dropped = len(dedup.near_duplicates([(i,) for i in range(len(big))], dedup.signatures(big, cfg.near_dedup),
+                                            cfg.near_dedup))
         sec = time.perf_counter() - t
         print(f"  {k}x: {len(big)} documents, {sum(len(d.encode()) for d in big) / 1e6:.2f} MB, {sec:.2f} s "
               f"({sec / k:.2f} s per 1x), {dropped} dropped ({k * (args.base_docs // 10)} planted)")

@@ -130,9 +130,12 @@ class _Models:
 _MODELS: Optional[_Models] = None
 
 
-def process_unit(unit: int, batch: List[tuple], work_dir: str) -> int:
-    """Run the per-document steps on one unit and write its three files; returns the unit index."""
-    models = _MODELS
+def filter_documents(batch: Sequence[tuple], models: "_Models") -> tuple:
+    """The per-document steps (normalize .. classifier) over ``batch`` of (text, where, extra).
+
+    Returns (kept, steps): kept is a list of (text, where, extra, lang, lang_score), steps maps each
+    of those step names to its :class:`_Step`.  Both engines run this (the local one per work unit in
+    its worker processes, the Spark one per partition)."""
     cfg = models.cfg
     steps = {name: _Step(cfg.samples) for name in STEPS[:5]}
     kept = []
@@ -183,17 +186,45 @@ def process_unit(unit: int, batch: List[tuple], work_dir: str) -> int:
                 continue
             st.keep(text, text, where)
         kept.append((text, where, extra, lang, score))
+    return kept, steps
+
+
+def unit_record(text: str, where: str, extra, lang, score, cfg: CleanConfig) -> Dict[str, Any]:
+    """What stage 1 keeps of a surviving document (a line of ``unit-N.jsonl``)."""
+    return {"text": text, "where": where, "extra": extra, "lang": lang,
+            "score": None if score is None else round(score, 4),
+            "key": dedup.exact_key(text) if cfg.exact_dedup.enabled else None}
+
+
+def output_record(d: Dict[str, Any], cfg: CleanConfig, perplexity: Optional[float] = None) -> str:
+    """The output line of a kept :func:`unit_record` (the input object, cleaned text, ``naohai`` metadata)."""
+    meta = {"source": d["where"], "lang": d["lang"], "lang_score": d["score"]}
+    if perplexity is not None:
+        meta["perplexity"] = round(perplexity, 4)
+    rec = dict(d["extra"] or {})
+    rec[cfg.text_key] = d["text"]
+    rec["naohai"] = meta
+    return json.dumps(rec, ensure_ascii=False) + "\n"
+
+
+def position(where: str, file_index: Dict[str, int]) -> tuple:
+    """(input file number, line) of a document's ``path:line``: its place in the input."""
+    path, line = where.rsplit(":", 1)
+    return file_index[path], int(line)
+
+
+def process_unit(unit: int, batch: List[tuple], work_dir: str) -> int:
+    """Run the per-document steps on one unit and write its three files; returns the unit index."""
+    cfg = _MODELS.cfg
+    kept, steps = filter_documents(batch, _MODELS)
 
     base = os.path.join(work_dir, f"unit-{unit:06d}")
     texts = [k[0] for k in kept]
 
     def write_docs(tmp):
         with open(tmp, "w", encoding="utf-8") as fh:
-            for text, where, extra, lang, score in kept:
-                fh.write(json.dumps({"text": text, "where": where, "extra": extra, "lang": lang,
-                                     "score": None if score is None else round(score, 4),
-                                     "key": dedup.exact_key(text) if cfg.exact_dedup.enabled else None},
-                                    ensure_ascii=False) + "\n")
+            for k in kept:
+                fh.write(json.dumps(unit_record(*k, cfg), ensure_ascii=False) + "\n")
 
     def write_sigs(tmp):
         sigs = dedup.signatures(texts, cfg.near_dedup) if cfg.near_dedup.enabled else np.zeros((len(texts), 0),
@@ -310,11 +341,46 @@ def _unit_perplexities(work: str, u: int, texts: List[str], lm, batch: int) -> n
     return ppl
 
 
-def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: bool, lm=None):
+def _load_unit(work: str, u: int):
+    base = os.path.join(work, f"unit-{u:06d}")
+    with open(base + ".jsonl", "r", encoding="utf-8") as f:
+        docs = [json.loads(line) for line in f]
+    return docs, np.load(base + ".npy")
+
+
+def _duplicates(work: str, units: int, cfg: CleanConfig, file_index: Dict[str, int]):
+    """The documents the two dedup steps drop, by (unit, index): (exact, near) -- each the set of those that are
+    not their group's representative (:mod:`~naohai.data.dedup`: the smallest order key)."""
+    best: Dict[str, tuple] = {}
+    where: List[tuple] = []                      # (unit, i, exact key, order key) per document
+    for u in range(units):
+        docs, _ = _load_unit(work, u)
+        for i, d in enumerate(docs):
+            order = dedup.order_key(d["text"], *position(d["where"], file_index))
+            where.append((u, i, d["key"], order))
+            if cfg.exact_dedup.enabled and (d["key"] not in best or order < best[d["key"]]):
+                best[d["key"]] = order
+    exact = {(u, i) for u, i, key, order in where if cfg.exact_dedup.enabled and best[key] != order}
+    near: set = set()
+    if cfg.near_dedup.enabled:
+        keys, sigs, ids = [], [], []
+        for u in range(units):
+            _, unit_sigs = _load_unit(work, u)
+            for i, sig in enumerate(unit_sigs):
+                if (u, i) not in exact:
+                    sigs.append(sig)
+                    ids.append((u, i))
+        keys = [order for u, i, key, order in where if (u, i) not in exact]
+        dropped = dedup.near_duplicates(keys, np.stack(sigs) if sigs else np.zeros((0, cfg.near_dedup.num_perm),
+                                                                                      np.uint32), cfg.near_dedup)
+        near = {ids[j] for j, k in enumerate(keys) if k in dropped}
+    return exact, near
+
+
+def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, files: Sequence[str], progress: bool, lm=None):
     steps = {name: StepStats() for name in STEPS}
     ex, near, per = _Step(cfg.samples), _Step(cfg.samples), _Step(cfg.samples)
-    seen = set()
-    index = dedup.NearDuplicateIndex(cfg.near_dedup) if cfg.near_dedup.enabled else None
+    exact_dups, near_dups = _duplicates(work, units, cfg, {f: i for i, f in enumerate(files)})
     scored: List[float] = []
     remove_outputs(out_dir)                 # shards of an interrupted stage 2 (no report yet)
     shard, in_shard, written, fh = 0, 0, 0, None
@@ -326,27 +392,23 @@ def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: boo
                                                                                       f"part-{shard:05d}.jsonl"))
     with _bar(units, "clean: deduplicate + write", progress, unit="unit") as bar:
         for u in range(units):
-            base = os.path.join(work, f"unit-{u:06d}")
-            with open(base + ".json", "r", encoding="utf-8") as f:
+            with open(os.path.join(work, f"unit-{u:06d}.json"), "r", encoding="utf-8") as f:
                 stats = json.load(f)
             for name, st in stats["steps"].items():
                 steps[name].merge(st, cfg.samples)
-            sigs = np.load(base + ".npy")
-            with open(base + ".jsonl", "r", encoding="utf-8") as f:
-                docs = [json.loads(line) for line in f]
+            docs, _ = _load_unit(work, u)
             survivors = []
-            for d, sig in zip(docs, sigs):
+            for i, d in enumerate(docs):
                 text, where = d["text"], d["where"]
                 if cfg.exact_dedup.enabled:
                     ex.seen(text)
-                    if d["key"] in seen:
+                    if (u, i) in exact_dups:
                         ex.drop(where, "exact duplicate", text)
                         continue
-                    seen.add(d["key"])
                     ex.keep(text, text, where)
-                if index is not None:
+                if cfg.near_dedup.enabled:
                     near.seen(text)
-                    if index.check(sig) is not None:
+                    if (u, i) in near_dups:
                         near.drop(where, "near duplicate", text)
                         continue
                     near.keep(text, text, where)
@@ -355,7 +417,7 @@ def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: boo
                    if lm is not None else None)
             for i, d in enumerate(survivors):
                 text, where = d["text"], d["where"]
-                meta = {"source": where, "lang": d["lang"], "lang_score": d["score"]}
+                p = None
                 if ppl is not None:
                     p = float(ppl[i])
                     per.seen(text)
@@ -369,13 +431,9 @@ def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, progress: boo
                             per.s.samples[-1]["perplexity"] = round(p, 4)
                         continue
                     per.keep(text, text, where)
-                    meta["perplexity"] = round(p, 4)
                 if fh is None:
                     fh = open(os.path.join(out_dir, f"part-{shard:05d}.jsonl.tmp"), "w", encoding="utf-8")
-                rec = dict(d["extra"] or {})
-                rec[cfg.text_key] = text
-                rec["naohai"] = meta
-                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                fh.write(output_record(d, cfg, p))
                 written += 1
                 in_shard += 1
                 if in_shard == cfg.shard_docs:
@@ -410,7 +468,16 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
     workers = max(1, int(workers or os.cpu_count() or 1))
     units, problems, read = _stage1(files, cfg, work, workers, progress)
     lm = lm_factory() if cfg.perplexity.enabled else None   # after the workers: no model in forked processes
-    steps, written, shards, scored = _stage2(out_dir, work, units, cfg, progress, lm)
+    steps, written, shards, scored = _stage2(out_dir, work, units, cfg, files, progress, lm)
+    report = make_report(files, cfg, read, problems, steps, written, shards, out_dir,
+                         lm.describe if lm is not None else None, scored)
+    atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
+    return report
+
+
+def make_report(files, cfg: CleanConfig, read: StepStats, problems: "_Problems", steps: Dict[str, StepStats],
+                written: int, shards: int, out_dir: str, model=None, scored=None) -> Dict[str, Any]:
+    """``report.json`` of a finished run (both engines)."""
     enabled = {name: getattr(cfg, name).enabled for name in STEPS}
     report = {
         "format": FORMAT,
@@ -421,13 +488,52 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
                   for name in STEPS},
         "output": {"documents": written, "shards": shards,
                    "bytes": sum(os.path.getsize(p) for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")))},
-        "perplexity": ({"model": lm.describe, "max": cfg.perplexity.max, "quantiles": _quantiles(scored)}
-                       if lm is not None else None),
+        "perplexity": ({"model": model, "max": cfg.perplexity.max, "quantiles": _quantiles(scored)}
+                       if model is not None else None),
         "lsh": ({"bands": dedup.lsh_params(cfg.near_dedup)[0], "rows": dedup.lsh_params(cfg.near_dedup)[1]}
                 if cfg.near_dedup.enabled else None),
     }
-    atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
+    report["warnings"] = drop_warnings(report)
     return report
+
+
+def _setting(step: str, reason: str) -> str:
+    """The config key behind a drop reason of ``step``."""
+    if step == "quality":
+        if reason == "mean_word_length":
+            return "quality.min_mean_word_length / quality.max_mean_word_length"
+        if reason.startswith("top_"):
+            return "quality.max_top_ngram_chars"
+        if reason.startswith("duplicate_") and reason.endswith("gram_chars"):
+            return "quality.max_duplicate_ngram_chars"
+        if reason == "blocklist":
+            return "quality.blocklist / quality.max_blocklist_hits"
+        return f"quality.{reason}"
+    if step == "language":
+        return "language.min_score" if reason.startswith("score") else "language.keep"
+    return {"normalize": "normalize (the documents are empty once normalised)",
+            "classifier": "classifier.threshold / classifier.drop_labels",
+            "exact_dedup": "exact_dedup.enabled", "near_dedup": "near_dedup.threshold",
+            "perplexity": "perplexity.max"}.get(step, step)
+
+
+def drop_warnings(report: Dict[str, Any]) -> List[str]:
+    """One line per step that dropped more than half of its input, naming the setting behind its main reason
+    (and one when most input lines were malformed)."""
+    out = []
+    r = report["read"]
+    bad = r["problems"]["total"]
+    if bad > r["docs_in"]:
+        out.append(f"read: {bad} of {bad + r['docs_in']} input lines are malformed (see report.json "
+                   f"read.problems); is text_key ({report['config']['text_key']!r}) the key of the text?")
+    for name, s in report["steps"].items():
+        if not s.get("enabled") or not s["docs_in"] or 2 * s["dropped"] <= s["docs_in"]:
+            continue
+        drops = {k: v for k, v in s["reasons"].items() if not k.endswith(" replaced") and k != "changed"}
+        top = max(sorted(drops), key=lambda k: drops[k]) if drops else ""
+        out.append(f"{name}: dropped {s['dropped']} of {s['docs_in']} documents ({100 * s['dropped'] / s['docs_in']:.0f}%)"
+                   + (f", {drops[top]} of them for '{top}'; check {_setting(name, top)}" if top else ""))
+    return out
 
 
 def output_files(out_dir: str) -> List[str]:
@@ -455,4 +561,5 @@ def report_table(report: Dict[str, Any]) -> str:
              + "  " + str(row[7]) for row in rows]
     o = report["output"]
     lines.append(f"output: {o['documents']} documents in {o['shards']} shards, {mb(o['bytes'])} MB")
+    lines.extend(f"warning: {w}" for w in report.get("warnings", []))
     return "\n".join(lines)

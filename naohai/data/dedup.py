@@ -1,6 +1,9 @@
-"""Deduplication: exact (normalised hash) and near-duplicate (MinHash-LSH with datasketch).
+"""Deduplication: exact (normalised hash) and near-duplicate (MinHash-LSH, connected components).
 
-Both keep the first document in corpus order and drop later copies.
+Both keep one document of every group of duplicates, the one with the smallest
+:func:`order_key` -- the hash of its text, then its place in the input (file, line),
+so the choice depends neither on the order in which the documents are met nor on how
+the work is split (the local engine and the Spark engine keep the same documents).
 
 Exact
     A document's key is the BLAKE2b-64 hash of its text after NFKC, case folding
@@ -13,14 +16,17 @@ Near
     (``datasketch.MinHash.bulk``, ``num_perm`` permutations) are computed per work
     unit, in parallel.  Shingles are hashed to 32 bits with CRC-32 (C speed; the
     randomness MinHash needs comes from its seeded permutations, the shingle hash
-    only has to keep distinct shingles apart).  :class:`NearDuplicateIndex` then goes through the corpus
-    once: a document is looked up in a ``datasketch.MinHashLSH`` with ``bands`` x
-    ``rows`` (when not given, datasketch's optimum for ``threshold`` with false
-    negatives weighted 0.95, false positives 0.05); a candidate
-    counts only when the signatures' estimated Jaccard similarity reaches
-    ``threshold`` less two standard deviations of that estimate
-    (``2*sqrt(t(1-t)/num_perm)``, 0.07 at 0.8 and 128 permutations); a document with none is inserted.  Each document costs one
-    query and at most one insert, so the time grows linearly with the corpus.
+    only has to keep distinct shingles apart).  The signature is cut into ``bands``
+    x ``rows`` (when not given, datasketch's optimum for ``threshold`` with false
+    negatives weighted 0.95, false positives 0.05); documents whose rows of a band
+    are equal share that band's bucket.  :func:`bucket_edges` links the members of a
+    bucket (in order-key order) to the first earlier member they match, a match being an
+    estimated Jaccard similarity of at least ``threshold`` less two standard deviations
+    of that estimate (``2*sqrt(t(1-t)/num_perm)``, 0.07 at 0.8 and 128 permutations).
+    The connected components of those links are the near-duplicate clusters; each keeps
+    its smallest order key.  :func:`near_duplicates` does all of it in one process;
+    the Spark engine runs the same :func:`band_keys` and :func:`bucket_edges` on its
+    partitions and finds the components with a distributed algorithm.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ import hashlib
 import re
 import unicodedata
 import zlib
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -81,32 +87,86 @@ def lsh_params(cfg) -> Tuple[int, int]:
     return tuple(int(x) for x in _optimal_param(cfg.threshold, cfg.num_perm, 0.05, 0.95))
 
 
-class NearDuplicateIndex:
-    """Streaming near-duplicate detection: :meth:`check` says whether a signature repeats an earlier kept one."""
+def accept_agreement(cfg) -> float:
+    """The fraction of equal signature values from which two documents count as near duplicates.
 
-    def __init__(self, cfg):
-        from datasketch import MinHashLSH
-        self.cfg = cfg
-        self.bands, self.rows = lsh_params(cfg)
-        # the signature estimate of a Jaccard J has standard deviation sqrt(J(1-J)/num_perm); accepting
-        # candidates from two deviations below the threshold keeps pairs right at it (half of which an
-        # estimate >= threshold would miss) while still refusing LSH's chance collisions
-        t = cfg.threshold
-        self.accept = t - 2.0 * (t * (1 - t) / cfg.num_perm) ** 0.5
-        self.lsh = MinHashLSH(num_perm=cfg.num_perm, params=(self.bands, self.rows))
-        self._kept: List[np.ndarray] = []
+    The signature estimate of a Jaccard J has standard deviation sqrt(J(1-J)/num_perm); accepting
+    from two deviations below the threshold keeps pairs right at it (half of which an estimate
+    >= threshold would miss) while still refusing LSH's chance collisions."""
+    t = cfg.threshold
+    return t - 2.0 * (t * (1 - t) / cfg.num_perm) ** 0.5
 
-    def _lean(self, sig: np.ndarray):
-        from datasketch import LeanMinHash
-        return LeanMinHash(seed=self.cfg.seed, hashvalues=sig, scheme="affine32")
 
-    def check(self, sig: np.ndarray) -> Optional[int]:
-        """The index of an earlier kept document this one nearly duplicates (then it is not kept), or None."""
-        m = self._lean(sig)
-        for cand in sorted(self.lsh.query(m)):
-            if float(np.mean(self._kept[cand] == sig)) >= self.accept:
-                return cand
-        key = len(self._kept)
-        self._kept.append(sig)
-        self.lsh.insert(key, m, check_duplication=False)
-        return None
+def content_hash(text: str) -> str:
+    """BLAKE2b-64 of the text as it is written out (hex; the string order is the number order)."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def order_key(text: str, file_index: int, line: int) -> Tuple[str, int, int]:
+    """What decides which duplicate is kept (the smallest): the text's hash, then its place in the input."""
+    return (content_hash(text), file_index, line)
+
+
+def band_keys(sigs: np.ndarray, bands: int, rows: int) -> List[List[bytes]]:
+    """Per document, per band: the bytes of that band's rows (equal bytes = the same bucket)."""
+    sigs = np.ascontiguousarray(sigs, dtype=np.uint32)
+    return [[row[b * rows:(b + 1) * rows].tobytes() for b in range(bands)] for row in sigs]
+
+
+def bucket_edges(members: Sequence[Tuple[Any, np.ndarray]], accept: float) -> List[Tuple[Any, Any]]:
+    """Links within one LSH bucket: ``members`` are (order key, signature); each member, taken in
+    order-key order, is linked to the first earlier member whose signature agrees with its own on at
+    least ``accept`` of the values (one comparison per member when the bucket holds copies of one text).
+    Members matching none start a group of their own."""
+    members = sorted(members, key=lambda m: m[0])
+    heads: List[Any] = []
+    head_sigs: List[np.ndarray] = []
+    edges = []
+    for key, sig in members:
+        if head_sigs:
+            agree = np.mean(np.stack(head_sigs) == np.asarray(sig), axis=1)
+            hit = np.flatnonzero(agree >= accept)
+            if len(hit):
+                edges.append((heads[int(hit[0])], key))
+                continue
+        heads.append(key)
+        head_sigs.append(np.asarray(sig))
+    return edges
+
+
+def components(edges: Sequence[Tuple[Any, Any]]) -> Dict[Any, Any]:
+    """Union-find: node -> the smallest node of its connected component (nodes of some edge only)."""
+    parent: Dict[Any, Any] = {}
+
+    def find(x):
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    for a, b in edges:
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            lo, hi = (ra, rb) if ra < rb else (rb, ra)
+            parent[hi] = lo
+    return {x: find(x) for x in parent}
+
+
+def near_duplicates(keys: Sequence[Any], sigs: np.ndarray, cfg) -> Dict[Any, Any]:
+    """The near duplicates among documents with distinct order ``keys`` and MinHash ``sigs``: a map from
+    each document to drop to the kept representative of its cluster (the smallest key of its component)."""
+    bands, rows = lsh_params(cfg)
+    accept = accept_agreement(cfg)
+    buckets: Dict[Tuple[int, bytes], List[int]] = {}
+    for i, row in enumerate(band_keys(sigs, bands, rows)):
+        for b, k in enumerate(row):
+            buckets.setdefault((b, k), []).append(i)
+    edges = []
+    for members in buckets.values():
+        if len(members) > 1:
+            edges.extend(bucket_edges([(keys[i], sigs[i]) for i in members], accept))
+    return {x: rep for x, rep in components(edges).items() if x != rep}
