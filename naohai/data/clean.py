@@ -531,7 +531,8 @@ def drop_warnings(report: Dict[str, Any]) -> List[str]:
             continue
         drops = {k: v for k, v in s["reasons"].items() if not k.endswith(" replaced") and k != "changed"}
         top = max(sorted(drops), key=lambda k: drops[k]) if drops else ""
-        out.append(f"{name}: dropped {s['dropped']} of {s['docs_in']} documents ({100 * s['dropped'] / s['docs_in']:.0f}%)"
+        share = 100 * s["dropped"] / s["docs_in"]
+        out.append(f"{name}: dropped {s['dropped']} of {s['docs_in']} documents ({share:.0f}%)"
                    + (f", {drops[top]} of them for '{top}'; check {_setting(name, top)}" if top else ""))
     return out
 
