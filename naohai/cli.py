@@ -15,7 +15,7 @@ import textwrap
 from naohai.errors import UserError
 
 # Subcommands in the order `naohai --help` lists them.
-COMMANDS = ("train", "generate", "eval", "ckpt", "data", "plan", "check", "launch", "submit", "bench")
+COMMANDS = ("train", "generate", "eval", "plot", "ckpt", "data", "plan", "check", "launch", "submit", "bench")
 
 
 def version_text() -> str:

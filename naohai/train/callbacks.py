@@ -1,4 +1,4 @@
-"""Small hooks the training loop calls: console log, metrics files, loss plot.
+"""Small hooks the training loop calls: console log, metrics files, plots.
 
 A callback has any of ``on_start(trainer)``, ``on_step_begin(trainer)``,
 ``on_step(trainer, record)``, ``on_eval(trainer, step, loss)``, ``on_save(trainer, path)``,
@@ -79,7 +79,8 @@ class MetricsFiles:
 
 
 class LossPlot:
-    """``loss.png`` from ``metrics.jsonl`` at the end of the run (rank 0)."""
+    """``loss.png`` (loss, learning rate, throughput, gradient norm; :mod:`naohai.train.plots`) from
+    ``metrics.jsonl`` at the end of the run (rank 0)."""
 
     def __init__(self, output_dir: str, log):
         self.output_dir = output_dir
@@ -87,7 +88,7 @@ class LossPlot:
 
     def on_end(self, trainer) -> None:
         if trainer.writer:
-            from naohai.train.metrics import plot_loss_curve
-            png = plot_loss_curve(self.output_dir)
+            from naohai.train.plots import plot_run
+            png = plot_run(self.output_dir)
             if png:
-                self.log(f"loss curve: {png}")
+                self.log(f"plots (loss, learning rate, throughput, gradient norm): {png}")

@@ -1,0 +1,88 @@
+"""Figures of metrics.jsonl (naohai/train/plots.py, `naohai plot`), checked through matplotlib's objects."""
+import json
+
+import pytest
+from PIL import Image
+
+from naohai.cli import main
+from naohai.train.plots import load_run, metrics_figure
+
+
+def _write_run(folder, rows):
+    folder.mkdir(parents=True)
+    with open(folder / "metrics.jsonl", "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    return folder
+
+
+def _train(step, loss, lr=1e-3, tps=1000.0, norm=1.0):
+    return {"split": "train", "step": step, "loss": loss, "lr": lr, "tokens_per_s": tps, "grad_norm": norm}
+
+
+def _valid(step, loss):
+    return {"split": "valid", "step": step, "loss": loss}
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    a = _write_run(tmp_path / "runs" / "a", [_valid(0, 7.5), _train(10, 6.0, 5e-4, 1200, 2.0),
+                                             _train(20, 5.0, 1e-3, 1300, 1.5), _valid(20, 5.2)])
+    # b was interrupted after step 20 and resumed from its step-10 checkpoint: steps 20 and 30 appear
+    # again; the rows written later belong to the weights that went on
+    b = _write_run(tmp_path / "runs" / "b", [_valid(0, 7.5), _train(10, 6.5, 1e-3, 900, 3.0),
+                                             _train(20, 9.9, 1e-3, 900, 9.0), _train(20, 5.5, 1e-3, 950, 1.0),
+                                             _train(30, 4.5, 2e-4, 980, 0.8), _valid(30, 4.7)])
+    return a, b
+
+
+def test_figure_has_labelled_axes_ticks_legend_and_the_data(two_runs):
+    a, b = two_runs
+    fig = metrics_figure([load_run(str(a)), load_run(str(b))])
+    loss, lr, tps, norm = fig.axes
+    fig.canvas.draw()            # tick labels are filled in at draw time
+    for ax, title in ((loss, "loss"), (lr, "learning rate"), (tps, "throughput"), (norm, "gradient norm")):
+        assert ax.get_title() == title
+        assert ax.get_xlabel() == "optimizer step" and ax.get_ylabel()
+        xt = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        yt = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+        assert len(xt) >= 3 and len(yt) >= 3, (title, xt, yt)
+        assert ax.xaxis.get_gridlines()[0].get_visible()
+    assert loss.get_ylabel() == "loss (nats per token)" and tps.get_ylabel() == "tokens / s"
+    legend = [t.get_text() for t in loss.get_legend().get_texts()]
+    assert legend == ["a: train loss", "a: held-out loss", "b: train loss", "b: held-out loss"]
+    lines = {line.get_label(): line for line in loss.get_lines()}
+    assert list(lines["a: train loss"].get_xdata()) == [10, 20]
+    assert list(lines["a: train loss"].get_ydata()) == [6.0, 5.0]
+    assert list(lines["a: held-out loss"].get_xdata()) == [0, 20]
+    # the resumed run: each step once, the later row kept
+    assert list(lines["b: train loss"].get_xdata()) == [10, 20, 30]
+    assert list(lines["b: train loss"].get_ydata()) == [6.5, 5.5, 4.5]
+    assert [list(line.get_ydata()) for line in tps.get_lines()] == [[1200, 1300], [900, 950, 980]]
+    assert [list(line.get_ydata()) for line in lr.get_lines()][1] == [1e-3, 1e-3, 2e-4]
+    assert [t.get_text() for t in lr.get_legend().get_texts()] == ["a", "b"]
+    # the loss panel's y range holds the data
+    low, high = loss.get_ylim()
+    assert low <= 4.5 and high >= 7.5
+
+
+def test_plot_command_overlays_runs(two_runs, tmp_path, capsys):
+    a, b = two_runs
+    out = tmp_path / "ab.png"
+    assert main(["plot", str(a), str(b), "--out", str(out), "--label", "first", "--label", "second"]) == 0
+    assert f"plot: {out}" in capsys.readouterr().out
+    with Image.open(out) as img:
+        assert img.format == "PNG" and img.size == (1200, 800)
+    assert main(["plot", str(a)]) == 0           # one run: its own loss.png
+    assert (a / "loss.png").stat().st_size > 10_000
+
+
+def test_plot_command_errors(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["plot", str(empty)]) == 2
+    assert "holds no metrics.jsonl" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "nope")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    assert main(["plot", str(empty), "--label", "x", "--label", "y"]) == 2
+    assert "2 --label for 1 runs" in capsys.readouterr().err
