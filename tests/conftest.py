@@ -9,6 +9,13 @@ import pytest
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: multi-process (msrun) test; still runs in CI")
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_dir(tmp_path_factory):
+    """The tests' per-machine cache (the CPU matmul peak) is theirs, not the user's ~/.cache/naohai."""
+    os.environ["NAOHAI_CACHE_DIR"] = str(tmp_path_factory.mktemp("naohai_cache"))
+    yield
+
 from naohai.config import recipe_from_dict
 
 MICRO_MODEL = dict(preset="tiny", vocab_size=320, vocab_pad_multiple=64, hidden_size=32, num_layers=2,

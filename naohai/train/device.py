@@ -8,12 +8,15 @@ explicit device that is not usable is a :class:`UserError`.
 ``peak_tflops(device, ...)`` is the per-device denominator of MFU: the recipe's
 ``train.device_peak_tflops`` if given, else the planner's device profile on Ascend
 (named by ``train.device_profile`` or detected from the chip name), else on CPU a
-fp32 matmul peak measured once per process (MindSpore's compiled MatMul or NumPy's BLAS,
-whichever is faster).
+fp32 matmul peak (MindSpore's compiled MatMul or NumPy's BLAS, whichever is faster) measured
+once per machine and kept in a cache file (:func:`cached_cpu_peak_tflops`), so MFU compares
+between runs; the returned source says which, when it was measured and at what load.
 """
 from __future__ import annotations
 
+import json
 import os
+import platform
 import shutil
 import time
 from typing import Optional, Tuple
@@ -126,14 +129,79 @@ def measured_cpu_peak_tflops(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS
     return _MEASURED[key]
 
 
+#: environment variable naming the folder of naohai's per-machine cache (default ~/.cache/naohai)
+CACHE_DIR_VAR = "NAOHAI_CACHE_DIR"
+
+
+def cache_dir() -> str:
+    """``$NAOHAI_CACHE_DIR``, else ``$XDG_CACHE_HOME/naohai``, else ``~/.cache/naohai``."""
+    if os.environ.get(CACHE_DIR_VAR):
+        return os.environ[CACHE_DIR_VAR]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "naohai")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", "r", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(n: int = PEAK_MATMUL_N) -> str:
+    """What a cached CPU peak belongs to: host name, CPU model, usable cores, MindSpore version, size."""
+    import mindspore as ms
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{platform.node()} | {_cpu_model()} | {cores} cores | MindSpore {ms.__version__} | {n}^3 fp32"
+
+
+def cached_cpu_peak_tflops(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS) -> Tuple[float, str]:
+    """(peak TFLOP/s, source) of this machine: read from ``<cache_dir>/peak_tflops.json`` when this
+    :func:`machine_key` is there, else measured now (:func:`measured_cpu_peak_tflops`) and stored.
+    The source names the file, the date and the load average of the measurement; delete the entry
+    (or the file) to measure again, or set ``train.device_peak_tflops``."""
+    path = os.path.join(cache_dir(), "peak_tflops.json")
+    key = machine_key(n)
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            entries = json.load(fh)
+        if not isinstance(entries, dict):
+            entries = {}
+    except (OSError, ValueError):
+        entries = {}
+    entry = entries.get(key)
+    how = "cached"
+    if not (isinstance(entry, dict) and isinstance(entry.get("tflops"), (int, float)) and entry["tflops"] > 0):
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        entry = {"tflops": measured_cpu_peak_tflops(n, repeats), "measured": time.strftime("%Y-%m-%d %H:%M"),
+                 "load_average": round(load, 2)}
+        entries[key] = entry
+        how = "measured now"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(entries, fh, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except OSError as exc:
+            how = f"measured now, not cached ({exc.strerror or exc})"
+    source = (f"fp32 matmul peak of this machine ({n}^3, compiled MindSpore MatMul or NumPy BLAS, best of "
+              f"{repeats}), {how}: measured {entry.get('measured', '?')} at load average "
+              f"{entry.get('load_average', '?')}, kept in {path} (delete it to measure again)")
+    return float(entry["tflops"]), source
+
+
 def peak_tflops(device: str, compute_dtype: str, explicit: Optional[float] = None,
                 profile: Optional[str] = None) -> Tuple[float, str]:
     """(per-device peak TFLOP/s, where it comes from) for MFU."""
     if explicit:
         return float(explicit), "train.device_peak_tflops"
     if device == "CPU":
-        return measured_cpu_peak_tflops(), (f"measured fp32 matmul peak of this host ({PEAK_MATMUL_N}^3, "
-                                               f"compiled MindSpore MatMul or NumPy BLAS, best of {PEAK_REPEATS})")
+        return cached_cpu_peak_tflops()
     name = profile or (ascend_profile_name() if device == "Ascend" else None)
     if name:
         from naohai.strategy.profiles import load_profile
