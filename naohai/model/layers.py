@@ -21,6 +21,7 @@ on every backend; CPU runs are one-device runs.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Dict
 
@@ -38,7 +39,37 @@ def ms_dtype(name: str):
     return _DTYPES[name]
 
 
+class _Deferred:
+    on = False
+
+
+@contextlib.contextmanager
+def deferred_parameters():
+    """Build cells whose Parameters hold no data yet: each is an ``initializer`` (normal with the
+    description's std, zeros, ones) that MindSpore materialises only when asked -- at compile time, as
+    this rank's slice, or never (``AutoParallel.no_init_parameters_in_compile``).  Inside, MindSpore's
+    ``no_init_parameters`` (present in 2.10, deprecated after 2.9) keeps clones such as optimizer
+    moments lazy too.  For compile-only checks: the values are MindSpore's draws, not the numpy
+    RandomState's of an ordinary build."""
+    from mindspore.nn.utils import no_init_parameters
+    _Deferred.on = True
+    try:
+        with no_init_parameters():
+            yield
+    finally:
+        _Deferred.on = False
+
+
+def parameters_deferred() -> bool:
+    """Whether cells are being built inside :func:`deferred_parameters`."""
+    return _Deferred.on
+
+
 def _param(rng: np.random.RandomState, shape, std: float, name: str, kind: str = "normal") -> Parameter:
+    if _Deferred.on:
+        from mindspore.common.initializer import Normal, initializer
+        init = kind if kind in ("zeros", "ones") else Normal(sigma=std)
+        return Parameter(initializer(init, tuple(shape), ms.float32), name=name)
     if kind == "zeros":
         value = np.zeros(shape, np.float32)
     elif kind == "ones":

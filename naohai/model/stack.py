@@ -32,6 +32,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
+from mindspore.common.initializer import initializer
 
 from naohai.config import ModelConfig
 
@@ -79,8 +80,12 @@ class LayerStack(nn.Cell):
             *path, leaf = name.split(".")
             for part in path:
                 owner = getattr(owner, part)
-            value = np.stack([p[name].asnumpy() for p in per_layer])
-            setattr(owner, leaf, Parameter(Tensor(value), name=leaf))
+            first = per_layer[0][name]
+            if first.has_init:   # built inside deferred_parameters: stack the initializer, not data
+                value = initializer(first.init_mode.init, (len(layers), *first.shape), first.dtype)
+            else:
+                value = Tensor(np.stack([p[name].asnumpy() for p in per_layer]))
+            setattr(owner, leaf, Parameter(value, name=leaf))
         self.layer = template
         self.count = Tensor(len(layers), ms.int32)
 

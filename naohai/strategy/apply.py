@@ -456,6 +456,14 @@ def compile_parallel(cell, resolved, runtime: Runtime, *, train: bool):
     return parallel
 
 
+def skip_parameter_init_in_compile(network) -> None:
+    """A semi-auto graph built for a compile-only check: MindSpore initialises no parameter slice while
+    compiling it (``AutoParallel.no_init_parameters_in_compile``), so host memory holds none."""
+    from mindspore.parallel.auto_parallel import AutoParallel
+    if isinstance(network, AutoParallel):
+        network.no_init_parameters_in_compile()
+
+
 def describe(resolved, runtime: Runtime) -> str:
     """One line for the run log: how this layout runs."""
     if runtime.mode == "standalone":

@@ -61,7 +61,7 @@ def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, timeout:
     if ranks is None:
         ranks = check_strategy(load_strategy(strategy_path), recipe).device_num
     kwargs = {"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy_path).resolve()),
-              "overrides": []}
+              "overrides": [], "deferred": not save_slices}
     return run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=timeout,
                        kwargs=kwargs, keep_ir=keep_ir, save_slices=save_slices,
                        ir_check={"stages": stages, "clip": recipe.train.grad_clip > 0})
@@ -83,11 +83,16 @@ def resolve_for_compile(recipe_path: str, strategy_path: str, overrides: Sequenc
 
 def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
                       portable: bool = True, op_overrides: Optional[Dict[str, Any]] = None,
-                      check_compat: bool = True, device: str = "GPU") -> List[Tuple[str, Any, Tuple[Any, ...]]]:
+                      check_compat: bool = True, device: str = "GPU",
+                      deferred: bool = False) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
     """Build naohai's steps for this rank, as ``naohai train`` does; returns the graphs to compile,
     ``[(name, network, compile_args), ...]`` in the order training runs them (train, then eval).
 
-    Call after ``set_device`` and communication ``init()`` (the worker does both).
+    ``deferred`` builds every Parameter unmaterialised (:func:`naohai.model.layers.deferred_parameters`)
+    and has MindSpore initialise none while compiling, so host memory is bounded by the compile, not
+    by the model (a 200B model's float32 state is about 800 GB); the slices then hold no values, so
+    ``--save-slices`` builds eagerly.  Call after ``set_device`` and communication ``init()`` (the
+    worker does both).
     """
     if not portable:
         from naohai.errors import UserError
@@ -103,5 +108,11 @@ def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[
             table[name] = tuple(tuple(int(d) for d in dims) for dims in strat)
         resolved = dataclasses.replace(resolved, op_strategy=table)
     runtime = strategy_apply.init_runtime(resolved, device)
-    built = build(recipe, resolved, runtime)
-    return built.steps.compile_targets()
+    if not deferred:
+        return build(recipe, resolved, runtime).steps.compile_targets()
+    from naohai.model.layers import deferred_parameters
+    with deferred_parameters():
+        targets = build(recipe, resolved, runtime).steps.compile_targets()
+    for _, network, _ in targets:
+        strategy_apply.skip_parameter_init_in_compile(network)
+    return targets

@@ -231,8 +231,12 @@ class ApplyStep(_Finish):
 
 
 def make_buffers(weights) -> ms.ParameterTuple:
+    """Float32 gradient-accumulation buffers, zeros (``initializer``-made, so they stay unmaterialised
+    inside :func:`naohai.model.layers.deferred_parameters`)."""
+    from mindspore.common.initializer import initializer
     return ms.ParameterTuple(
-        Parameter(ops.zeros(w.shape, ms.float32), name=f"accum.{w.name}", requires_grad=False) for w in weights)
+        Parameter(initializer("zeros", w.shape, ms.float32), name=f"accum.{w.name}", requires_grad=False)
+        for w in weights)
 
 
 class EvalStep(nn.Cell):
