@@ -189,9 +189,10 @@ class CachedDecoder:
         return out
 
 
-def load_model(checkpoint: str):
+def load_model(checkpoint: str, verify: bool = True):
     """(recipe, NaohaiLM with the checkpoint's weights, checkpoint folder or None, step or None): an
-    imported model folder, or a trained run.
+    imported model folder, or a trained run (its checkpoint's sizes and SHA-256 verified first;
+    ``verify=False`` checks sizes only).
 
     The one place generation reads weights, so the trainer's checkpoint store can replace it.
     """
@@ -210,8 +211,8 @@ def load_model(checkpoint: str):
     state = ckpt.read_manifest(path)
     recipe = recipe_from_dict(state["recipe"], where=os.path.join(path, ckpt.MANIFEST))
     model = NaohaiLM(recipe.model, seed=0)
-    ckpt.load_weights(path, list(model.get_parameters()))
-    return recipe, model, path, int(state["step"])
+    ckpt.load_weights(path, list(model.get_parameters()), hash_files=verify)
+    return recipe, model, path, int(state.get("step", 0))
 
 
 def tokenizer_path(recipe, checkpoint: str, path: Optional[str]) -> str:
@@ -226,7 +227,7 @@ def tokenizer_path(recipe, checkpoint: str, path: Optional[str]) -> str:
 
 
 class Generator:
-    def __init__(self, checkpoint: str, device: Optional[str] = None):
+    def __init__(self, checkpoint: str, device: Optional[str] = None, verify: bool = True):
         import mindspore as ms
 
         from naohai.data.tokenizer import Tokenizer
@@ -234,7 +235,7 @@ class Generator:
 
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
-        recipe, self.model, path, self.step = load_model(checkpoint)
+        recipe, self.model, path, self.step = load_model(checkpoint, verify=verify)
         self.tokenizer = Tokenizer.load(tokenizer_path(recipe, checkpoint, path))
         self.cfg = recipe.model
         self.model.set_train(False)

@@ -29,6 +29,7 @@ import numpy as np
 from naohai.checkpoint import store
 from naohai.checkpoint.files import sha256_file, write_json
 from naohai.errors import UserError
+from naohai.runfiles import check_writable, temp_dir_beside
 
 
 def merged_strategy(strategy_dir: str, world: int, stages: int, out_file: str) -> str:
@@ -88,25 +89,23 @@ def _rank_files(ckpt: str) -> Dict[int, str]:
 
 
 def reshard_checkpoint(src: str, out: str, dst_strategy_dir: Optional[str] = None,
-                       dst_layout: Optional[Dict[str, Any]] = None) -> str:
+                       dst_layout: Optional[Dict[str, Any]] = None, hash_files: bool = True) -> str:
     """Write checkpoint ``src`` for another layout as a new naohai checkpoint folder ``out``.
 
     ``dst_strategy_dir`` holds the destination's per-rank strategy files (from its own
     compile, e.g. ``naohai check --compile``'s ``rank_<r>/strategy.ckpt`` gathered as
     ``rank_<r>.ckpt``) and ``dst_layout`` its manifest layout record; both None = merge to
     full tensors (one ``rank_0.ckpt``, usable by one device, data parallel and ``generate``).
+    ``src`` is verified first (sizes and SHA-256; ``hash_files=False`` checks sizes only); the new
+    folder is written in a uniquely named temporary folder beside ``out`` and renamed into place.
     """
-    verdict = store.verify(src)
-    if not verdict.ok:
-        raise UserError(f"does not verify: {verdict.reason()}", where=src)
-    if os.path.exists(out):
+    man = store.verified(src, hash_files=hash_files)
+    if os.path.lexists(out):
         raise UserError("already exists; choose a new folder (nothing is overwritten)", where=out)
-    man = store.read_manifest(src)
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    check_writable(os.path.dirname(os.path.abspath(out)), key="--out")
+    tmp = temp_dir_beside(out)          # a new, unique name: never a folder of the user's
     try:
-        with tempfile.TemporaryDirectory(prefix="naohai-reshard-", dir=os.path.dirname(os.path.abspath(out))) as work:
+        with tempfile.TemporaryDirectory(prefix=".naohai-reshard-", dir=os.path.dirname(os.path.abspath(out))) as work:
             src_strategy = checkpoint_strategy(src, os.path.join(work, "src_strategy.ckpt"))
             dst_strategy = None
             if dst_strategy_dir is not None:
@@ -139,43 +138,54 @@ def reshard_checkpoint(src: str, out: str, dst_strategy_dir: Optional[str] = Non
         new = dict(man, layout=layout, files=entries,
                    resharded_from={"path": os.path.abspath(src), "layout": man.get("layout")})
         write_json(os.path.join(tmp, store.MANIFEST), new)
-        os.replace(tmp, out)
+        if os.path.lexists(out):
+            raise UserError("appeared while it was being written; nothing is overwritten", where=out)
+        os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def merged_tensors(ckpt: str) -> Dict[str, Any]:
-    """Full tensors of any naohai checkpoint (sharded ones are merged in a temporary folder)."""
-    man = store.read_manifest(ckpt)
+def merged_tensors(ckpt: str, hash_files: bool = True) -> Dict[str, Any]:
+    """Full tensors of any naohai checkpoint, verified first (sharded ones are merged in a temporary
+    folder)."""
+    man = store.verified(ckpt, hash_files=hash_files)
     if (man.get("layout") or {}).get("signature", "full") == "full":
         return ms.load_checkpoint(os.path.join(ckpt, store.rank_file(0)))
     with tempfile.TemporaryDirectory(prefix="naohai-merge-") as work:
-        out = reshard_checkpoint(ckpt, os.path.join(work, "merged"))
+        out = reshard_checkpoint(ckpt, os.path.join(work, "merged"), hash_files=hash_files)
         return ms.load_checkpoint(os.path.join(out, store.rank_file(0)))
 
 
-def model_weights(ckpt: str):
-    """(recipe, {naohai parameter name: full float32 array}) of a checkpoint's model (no optimizer state)."""
+def model_weights(ckpt: str, hash_files: bool = True):
+    """(recipe, {naohai parameter name: full float32 array}) of a checkpoint's model (no optimizer state),
+    after verifying the checkpoint."""
     from naohai.config import recipe_from_dict
     from naohai.model.params import param_shapes
     man = store.read_manifest(ckpt)
+    if not isinstance(man.get("recipe"), dict):
+        raise UserError("integrity error: the manifest records no recipe", where=ckpt, key="recipe")
     recipe = recipe_from_dict(man["recipe"], where=os.path.join(ckpt, store.MANIFEST))
     model_names = {p.name for p in param_shapes(recipe.model)}
-    tensors = merged_tensors(ckpt)
+    tensors = merged_tensors(ckpt, hash_files=hash_files)
     return recipe, {k: v.asnumpy().astype(np.float32) for k, v in tensors.items() if k in model_names}
 
 
-def export_safetensors(ckpt: str, out_file: str) -> List[str]:
-    """The full model of a checkpoint as one safetensors file; returns the tensor names written."""
-    _, tensors = model_weights(ckpt)
-    if os.path.exists(out_file):
+def export_safetensors(ckpt: str, out_file: str, hash_files: bool = True) -> List[str]:
+    """The full model of a verified checkpoint as one safetensors file (written in a unique temporary
+    folder beside ``out_file``, then renamed; an existing file is never overwritten); returns the
+    tensor names written."""
+    _, tensors = model_weights(ckpt, hash_files=hash_files)
+    if os.path.lexists(out_file):
         raise UserError("already exists (nothing is overwritten)", where=out_file)
-    base = out_file[:-len(".safetensors")] if out_file.endswith(".safetensors") else out_file
-    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in sorted(tensors.items())], base,
-                       format="safetensors")
-    written = base + ".safetensors"
-    if written != out_file:
-        os.replace(written, out_file)
+    work = temp_dir_beside(out_file)
+    try:
+        ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in sorted(tensors.items())],
+                           os.path.join(work, "model"), format="safetensors")
+        if os.path.lexists(out_file):
+            raise UserError("appeared while it was being written; nothing is overwritten", where=out_file)
+        os.rename(os.path.join(work, "model.safetensors"), out_file)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return sorted(tensors)

@@ -70,6 +70,8 @@ def list_checkpoints(output_dir: str) -> List[str]:
 
 
 def read_manifest(path: str) -> Dict[str, Any]:
+    """The manifest of checkpoint folder ``path``, its fields' types and file names checked
+    (:func:`check_manifest`): anything else is an integrity error (:class:`UserError`, exit 2)."""
     file = os.path.join(path, MANIFEST)
     try:
         with open(file, "r", encoding="utf-8") as fh:
@@ -80,7 +82,63 @@ def read_manifest(path: str) -> Dict[str, Any]:
         raise UserError(f"cannot read the manifest: {exc}", where=file) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(f"is not a {FORMAT} manifest", where=file)
+    check_manifest(data, file)
     return data
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def contained_name(name: Any) -> bool:
+    """A manifest file name that stays inside its checkpoint folder: relative, forward slashes,
+    no ``..``, ``.`` or empty parts (symbolic links are checked on disk by :func:`verify`)."""
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name or "\0" in name:
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def check_manifest(man: Dict[str, Any], where: str) -> None:
+    """Refuse a manifest whose fields have the wrong types or whose file names leave the folder."""
+    def bad(key: str, rule: str) -> None:
+        raise UserError(f"integrity error: {rule}; the manifest is damaged or was not written by naohai",
+                        where=where, key=key)
+    if "step" in man and (not _is_int(man["step"]) or man["step"] < 0):
+        bad("step", f"must be a whole number >= 0, got {man['step']!r}")
+    files = man.get("files", {})
+    if not isinstance(files, dict):
+        bad("files", f"must be a mapping of file name -> entry, got {type(files).__name__}")
+    for name, entry in files.items():
+        if not contained_name(name):
+            bad("files", f"file name {name!r} leaves the checkpoint folder (absolute, '..' or empty parts)")
+        if not isinstance(entry, dict):
+            bad(f"files.{name}", f"must be a mapping with sha256 and bytes, got {type(entry).__name__}")
+        if not isinstance(entry.get("sha256"), str) or not _HEX64.match(entry["sha256"]):
+            bad(f"files.{name}.sha256", f"must be 64 hexadecimal digits, got {entry.get('sha256')!r}")
+        if not _is_int(entry.get("bytes")) or entry["bytes"] < 0:
+            bad(f"files.{name}.bytes", f"must be a whole number >= 0, got {entry.get('bytes')!r}")
+    for key in ("layout", "recipe", "data", "identity"):
+        if key in man and man[key] is not None and not isinstance(man[key], dict):
+            bad(key, f"must be a mapping, got {type(man[key]).__name__}")
+    layout = man.get("layout") or {}
+    ranks = layout.get("ranks_with_files", [])
+    if not isinstance(ranks, list) or not all(_is_int(r) and r >= 0 for r in ranks):
+        bad("layout.ranks_with_files", f"must be a list of rank numbers, got {ranks!r}")
+    for key in ("world", "stages"):
+        if key in layout and (not _is_int(layout[key]) or layout[key] < 1):
+            bad(f"layout.{key}", f"must be a whole number >= 1, got {layout[key]!r}")
+    if "signature" in layout and not isinstance(layout["signature"], str):
+        bad("layout.signature", f"must be a string, got {layout['signature']!r}")
+
+
+def inside(folder: str, name: str) -> Optional[str]:
+    """The real path of ``folder/name`` if it resolves inside ``folder`` (symbolic links followed), else None."""
+    root = os.path.realpath(folder)
+    full = os.path.realpath(os.path.join(folder, name))
+    return full if full.startswith(root + os.sep) else None
 
 
 def versions() -> Dict[str, str]:
@@ -118,12 +176,14 @@ def _model_dict(recipe_dict: Dict[str, Any]) -> Dict[str, Any]:
 
 def verify(path: str, model: Optional[Dict[str, Any]] = None, files: Optional[Sequence[str]] = None,
            hash_files: bool = True) -> Verdict:
-    """Check a checkpoint folder: manifest, model (if given), and the listed files (all if None)."""
+    """Check a checkpoint folder: manifest, model (if given), and the listed files (all if None): each
+    must be in the manifest, resolve inside the folder (no symbolic link out), and have the size and
+    (unless ``hash_files`` is False) the SHA-256 the manifest records."""
     v = Verdict(path, True)
     try:
         man = read_manifest(path)
     except UserError as exc:
-        return Verdict(path, False, [exc.message])
+        return Verdict(path, False, [exc.message if not exc.key else f"key '{exc.key}': {exc.message}"])
     if model is not None:
         saved = _model_dict(man.get("recipe") or {})
         diff = sorted(k for k in set(saved) | set(model) if saved.get(k) != model.get(k))
@@ -137,8 +197,14 @@ def verify(path: str, model: Optional[Dict[str, Any]] = None, files: Optional[Se
             v.problems.append(f"{name} is not in the manifest (a rank missing)")
             continue
         full = os.path.join(path, name)
-        if not os.path.exists(full):
+        if not os.path.lexists(full):
             v.problems.append(f"{name} is missing")
+            continue
+        if inside(path, name) is None:
+            v.problems.append(f"{name} resolves outside the checkpoint folder (a symbolic link out)")
+            continue
+        if not os.path.isfile(full):
+            v.problems.append(f"{name} is not a regular file")
             continue
         size = os.path.getsize(full)
         if size != entry.get("bytes"):
@@ -146,11 +212,38 @@ def verify(path: str, model: Optional[Dict[str, Any]] = None, files: Optional[Se
             continue
         if hash_files and sha256_file(full) != entry.get("sha256"):
             v.problems.append(f"{name} does not match its SHA-256 (corrupted)")
-    for rank in man.get("layout", {}).get("ranks_with_files", []):
+    for rank in (man.get("layout") or {}).get("ranks_with_files", []):
         if rank_file(rank) not in entries:
             v.problems.append(f"rank {rank}'s file is not in the manifest (a rank missing)")
     v.ok = not v.problems
     return v
+
+
+def verified(path: str, files: Optional[Sequence[str]] = None, hash_files: bool = True) -> Dict[str, Any]:
+    """The manifest of ``path`` after :func:`verify` passed (``hash_files`` False: sizes only, the
+    readers' --no-verify); an integrity error (:class:`UserError`, exit 2) otherwise."""
+    v = verify(path, None, files, hash_files=hash_files)
+    if not v.ok:
+        raise UserError(f"does not verify: {v.reason()} (naohai ckpt verify {path} checks every file)", where=path)
+    return read_manifest(path)
+
+
+def identity_difference(saved: Dict[str, Any], mine: Dict[str, Any]) -> List[str]:
+    """What differs between the identity (model, tokenizer, data) a checkpoint's manifest records and
+    this run's; a checkpoint from before identities were recorded is compared on its model only."""
+    diff = []
+    old_model = _model_dict(saved.get("recipe") or {})
+    new_model = dict(mine.get("model") or {})
+    for k in sorted(set(old_model) | set(new_model)):
+        if old_model.get(k) != new_model.get(k):
+            diff.append(f"model.{k}: {old_model.get(k)!r} in the checkpoint, {new_model.get(k)!r} now")
+    old_id = saved.get("identity") or {}
+    for k in ("tokenizer_sha256", "data"):
+        if k in old_id and k in mine and old_id[k] != mine[k]:
+            label = "tokenizer (SHA-256 of its model file)" if k.startswith("tokenizer") else \
+                "prepared data (corpus, holdout, seed)"
+            diff.append(f"{label}: {str(old_id[k])[:16]}... in the checkpoint, {str(mine[k])[:16]}... now")
+    return diff
 
 
 # --------------------------------------------------------------------------- the store
@@ -335,15 +428,24 @@ class CheckpointStore:
                 shutil.rmtree(path, ignore_errors=True)
 
     # ---- resuming
-    def select(self, model: Dict[str, Any], needed: Callable[[Dict[str, Any]], List[str]],
+    def select(self, identity: Dict[str, Any], needed: Callable[[Dict[str, Any]], List[str]],
                explicit: Optional[str] = None, log: Callable[[str], None] = print) -> Optional[str]:
         """The newest checkpoint that verifies on every rank (or ``explicit``, which must verify).
 
-        ``needed(manifest)`` names the files this rank must read from that checkpoint.
+        ``identity`` is this run's (``model``, ``tokenizer_sha256``, ``data``); a checkpoint of another
+        identity is refused (:class:`UserError`, exit 2, naming the difference), never skipped:
+        starting over would overwrite it.  ``needed(manifest)`` names the files this rank must read.
         """
         candidates = [explicit] if explicit else list(reversed(list_checkpoints(self.output_dir)))
         for path in candidates:
-            verdict = self._verify_for_me(path, model, needed)
+            verdict, other = self._verify_for_me(path, identity, needed)
+            if other:
+                raise UserError(
+                    "holds checkpoints of another run: " + "; ".join(other[:6]) + ". A run folder belongs to "
+                    "one model and data; resume with the settings it was trained with, choose another "
+                    "train.output_dir (train.init_from starts a new run from these weights), or pass "
+                    "--no-resume to start over (the old checkpoints are moved aside, not deleted)",
+                    where=path, key="--resume-from" if explicit else None)
             if self.all_ok(verdict.ok):
                 return path
             if explicit:
@@ -353,16 +455,20 @@ class CheckpointStore:
                                                    "another rank found a problem with its files"))
         return None
 
-    def _verify_for_me(self, path: str, model: Dict[str, Any], needed) -> Verdict:
+    def _verify_for_me(self, path: str, identity: Dict[str, Any], needed):
+        """(verdict, differences of identity) of ``path`` for this rank."""
         try:
             man = read_manifest(path)
         except UserError as exc:
-            return Verdict(path, False, [exc.message])
+            return Verdict(path, False, [exc.message]), []
+        other = identity_difference(man, identity)
+        if other:
+            return Verdict(path, False, other), other
         try:
             files = needed(man)
         except UserError as exc:
-            return Verdict(path, False, [exc.message])
-        return verify(path, model, files)
+            return Verdict(path, False, [exc.message]), []
+        return verify(path, None, files), []
 
 
 def load_into(path: str, files: Sequence[str], params: Sequence[ms.Parameter],
@@ -391,14 +497,13 @@ def load_into(path: str, files: Sequence[str], params: Sequence[ms.Parameter],
     return missing
 
 
-def load_weights(path: str, params: Sequence[ms.Parameter]) -> Dict[str, Any]:
-    """Load full model weights (e.g. for generation) from a checkpoint folder; returns its manifest."""
+def load_weights(path: str, params: Sequence[ms.Parameter], hash_files: bool = True) -> Dict[str, Any]:
+    """Load full model weights (e.g. for generation) from a checkpoint folder after verifying it;
+    returns its manifest."""
     man = read_manifest(path)
-    if man.get("layout", {}).get("signature") != "full":
-        raise UserError(f"holds per-rank slices of a {man.get('layout', {}).get('describe')} layout; merge it into "
-                        f"full tensors first: naohai ckpt merge {path} --out DIR", where=path)
-    v = verify(path, None, [rank_file(0)])
-    if not v.ok:
-        raise UserError(f"does not verify: {v.reason()}", where=path)
+    if (man.get("layout") or {}).get("signature") != "full":
+        raise UserError(f"holds per-rank slices of a {(man.get('layout') or {}).get('describe')} layout; merge it "
+                        f"into full tensors first: naohai ckpt merge {path} --out DIR", where=path)
+    verified(path, [rank_file(0)], hash_files=hash_files)
     load_into(path, [rank_file(0)], params)
     return man

@@ -37,6 +37,8 @@ def register(sub) -> None:
     a = actions.add_parser("merge", help="merge a sharded checkpoint into full tensors")
     a.add_argument("checkpoint")
     a.add_argument("--out", required=True, help="new checkpoint folder")
+    a.add_argument("--no-verify", action="store_true",
+                   help="skip the SHA-256 check of the source's files (sizes are still checked)")
     a = actions.add_parser("reshard", help="move a checkpoint to another strategy")
     a.add_argument("checkpoint")
     a.add_argument("overrides", nargs="*", help="recipe overrides for the destination, e.g. train.micro_batch_size=2")
@@ -46,6 +48,8 @@ def register(sub) -> None:
     a.add_argument("--compiled", metavar="WORKDIR",
                    help="workdir of a `naohai check --compile` of the destination (skips compiling here)")
     a.add_argument("--timeout", type=float, default=1800.0, help="seconds for the destination compile")
+    a.add_argument("--no-verify", action="store_true",
+                   help="skip the SHA-256 check of the source's files (sizes are still checked)")
     allow_intermixed(a)
     a = actions.add_parser("import", help="published reference checkpoint -> imported model folder")
     a.add_argument("src", help="a .ckpt file, a folder with one .ckpt (+ the .npy embedding tables), or a "
@@ -61,6 +65,8 @@ def register(sub) -> None:
     a.add_argument("--format", "--to", dest="format", choices=("safetensors",) + FORMATS, default="safetensors",
                    help="safetensors (naohai names) or a reference checkpoint layout (.ckpt); --to is the same")
     a.add_argument("--out", required=True, help="output file")
+    a.add_argument("--no-verify", action="store_true",
+                   help="skip the SHA-256 check of the source's files (sizes are still checked)")
     p.set_defaults(run=run)
 
 
@@ -96,6 +102,9 @@ def _inspect(args, path) -> int:
     print(f"  files: {len(files)}, {sum(int(e.get('bytes', 0)) for e in files.values()) / 1e6:.2f} MB")
     for rank in layout.get("ranks_with_files") or [0]:
         name = store.rank_file(int(rank))
+        if store.inside(path, name) is None:
+            raise UserError(f"integrity error: {name} resolves outside the checkpoint folder (a symbolic link "
+                            f"out); not read", where=path)
         tensors = ms.load_checkpoint(os.path.join(path, name))
         n = sum(int(v.size) for v in tensors.values())
         print(f"  {name}: {len(tensors)} tensors, {n:,} values")
@@ -125,7 +134,7 @@ def _verify(args, path) -> int:
 
 def _merge(args, path) -> int:
     from naohai.checkpoint.reshard import reshard_checkpoint
-    out = reshard_checkpoint(path, args.out)
+    out = reshard_checkpoint(path, args.out, hash_files=not args.no_verify)
     print(f"merged {path} -> {out} (full tensors; usable by one device, data parallel, generate)")
     return 0
 
@@ -134,7 +143,7 @@ def _reshard(args, path) -> int:
     from naohai.checkpoint import store
     from naohai.checkpoint.reshard import reshard_checkpoint
     from naohai.config import recipe_from_dict
-    if os.path.exists(args.out):
+    if os.path.lexists(args.out):
         raise UserError("already exists; choose a new folder (nothing is overwritten)", where=args.out, key="--out")
     man = store.read_manifest(path)
     work = Path(tempfile.mkdtemp(prefix="naohai-reshard-"))
@@ -160,9 +169,9 @@ def _reshard(args, path) -> int:
                     raise UserError(f"has no rank_{r}/strategy.ckpt: not a compile of this strategy",
                                     where=str(compiled), key="--compiled")
                 shutil.copyfile(src, strategy_dir / store.rank_file(r))
-            out = reshard_checkpoint(path, args.out, str(strategy_dir), layout)
+            out = reshard_checkpoint(path, args.out, str(strategy_dir), layout, hash_files=not args.no_verify)
         else:
-            out = reshard_checkpoint(path, args.out)
+            out = reshard_checkpoint(path, args.out, hash_files=not args.no_verify)
         print(f"resharded {path} -> {out} for {layout['describe']}")
         return 0
     finally:
@@ -196,14 +205,14 @@ def _import(args) -> int:
 
 def _export(args, path) -> int:
     """``path`` is a naohai checkpoint folder, or None for an imported model folder (args.checkpoint)."""
-    if os.path.exists(args.out):
+    if os.path.lexists(args.out):
         raise UserError("already exists; exporting never overwrites a file", where=args.out, key="--out")
     if args.format == "safetensors":
         if path is None:
             raise UserError("safetensors export reads a trained checkpoint; an imported model folder already "
                             "holds model.ckpt with naohai's names", where=args.checkpoint)
         from naohai.checkpoint.reshard import export_safetensors
-        names = export_safetensors(path, args.out)
+        names = export_safetensors(path, args.out, hash_files=not args.no_verify)
         print(f"exported {len(names)} model tensors of {path} -> {args.out} (safetensors)")
         return 0
     from naohai.convert.files import write_ckpt
@@ -213,8 +222,17 @@ def _export(args, path) -> int:
         recipe, weights = load_model_dir(args.checkpoint)
     else:
         from naohai.checkpoint.reshard import model_weights
-        recipe, weights = model_weights(path)
+        recipe, weights = model_weights(path, hash_files=not args.no_verify)
     tensors = to_reference(weights, recipe.model, args.format)
-    write_ckpt(tensors, args.out)
+    from naohai.runfiles import temp_dir_beside
+    work = temp_dir_beside(args.out)
+    try:
+        write_ckpt(tensors, os.path.join(work, "model.ckpt"))
+        if os.path.lexists(args.out):
+            raise UserError("appeared while it was being written; exporting never overwrites a file",
+                            where=args.out, key="--out")
+        os.rename(os.path.join(work, "model.ckpt"), args.out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     print(f"exported {len(tensors)} tensors -> {args.out} ({args.format} names and layouts)")
     return 0

@@ -19,6 +19,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"), default="auto",
                    help="device (default auto = Ascend, else GPU, else CPU)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the SHA-256 check of the checkpoint's files (sizes are still checked)")
     p.set_defaults(run=run)
 
 
@@ -33,7 +35,7 @@ def run(args) -> int:
     cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
                          args.frequency_penalty, args.presence_penalty)
     cfg.validate()
-    gen = Generator(args.checkpoint, device=args.device)
+    gen = Generator(args.checkpoint, device=args.device, verify=not args.no_verify)
     if args.stream:
         sys.stdout.write(prompts[0])
         gen.generate_batch(prompts, cfg, stream=lambda _row, text: (sys.stdout.write(text), sys.stdout.flush()))

@@ -38,8 +38,14 @@ def run(args) -> int:
         recipe, resolved = validated_run(recipe, args.strategy)
     result = train(recipe, resolved, resume=not args.no_resume, resume_from=args.resume_from,
                    max_steps=args.max_steps, device=args.device)
-    if result.evals and result.is_writer:
-        first, last = min(result.evals), max(result.evals)
-        print(f"done: {result.steps_done} steps; held-out loss {result.evals[first]:.4f} (step {first}) -> "
-              f"{result.evals[last]:.4f} (step {last}); output in {result.output_dir}")
+    if result.is_writer:
+        # the whole run's held-out losses (earlier invocations included), not only this invocation's
+        from naohai.train.metrics import read_metrics
+        evals = {int(r["step"]): float(r["loss"]) for r in read_metrics(result.output_dir)
+                 if r.get("split") == "valid" and "loss" in r}
+        evals.update(result.evals)
+        if evals:
+            first, last = min(evals), max(evals)
+            print(f"done: {result.steps_done} steps; held-out loss {evals[first]:.4f} (step {first}) -> "
+                  f"{evals[last]:.4f} (step {last}); output in {result.output_dir}")
     return 0

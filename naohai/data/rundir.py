@@ -6,6 +6,8 @@ plan is unchanged, and with ``restart`` discards the work and outputs of one who
 the same kind.  It refuses, with a :class:`UserError` naming ``--out``: a file, a non-empty
 folder that holds no run, a run of another kind, and a changed plan without ``restart``.
 Nothing is removed unless the folder holds a run of the same kind and ``restart`` is set.
+The folder is locked for the life of the process (:func:`naohai.runfiles.lock_folder`): a
+second run on it exits 2 naming the first one.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import shutil
 from typing import Any, Callable, Dict
 
 from naohai.errors import UserError
+from naohai.runfiles import LOCK_NAME, lock_folder
 
 WORK = ".work"
 REPORT = "report.json"
@@ -53,9 +56,11 @@ def prepare_run_dir(out_dir: str, plan: Dict[str, Any], restart: bool, command: 
     plan_path = os.path.join(work, "plan.json")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError("is a file, not a directory", where=out_dir, key="--out")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.exists(plan_path):
+    if os.path.isdir(out_dir) and set(os.listdir(out_dir)) - {LOCK_NAME} and not os.path.exists(plan_path):
         raise UserError(f"is not empty and holds no `{command}` run; choose a new --out directory "
                         "(nothing there is replaced)", where=out_dir, key="--out")
+    # one job per folder from here on (held until the process ends; the writable check comes first)
+    lock_folder(out_dir, f"`{command}` run", key="--out")
     if os.path.exists(plan_path):
         with open(plan_path, "r", encoding="utf-8") as fh:
             old = json.load(fh)

@@ -63,6 +63,10 @@ class MetricsFiles:
         if trainer.writer:
             from naohai.train.metrics import RunLog
             self.run_log = RunLog(self.output_dir)
+            dropped = self.run_log.keep_until(trainer.step)
+            if dropped:
+                trainer.log(f"metrics.jsonl: {dropped} rows after step {trainer.step} dropped (those steps run "
+                            f"again from the checkpoint)")
 
     def on_step(self, trainer, rec: Dict[str, float]) -> None:
         if self.run_log is not None and ("tokens_per_s" in rec or not rec["applied"]):

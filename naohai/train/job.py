@@ -24,6 +24,7 @@ import mindspore as ms
 from naohai.checkpoint.store import CheckpointStore
 from naohai.config import Recipe
 from naohai.errors import UserError
+from naohai.runfiles import check_writable, lock_folder
 from naohai.strategy import apply as strategy_apply
 from naohai.train.builder import build
 from naohai.train.callbacks import ConsoleLog, LossPlot, MetricsFiles
@@ -79,6 +80,32 @@ def adopt_token_ids(recipe: Recipe, prepared_dir: str, log) -> Recipe:
         if before != after:
             log(f"model.{key}: {before} -> {after} (the tokenizer's id for the same role)")
     return dataclasses.replace(recipe, model=model)
+
+
+def claim_output_dir(out: str, runtime: strategy_apply.Runtime, comm, where: Optional[str]) -> None:
+    """Rank 0 checks the run folder is writable and locks it for the life of the job (one job per
+    folder, :func:`naohai.runfiles.lock_folder`); every rank learns whether it succeeded."""
+    error = None
+    if runtime.rank == 0:
+        try:
+            lock_folder(out, "training run", key="train.output_dir")
+        except UserError as exc:
+            error = exc
+    if not comm.all_ok(error is None):
+        raise error or UserError("rank 0 could not claim the output folder (see its log)", where=out,
+                                 key="train.output_dir")
+    if runtime.rank != 0:
+        check_writable(out, key="train.output_dir")
+
+
+def run_identity(recipe: Recipe, prepared_dir: str) -> Dict[str, Any]:
+    """What a run folder's checkpoints belong to: the model, the tokenizer (SHA-256 of its file) and the
+    prepared data (corpus fingerprint, holdout, seed, sequence length).  Resuming needs all three equal."""
+    from naohai.data.prepare import load_prepared
+    meta = load_prepared(prepared_dir, verify=False).meta
+    data = {k: meta.get(k) for k in ("source", "holdout_fraction", "seed", "seq_length")}
+    return {"model": recipe.to_dict()["model"], "tokenizer_sha256": (meta.get("tokenizer") or {}).get("sha256"),
+            "data": hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()}
 
 
 def layout_for(resolved) -> Dict[str, Any]:
@@ -152,7 +179,7 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     writer_log = log if runtime.is_writer else (lambda *_: None)
     comm = strategy_apply.HostComm(runtime)
     out = recipe.train.output_dir
-    os.makedirs(out, exist_ok=True)
+    claim_output_dir(out, runtime, comm, where=recipe.source)
     prepared_dir = prepare_data(recipe, runtime, comm, writer_log, progress and runtime.is_writer)
     recipe = adopt_token_ids(recipe, prepared_dir, writer_log)
     strategy_file = None
@@ -167,7 +194,7 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     if runtime.is_writer:
         write_run_files(recipe, resolved, out)
     info = layout_info(resolved, runtime)
-    manifest = {"recipe": recipe.to_dict(), "seed": t.seed, "layout": info,
+    manifest = {"recipe": recipe.to_dict(), "seed": t.seed, "layout": info, "identity": run_identity(recipe, prepared_dir),
                 "strategy": None if resolved is None else {"name": resolved.name, "source": resolved.source,
                                                            "text": _strategy_text(resolved)}}
     store = CheckpointStore(out, runtime.rank, runtime.world, writes=runtime.rank in info["ranks_with_files"],
@@ -183,4 +210,6 @@ def train(recipe: Recipe, resolved=None, *, resume: bool = True, resume_from: Op
     trainer = start(recipe, resolved, **kwargs)
     if resume or resume_from:
         trainer.resume(resume_from)
+    else:
+        trainer.start_over()
     return trainer.run()

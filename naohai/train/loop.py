@@ -30,6 +30,10 @@ from naohai.config import Recipe
 from naohai.errors import UserError
 
 
+#: what ``--no-resume`` moves aside: the files of a run that a new run at step 0 would replace
+SUPERSEDED_FILES = ("checkpoints", "resharded", "metrics.jsonl", "tensorboard", "loss.png")
+
+
 class TrainingStopped(UserError):
     """The run stopped itself (too many skipped steps); a checkpoint was written first."""
 
@@ -124,7 +128,7 @@ class Trainer:
         of another layout is resharded for this one first (MindSpore's checkpoint transform)."""
         self.steps.compile()      # semi-auto parameters are sliced by the compile: load after it
         self.comm.barrier()       # ... and every rank's strategy file is written
-        chosen = self.store.select(self.recipe.to_dict()["model"], self._needed_files, explicit=path, log=self.log)
+        chosen = self.store.select(self.manifest["identity"], self._needed_files, explicit=path, log=self.log)
         if chosen is None:
             return False
         man = ckpt_store.read_manifest(chosen)
@@ -135,6 +139,17 @@ class Trainer:
         self.loader.load_state_dict(man["data"]["loader"])
         self.log(f"resumed from {chosen} at step {self.step} (loss scale {self.built.loss_scale():.0f})")
         return True
+
+    def start_over(self) -> None:
+        """``--no-resume``: step 0 in a folder that may hold an earlier run.  Rank 0 moves that run's
+        checkpoints, metrics and plots into a new ``superseded-<time>`` folder inside the run folder
+        (nothing deleted, nothing overwritten)."""
+        from naohai.runfiles import move_into_new_folder
+        if self.runtime.rank == 0:
+            dest = move_into_new_folder(self.out, SUPERSEDED_FILES, "superseded")
+            if dest:
+                self.log(f"--no-resume: the previous run's files are kept in {dest}")
+        self.comm.barrier()
 
     def save(self, wait: bool = False) -> Optional[str]:
         """Checkpoint the current step.  With ``train.async_save`` the files are written in the

@@ -21,6 +21,33 @@ class RunLog:
             except ImportError:  # optional: metrics.jsonl is always written
                 self._tb = None
 
+    def keep_until(self, step: int) -> int:
+        """Drop the rows of steps after ``step`` (all rows for step 0): a resumed run re-runs those steps
+        and logs them again, so each step stays in the file once.  Rewrites the file atomically;
+        returns the number of rows dropped."""
+        if not self.enabled or not os.path.exists(self.path):
+            return 0
+        kept, dropped = [], 0
+        with open(self.path, "r", encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                    keep = step > 0 and int(rec.get("step", 0)) <= step
+                except (ValueError, TypeError, AttributeError):
+                    keep = False          # a row cut short by a kill
+                if keep:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+                else:
+                    dropped += line.strip() != ""
+        if dropped:
+            tmp = f"{self.path}.tmp-{os.getpid()}"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.writelines(kept)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        return dropped
+
     def write(self, record: Dict[str, float]) -> None:
         if not self.enabled:
             return

@@ -62,7 +62,6 @@ DAMAGE = {
     "missing manifest": (lambda c: (Path(c) / store.MANIFEST).unlink(), None),
     "missing rank file": (lambda c: (Path(c) / "rank_0.ckpt").unlink(), "missing"),
     "rank absent from the manifest": (_drop_rank_from_manifest, "a rank missing"),
-    "another recipe": (_other_recipe, "another model"),
 }
 
 
@@ -85,7 +84,7 @@ def test_damaged_latest_checkpoint_is_reported_and_the_previous_used(trained, tm
         skipped = [ln for ln in lines if ln.startswith("skipping checkpoint") and "step_00000008" in ln]
         assert skipped and reason in skipped[0], lines
     # `naohai ckpt verify` (integrity: files against the manifest) fails it too and passes the good one
-    if reason not in (None, "another model"):
+    if reason is not None:
         assert main(["ckpt", "verify", latest]) == 2
     assert main(["ckpt", "verify", store.step_dir(str(run), 4)]) == 0
 

@@ -48,3 +48,27 @@ def test_refusals_keep_what_is_there(tmp_path):
         _prep(scored, CLEAN, restart=True)                        # --restart never deletes another kind's run
     assert f.read_text() == "keep" and (other / "mine.txt").read_text() == "keep"
     assert (scored / "part-00000.jsonl").read_text() == "scored\n"
+
+
+def test_a_second_data_run_on_the_same_folder_is_refused(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+sys.path.insert(0, {str(root)!r})
+from naohai.data.rundir import prepare_run_dir
+prepare_run_dir({str(out)!r}, {CLEAN!r}, False, "naohai data clean", "x")
+print("started", flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "started"
+        with pytest.raises(UserError, match=f"in use by another job: pid {holder.pid}"):
+            _prep(out, CLEAN)
+    finally:
+        holder.kill()
+        holder.wait()
+    _prep(out, CLEAN)          # the holder is gone: its lock went with it

@@ -1,0 +1,84 @@
+"""naohai.runfiles: the folder lock, the writable check, unique temporaries, moving files aside."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from naohai.errors import UserError
+from naohai.runfiles import (check_writable, lock_folder, move_into_new_folder, temp_dir_beside,
+                             unlock_folder)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HOLDER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from naohai.runfiles import lock_folder
+lock_folder({folder!r}, "test")
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def _hold(folder):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=str(ROOT), folder=str(folder))],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_second_holder_is_refused_with_the_first_ones_pid_and_the_lock_dies_with_it(tmp_path):
+    proc = _hold(tmp_path / "run")
+    try:
+        with pytest.raises(UserError) as err:
+            lock_folder(str(tmp_path / "run"), "training run")
+        assert f"pid {proc.pid}" in str(err.value) and "in use by another job" in str(err.value)
+    finally:
+        proc.kill()
+        proc.wait()
+    # killed holder: the kernel released its lock, no stale lock file blocks the next job
+    lock_folder(str(tmp_path / "run"), "training run")
+    unlock_folder(str(tmp_path / "run"))
+
+
+def test_writable_check_names_a_file_and_a_read_only_folder(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        check_writable(str(tmp_path / "afile"))
+    with pytest.raises(UserError, match="is a file"):
+        check_writable(str(tmp_path / "afile" / "sub"))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    # as root permission bits stop nothing; sysfs refuses new entries to everyone
+    target = str(ro / "out") if not os.access(str(ro), os.W_OK) else "/sys/naohai-test-output"
+    try:
+        with pytest.raises(UserError, match="cannot write the output folder"):
+            check_writable(target)
+    finally:
+        ro.chmod(0o700)
+
+
+def test_temporaries_are_unique_and_never_a_users_name(tmp_path):
+    users = tmp_path / "out.tmp"
+    users.mkdir()
+    (users / "precious").write_text("keep")
+    a, b = temp_dir_beside(str(tmp_path / "out")), temp_dir_beside(str(tmp_path / "out"))
+    assert a != b and os.path.dirname(a) == str(tmp_path)
+    assert (users / "precious").read_text() == "keep"
+
+
+def test_move_into_new_folder_never_overwrites(tmp_path):
+    for name in ("checkpoints", "metrics.jsonl"):
+        (tmp_path / name).mkdir() if name == "checkpoints" else (tmp_path / name).write_text("old")
+    first = move_into_new_folder(str(tmp_path), ["checkpoints", "metrics.jsonl", "absent"], "superseded")
+    (tmp_path / "metrics.jsonl").write_text("newer")
+    second = move_into_new_folder(str(tmp_path), ["metrics.jsonl"], "superseded")
+    assert first != second
+    assert Path(first, "metrics.jsonl").read_text() == "old" and Path(second, "metrics.jsonl").read_text() == "newer"
+    assert move_into_new_folder(str(tmp_path), ["metrics.jsonl"], "superseded") is None
