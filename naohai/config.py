@@ -1,8 +1,10 @@
 """Recipes: the model, data and training settings of one job.
 
 A recipe is a YAML file with three sections, ``model``, ``data`` and ``train``
-(plus an optional ``name``).  ``model.preset`` names one of the published
-configurations in :data:`MODEL_PRESETS`; other ``model`` keys override it.
+(plus an optional ``name``).  The ``model`` section becomes a
+:class:`~naohai.model.config.ModelConfig`: ``model.preset`` names one of the published
+configurations and ``model.family`` a model family (both from :mod:`naohai.model.families`,
+:data:`MODEL_PRESETS` lists every preset); other ``model`` keys override them.
 Dotted ``key=value`` overrides from the command line are applied on top.
 
 Every mistake (missing file, bad YAML, unknown key, wrong type, impossible value)
@@ -11,7 +13,6 @@ raises :class:`naohai.errors.UserError` naming the file and the key path.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -21,179 +22,8 @@ import yaml
 
 from naohai import validate
 from naohai.errors import UserError, did_you_mean
-
-
-# --------------------------------------------------------------------------- model
-@dataclass
-class ModelConfig:
-    """One decoder-only family; presets select PanGu-alpha or PengCheng-Mind choices."""
-
-    family: str = "naohai"            # pangu | naohai | custom (informational)
-    vocab_size: int = 32000           # tokenizer vocabulary (before padding)
-    vocab_pad_multiple: int = 128     # the embedding/head rows are padded to this multiple
-    hidden_size: int = 256
-    num_layers: int = 4               # all decoder layers, including the PanGu query layer
-    num_heads: int = 4
-    num_kv_heads: Optional[int] = None  # grouped-query attention; None = num_heads
-    ffn_hidden_size: int = 1024
-    seq_length: int = 128
-    max_positions: Optional[int] = None  # size of learned position tables; None = seq_length
-    position: str = "rope"            # learned | rope | alibi | none
-    rope_base: float = 10000.0
-    activation: str = "swiglu"        # gelu | fast_gelu | swiglu
-    norm: str = "layernorm"           # layernorm | rmsnorm | nonparam_layernorm
-    norm_eps: float = 1e-5
-    bias: bool = True                 # biases on linear layers
-    query_layer: bool = False         # PanGu-alpha top query layer as the last layer
-    tie_embeddings: bool = True       # output head shares the word embedding
-    embedding_norm: bool = False      # BLOOM: LayerNorm right after the embedding
-    compute_dtype: str = "float32"    # float32 | float16 | bfloat16 (master weights stay fp32)
-    softmax_fp32: bool = True
-    norm_fp32: bool = True
-    dropout: float = 0.0              # on the embedding, attention probabilities and both block outputs
-    init_std: float = 0.02
-    # ---- reference-fidelity options (PanGu-alpha / PengCheng-Mind); defaults keep the plain pre-LN decoder
-    final_norm: str = "after"         # after | before_query_layer (PanGu's non-pipeline / inference order)
-    rope_style: str = "rotate_half"   # rotate_half: pairs (i, i + d/2) | interleaved: pairs (2i, 2i + 1)
-    eod_reset: bool = False           # no attention across an EOD inside a packed window
-    eod_reset_positions: bool = False  # position ids restart after each EOD (learned / query tables, RoPE)
-    eod_id: Optional[int] = None      # the EOD id eod_reset looks for
-    loss_pad_id: Optional[int] = None  # predictions made FROM this input id leave the loss; None = mean of all
-    query_softmax_fp32: Optional[bool] = None  # softmax dtype of the top query layer; None = softmax_fp32
-
-    # ---- derived
-    @property
-    def padded_vocab_size(self) -> int:
-        m = max(1, int(self.vocab_pad_multiple))
-        return int(math.ceil(self.vocab_size / m) * m)
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_kv_heads or self.num_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def positions(self) -> int:
-        return self.max_positions or self.seq_length
-
-    def with_token_ids(self, eod_id: int, pad_id: int) -> "ModelConfig":
-        """This model for a tokenizer whose EOD and pad ids are these.
-
-        Presets carry the reference tokenizers' ids (PanGu-alpha eod = pad = 6, PengCheng-Mind eod 2 /
-        pad 0); what the ids mean carries over: ``eod_id`` becomes the tokenizer's EOD, and
-        ``loss_pad_id`` its EOD where the preset's pad was its EOD (PanGu), else its pad id.
-        """
-        eod = None if self.eod_id is None else int(eod_id)
-        pad = None
-        if self.loss_pad_id is not None:
-            pad = int(eod_id) if self.loss_pad_id == self.eod_id else int(pad_id)
-        return dataclasses.replace(self, eod_id=eod, loss_pad_id=pad)
-
-    def validate(self, where: str = "recipe", prefix: str = "model") -> None:
-        def bad(key, msg, rule=None):
-            raise UserError(msg, where=where, key=f"{prefix}.{key}", rule=rule)
-
-        choices = {
-            "position": ("learned", "rope", "alibi", "none"),
-            "activation": ("gelu", "fast_gelu", "swiglu"),
-            "norm": ("layernorm", "rmsnorm", "nonparam_layernorm"),
-            "compute_dtype": ("float32", "float16", "bfloat16"),
-            "final_norm": ("after", "before_query_layer"),
-            "rope_style": ("rotate_half", "interleaved"),
-        }
-        for key, allowed in choices.items():
-            value = getattr(self, key)
-            if value not in allowed:
-                bad(key, f"'{value}' is not one of {', '.join(allowed)}.{did_you_mean(value, allowed)}")
-        for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size",
-                    "seq_length", "vocab_pad_multiple"):
-            if getattr(self, key) <= 0:
-                bad(key, f"must be a positive integer, got {getattr(self, key)}")
-        if self.hidden_size % self.num_heads:
-            bad("num_heads", f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}",
-                "hidden_size % num_heads == 0")
-        if self.kv_heads <= 0 or self.num_heads % self.kv_heads:
-            bad("num_kv_heads", f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}",
-                "num_heads % num_kv_heads == 0")
-        if self.position == "rope" and self.head_dim % 2:
-            bad("hidden_size", f"RoPE needs an even head dimension, got {self.head_dim}")
-        if self.seq_length > self.positions:
-            bad("seq_length", f"seq_length {self.seq_length} is larger than max_positions {self.positions}",
-                "seq_length <= max_positions")
-        if self.query_layer and self.num_layers < 1:
-            bad("num_layers", "a query layer needs at least one layer")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", f"must be in [0, 1), got {self.dropout}")
-        if self.final_norm == "before_query_layer" and not self.query_layer:
-            bad("final_norm", "'before_query_layer' needs query_layer: true", "final_norm needs a query layer")
-        if (self.eod_reset or self.eod_reset_positions) and self.eod_id is None:
-            bad("eod_id", "eod_reset / eod_reset_positions need the EOD id", "eod_id set when resetting at EOD")
-        for key in ("eod_id", "loss_pad_id"):
-            value = getattr(self, key)
-            if value is not None and not 0 <= value < self.vocab_size:
-                bad(key, f"{value} is not a token id of a {self.vocab_size}-piece vocabulary",
-                    "0 <= id < vocab_size")
-
-
-# Published configurations.  Every value names its source in the reference code:
-#   PG  = mindspore-ai/models official/nlp/Pangu_alpha (src/pangu_alpha_config.py, src/utils.py,
-#         src/pangu_alpha.py, src/dataset.py) and arXiv 2104.12369 table 1;
-#   PCM = PCLNLP-group/mPengC.mind (src/pengcheng_mind_config.py, src/pengcheng_mind*.py,
-#         train_mPCmind7B.py, tools/conver_megatron_to_ms.py).
-_PANGU = dict(
-    family="pangu", vocab_size=40000, vocab_pad_multiple=1,       # PG utils.py --vocab_size 40000
-    seq_length=1024, position="learned",                          # PG utils.py --seq_length 1024
-    activation="fast_gelu", norm="layernorm", norm_eps=1e-5, bias=True,  # PG pangu_alpha_config hidden_act
-    query_layer=True, tie_embeddings=True,                        # PG pangu_alpha.py QueryLayer, PanGuHead
-    final_norm="before_query_layer",  # PG pangu_alpha.py PanguAlpha_Model.construct, non-pipeline branch
-    eod_reset=True, eod_reset_positions=True, eod_id=6,           # PG pangu_alpha_config eod_reset/eod_token=6
-    loss_pad_id=6,                                                # PG pangu_alpha_config pad_token=6
-    dropout=0.1,                                                  # PG pangu_alpha_config dropout_rate=0.1
-    softmax_fp32=False,                                           # PG pangu_alpha_config softmax float16
-    compute_dtype="float16")
-MODEL_PRESETS: Dict[str, Dict[str, Any]] = {
-    # PanGu-alpha (arXiv 2104.12369 table 1; ffn 4h: PG train.py ffn_hidden_size=embedding_size * 4)
-    "pangu-alpha-2.6b": dict(_PANGU, hidden_size=2560, num_layers=32, num_heads=32, ffn_hidden_size=10240),
-    "pangu-alpha-13b": dict(_PANGU, hidden_size=5120, num_layers=40, num_heads=40, ffn_hidden_size=20480),
-    "pangu-alpha-200b": dict(_PANGU, hidden_size=16384, num_layers=64, num_heads=128, ffn_hidden_size=65536),
-    # PengCheng-Mind 7B: PCM tools/conver_megatron_to_ms.py args_7B (hidden 4096, 32 layers, 32 heads,
-    # ffn 10880 = int(2*4h/3/64)*64 as in train_mPCmind7B.py, seq 4096, padded vocab 125952, RoPE);
-    # RoPE rotate-half: pengcheng_mind_pipeline_layer_7B.py RoPE (concatenated angle tables);
-    # SwiGLU with fused gate|up mapping, biases, LayerNorm: the same file's FeedForward;
-    # final LayerNorm after the last block: pengcheng_mind_7B.py PengChengMind_Model.construct;
-    # EOD 2, pad 0, eod_reset, dropout 0.1: pengcheng_mind_config.py; RoPE tables are sliced by
-    # position, not reset (RoPE.construct), so eod_reset_positions is off.
-    "pengcheng-mind-7b": dict(family="pengcheng", vocab_size=125952, vocab_pad_multiple=128, hidden_size=4096,
-                              num_layers=32, num_heads=32, ffn_hidden_size=10880, seq_length=4096,
-                              position="rope", rope_style="rotate_half", activation="swiglu", norm="layernorm",
-                              bias=True, query_layer=False, tie_embeddings=True, eod_reset=True, eod_id=2,
-                              loss_pad_id=0, dropout=0.1, compute_dtype="float16"),
-    # PengCheng-Mind 200B is PanGu-shaped in the reference: PCM conver_megatron_to_ms.py args_200B
-    # (hidden 12672, 96 heads, ffn 50688 = 4h, ms_fast_gelu, rotary, seq 2048, padded vocab 49984 =
-    # make_vocab_size_divisible_by 64), 103 blocks there + the top query layer (pengcheng_mind.py
-    # PengChengMind_Model: blocks = num_layers - 1, top_query_layer; pengcheng_mind_config.py
-    # set_parse_200B num_layers=104); interleaved RoPE: pengcheng_mind_pipeline_layer.py RoPE
-    # (np.repeat angle table, rotate_half on (.., -1, 2) pairs); final LayerNorm after the query
-    # layer: pengcheng_mind.py construct (both branches); EOD 2 / pad 0 / dropout 0.1:
-    # pengcheng_mind_config.py; no position reset (RoPE.construct slices tables by position).
-    "pengcheng-mind-200b": dict(family="pengcheng", vocab_size=49984, vocab_pad_multiple=64,
-                                hidden_size=12672, num_layers=104, num_heads=96, ffn_hidden_size=50688,
-                                seq_length=2048, position="rope", rope_style="interleaved",
-                                activation="fast_gelu", norm="layernorm", bias=True, query_layer=True,
-                                final_norm="after", tie_embeddings=True, eod_reset=True, eod_id=2,
-                                loss_pad_id=0, dropout=0.1, compute_dtype="float16"),
-    # Small models for CPU work.
-    "tiny": dict(family="naohai", vocab_size=2048, vocab_pad_multiple=128, hidden_size=128, num_layers=4,
-                 num_heads=4, ffn_hidden_size=352, seq_length=128, position="rope", activation="swiglu",
-                 norm="layernorm", bias=True, tie_embeddings=True, compute_dtype="float32"),
-    "tiny-pangu": dict(family="pangu", vocab_size=2048, vocab_pad_multiple=128, hidden_size=128, num_layers=4,
-                       num_heads=4, ffn_hidden_size=512, seq_length=128, position="learned",
-                       activation="gelu", norm="layernorm", bias=True, query_layer=True,
-                       tie_embeddings=True, compute_dtype="float32"),
-}
+from naohai.model.config import ModelConfig
+from naohai.model.families import MODEL_PRESETS, model_fields  # noqa: F401  (MODEL_PRESETS: every preset)
 
 
 # --------------------------------------------------------------------------- data
@@ -358,10 +188,6 @@ def write_recipe(recipe: "Recipe", path: str) -> str:
 
 
 # --------------------------------------------------------------------------- loading
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
-
-
 def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     """Check/convert a YAML value to a dataclass field type."""
     origin = typing.get_origin(tp)
@@ -493,12 +319,7 @@ def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
     if not isinstance(model_raw, dict):
         raise UserError("must be a mapping", where=where, key="model")
     model_raw = dict(model_raw)
-    preset = model_raw.pop("preset", None)
-    if preset is not None:
-        if preset not in MODEL_PRESETS:
-            raise UserError(f"unknown preset '{preset}'.{did_you_mean(preset, MODEL_PRESETS)} "
-                            f"Presets: {', '.join(MODEL_PRESETS)}.", where=where, key="model.preset")
-        model_raw = _merge(MODEL_PRESETS[preset], model_raw)
+    model_raw = model_fields(model_raw, where)
     for section in ("data", "train"):
         if raw.get(section) is not None and not isinstance(raw[section], dict):
             raise UserError("must be a mapping", where=where, key=section)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from naohai.config import ModelConfig
+from naohai.model.config import ModelConfig
 from naohai.model.spec import LOGICAL_AXES, Axes, OpSpec, layer_ops, op_catalog, top_ops  # noqa: F401
 
 

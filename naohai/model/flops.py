@@ -8,7 +8,7 @@ matmul work and are left out; a tied word embedding counts once, as the head.
 """
 from __future__ import annotations
 
-from naohai.config import ModelConfig
+from naohai.model.config import ModelConfig
 from naohai.model.params import param_shapes
 
 #: parameters read by a lookup only (no matmul FLOPs)

@@ -29,7 +29,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from naohai.config import ModelConfig
+from naohai.model.config import ModelConfig
 from naohai.model import spec
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from naohai.config import ModelConfig
+from naohai.model.config import ModelConfig
 from naohai.model.spec import ParamSpec, embedding_params, head_params, layer_params, param_shapes  # noqa: F401
 
 

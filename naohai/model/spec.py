@@ -1,6 +1,6 @@
 """The one description of the model: its shardable ops and its parameters, in pure Python.
 
-For a :class:`~naohai.config.ModelConfig` this module lists
+For a :class:`~naohai.model.config.ModelConfig` this module lists
 
 * every operation a strategy may shard (:class:`OpSpec`): its stable full name
   (``layers.7.attention.q``), primitive kind, the logical axis and size of
@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from naohai.config import ModelConfig
+from naohai.model.config import ModelConfig
 
 LOGICAL_AXES = ("batch", "seq", "kv_seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab")
 

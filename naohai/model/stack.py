@@ -34,7 +34,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 from mindspore.common.initializer import initializer
 
-from naohai.config import ModelConfig
+from naohai.model.config import ModelConfig
 
 STACK = "stack.layer."          # name prefix of the stacked Parameters inside NaohaiLM
 LAST = "last_layer."            # the layer kept apart, when there is one

@@ -20,7 +20,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Tensor
 
-from naohai.config import ModelConfig
+from naohai.model.config import ModelConfig
 from naohai.model.layers import MLP, Attention, DocumentLayout, Embedding, Norm, make_params, ms_dtype
 from naohai.model.spec import head_weight_params
 from naohai.model.stack import split_layers, stacked_count

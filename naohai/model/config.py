@@ -1,0 +1,132 @@
+"""The model's description: one dataclass of every architecture choice and size.
+
+A recipe's ``model`` section becomes a :class:`ModelConfig` (:mod:`naohai.config` reads it,
+with the family's defaults and presets from :mod:`naohai.model.families`); everything in
+:mod:`naohai.model` and the planner builds from it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from naohai.errors import UserError, did_you_mean
+from naohai.model import families
+
+
+@dataclass
+class ModelConfig:
+    """One decoder-only model: its family and every architecture choice and size."""
+
+    family: str = "naohai"            # a registered family (naohai.model.families): naohai | pangu | pengcheng
+    vocab_size: int = 32000           # tokenizer vocabulary (before padding)
+    vocab_pad_multiple: int = 128     # the embedding/head rows are padded to this multiple
+    hidden_size: int = 256
+    num_layers: int = 4               # all decoder layers, including the PanGu query layer
+    num_heads: int = 4
+    num_kv_heads: Optional[int] = None  # grouped-query attention; None = num_heads
+    ffn_hidden_size: int = 1024
+    seq_length: int = 128
+    max_positions: Optional[int] = None  # size of learned position tables; None = seq_length
+    position: str = "rope"            # learned | rope | alibi | none
+    rope_base: float = 10000.0
+    activation: str = "swiglu"        # gelu | fast_gelu | swiglu
+    norm: str = "layernorm"           # layernorm | rmsnorm | nonparam_layernorm
+    norm_eps: float = 1e-5
+    bias: bool = True                 # biases on linear layers
+    query_layer: bool = False         # PanGu-alpha top query layer as the last layer
+    tie_embeddings: bool = True       # output head shares the word embedding
+    embedding_norm: bool = False      # BLOOM: LayerNorm right after the embedding
+    compute_dtype: str = "float32"    # float32 | float16 | bfloat16 (master weights stay fp32)
+    softmax_fp32: bool = True
+    norm_fp32: bool = True
+    dropout: float = 0.0              # on the embedding, attention probabilities and both block outputs
+    init_std: float = 0.02
+    # ---- reference-fidelity options (PanGu-alpha / PengCheng-Mind); defaults keep the plain pre-LN decoder
+    final_norm: str = "after"         # after | before_query_layer (PanGu's non-pipeline / inference order)
+    rope_style: str = "rotate_half"   # rotate_half: pairs (i, i + d/2) | interleaved: pairs (2i, 2i + 1)
+    eod_reset: bool = False           # no attention across an EOD inside a packed window
+    eod_reset_positions: bool = False  # position ids restart after each EOD (learned / query tables, RoPE)
+    eod_id: Optional[int] = None      # the EOD id eod_reset looks for
+    loss_pad_id: Optional[int] = None  # predictions made FROM this input id leave the loss; None = mean of all
+    query_softmax_fp32: Optional[bool] = None  # softmax dtype of the top query layer; None = softmax_fp32
+
+    # ---- derived
+    @property
+    def padded_vocab_size(self) -> int:
+        m = max(1, int(self.vocab_pad_multiple))
+        return int(math.ceil(self.vocab_size / m) * m)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def positions(self) -> int:
+        return self.max_positions or self.seq_length
+
+    def with_token_ids(self, eod_id: int, pad_id: int) -> "ModelConfig":
+        """This model for a tokenizer whose EOD and pad ids are these.
+
+        Presets carry the reference tokenizers' ids (PanGu-alpha eod = pad = 6, PengCheng-Mind eod 2 /
+        pad 0); what the ids mean carries over: ``eod_id`` becomes the tokenizer's EOD, and
+        ``loss_pad_id`` its EOD where the preset's pad was its EOD (PanGu), else its pad id.
+        """
+        eod = None if self.eod_id is None else int(eod_id)
+        pad = None
+        if self.loss_pad_id is not None:
+            pad = int(eod_id) if self.loss_pad_id == self.eod_id else int(pad_id)
+        return dataclasses.replace(self, eod_id=eod, loss_pad_id=pad)
+
+    def validate(self, where: str = "recipe", prefix: str = "model") -> None:
+        def bad(key, msg, rule=None):
+            raise UserError(msg, where=where, key=f"{prefix}.{key}", rule=rule)
+
+        choices = {
+            "position": ("learned", "rope", "alibi", "none"),
+            "activation": ("gelu", "fast_gelu", "swiglu"),
+            "norm": ("layernorm", "rmsnorm", "nonparam_layernorm"),
+            "compute_dtype": ("float32", "float16", "bfloat16"),
+            "final_norm": ("after", "before_query_layer"),
+            "rope_style": ("rotate_half", "interleaved"),
+        }
+        if self.family not in families.names():
+            bad("family", f"unknown model family '{self.family}'.{did_you_mean(str(self.family), families.names())} "
+                          f"Families: {', '.join(families.names())}.")
+        for key, allowed in choices.items():
+            value = getattr(self, key)
+            if value not in allowed:
+                bad(key, f"'{value}' is not one of {', '.join(allowed)}.{did_you_mean(value, allowed)}")
+        for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size",
+                    "seq_length", "vocab_pad_multiple"):
+            if getattr(self, key) <= 0:
+                bad(key, f"must be a positive integer, got {getattr(self, key)}")
+        if self.hidden_size % self.num_heads:
+            bad("num_heads", f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}",
+                "hidden_size % num_heads == 0")
+        if self.kv_heads <= 0 or self.num_heads % self.kv_heads:
+            bad("num_kv_heads", f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}",
+                "num_heads % num_kv_heads == 0")
+        if self.position == "rope" and self.head_dim % 2:
+            bad("hidden_size", f"RoPE needs an even head dimension, got {self.head_dim}")
+        if self.seq_length > self.positions:
+            bad("seq_length", f"seq_length {self.seq_length} is larger than max_positions {self.positions}",
+                "seq_length <= max_positions")
+        if self.query_layer and self.num_layers < 1:
+            bad("num_layers", "a query layer needs at least one layer")
+        if not 0.0 <= self.dropout < 1.0:
+            bad("dropout", f"must be in [0, 1), got {self.dropout}")
+        if self.final_norm == "before_query_layer" and not self.query_layer:
+            bad("final_norm", "'before_query_layer' needs query_layer: true", "final_norm needs a query layer")
+        if (self.eod_reset or self.eod_reset_positions) and self.eod_id is None:
+            bad("eod_id", "eod_reset / eod_reset_positions need the EOD id", "eod_id set when resetting at EOD")
+        for key in ("eod_id", "loss_pad_id"):
+            value = getattr(self, key)
+            if value is not None and not 0 <= value < self.vocab_size:
+                bad(key, f"{value} is not a token id of a {self.vocab_size}-piece vocabulary",
+                    "0 <= id < vocab_size")
