@@ -15,6 +15,8 @@ setup(
         "pyyaml>=6.0",
         "tqdm>=4.66",
         "safetensors>=0.4",
+        "tokenizers>=0.20",            # Hugging Face tokenizer.json tokenizers (naohai.data.hf_tokenizer)
+        "jinja2>=3.1",                 # their chat templates
         "jieba==0.42.1",
         "tensorboardX>=2.6",
         "pillow>=10",
@@ -29,7 +31,8 @@ setup(
     extras_require={
         "modelarts": ["huaweicloudsdkmodelarts==3.1.219", "huaweicloudsdkcore==3.1.219",
                       "esdk-obs-python==3.26.6"],
-        "test": ["pytest>=8", "hypothesis>=6.100"],
+        # transformers and torch are oracles for the Hugging Face import / export / tokenizer tests only
+        "test": ["pytest>=8", "hypothesis>=6.100", "torch==2.13.0", "transformers==5.24.0"],
         # naohai bench: the PyTorch peer (run/bench/torch_peer.py); never imported by training code
         "bench": ["torch>=2.1"],
     },

@@ -27,13 +27,18 @@ from naohai.model.families import MODEL_PRESETS, model_fields  # noqa: F401  (MO
 
 
 # --------------------------------------------------------------------------- data
+TOKENIZER_TYPES = ("sentencepiece", "byte_bpe")
+
+
 @dataclass
 class DataConfig:
     # Corpus sources: 'builtin:pydoc' (English text CPython ships), 'builtin:fortunes-zh'
     # (Debian's fortunes-zh, Chinese), or paths/globs of .txt / .jsonl files.
     corpus: List[str] = field(default_factory=lambda: ["builtin:pydoc"])
     jsonl_key: str = "text"
-    tokenizer: Optional[str] = None   # a sentencepiece .model; None = train one into output_dir
+    tokenizer: Optional[str] = None   # a sentencepiece .model or a Hugging Face tokenizer.json; None = train
+    #                                   one into output_dir (kind: tokenizer_type)
+    tokenizer_type: str = "sentencepiece"  # what a trained tokenizer is: sentencepiece | byte_bpe (tokenizer.json)
     jieba: bool = False               # PanGu-style Chinese pre-splitting before sentencepiece
     holdout_fraction: float = 0.05
     prepared_dir: Optional[str] = None  # packed shards; None = <output_dir>/data
@@ -42,6 +47,13 @@ class DataConfig:
     def validate(self, where: str = "recipe", prefix: str = "data") -> None:
         if not self.corpus:
             raise UserError("needs at least one corpus source", where=where, key=f"{prefix}.corpus")
+        if self.tokenizer_type not in TOKENIZER_TYPES:
+            raise UserError(f"'{self.tokenizer_type}' is not one of {', '.join(TOKENIZER_TYPES)}."
+                            f"{did_you_mean(self.tokenizer_type, TOKENIZER_TYPES)}", where=where,
+                            key=f"{prefix}.tokenizer_type")
+        if self.jieba and (self.tokenizer_type == "byte_bpe" or str(self.tokenizer or "").endswith(".json")):
+            raise UserError("jieba pre-splitting is for sentencepiece tokenizers; a byte-level BPE splits text "
+                            "itself", where=where, key=f"{prefix}.jieba")
         if not 0.0 < self.holdout_fraction < 0.5:
             raise UserError(f"must be in (0, 0.5), got {self.holdout_fraction}", where=where,
                             key=f"{prefix}.holdout_fraction")

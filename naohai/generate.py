@@ -216,14 +216,18 @@ def load_model(checkpoint: str, verify: bool = True):
 
 
 def tokenizer_path(recipe, checkpoint: str, path: Optional[str]) -> str:
-    """The tokenizer of a model from :func:`load_model`: the recipe's, else the one beside the run
-    (``<run>/tokenizer.model``, the checkpoint being ``<run>/checkpoints/step_N``), else the recipe's
-    default place."""
+    """The tokenizer of a model from :func:`load_model`: the recipe's, else the one beside the run or
+    imported model (``tokenizer.model`` or ``tokenizer.json``; a checkpoint is
+    ``<run>/checkpoints/step_N``), else the recipe's default place."""
     from naohai.data.pipeline import default_tokenizer_path
 
     run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path))) if path else checkpoint
-    found = recipe.data.tokenizer or os.path.join(run_dir, "tokenizer.model")
-    return found if os.path.exists(found) else default_tokenizer_path(recipe)
+    if recipe.data.tokenizer and os.path.exists(recipe.data.tokenizer):
+        return recipe.data.tokenizer
+    for name in ("tokenizer.model", "tokenizer.json"):     # beside the run / the imported model
+        if os.path.exists(os.path.join(run_dir, name)):
+            return os.path.join(run_dir, name)
+    return default_tokenizer_path(recipe)
 
 
 class Generator:

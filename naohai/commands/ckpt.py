@@ -8,8 +8,13 @@
         workdir of an earlier `naohai check --compile`), then MindSpore's checkpoint transform
   naohai ckpt import SRC --from pangu-alpha|pengcheng-mind --recipe RECIPE --out DIR [--strategy S]
         a published reference checkpoint -> an imported model folder (model.ckpt + recipe.yaml)
+  naohai ckpt import HF_DIR --from hf --out DIR [model.key=value ...]
+        a Hugging Face folder (config.json, safetensors shards, tokenizer) -> an imported model folder
+        whose recipe comes from config.json (naohai.convert.hf)
   naohai ckpt export CKPT --format safetensors|pangu-alpha|pengcheng-mind --out FILE
         the full model weights, as safetensors or with the reference code's names and layouts
+  naohai ckpt export CKPT --to hf --out DIR [--shard-size 5GB]
+        a Hugging Face folder: config.json, model.safetensors (or shards + index), tokenizer files
 
 CKPT is a checkpoint folder, a run folder (its newest checkpoint) or, for export, an imported model
 folder.
@@ -54,17 +59,21 @@ def register(sub) -> None:
     a = actions.add_parser("import", help="published reference checkpoint -> imported model folder")
     a.add_argument("src", help="a .ckpt file, a folder with one .ckpt (+ the .npy embedding tables), or a "
                                "folder of rank_<n>/ slices (with --strategy)")
-    a.add_argument("--from", dest="fmt", required=True, choices=FORMATS)
-    a.add_argument("--recipe", required=True, help="recipe (file or name) whose model the checkpoint holds")
+    a.add_argument("--from", dest="fmt", required=True, choices=FORMATS + ("hf",))
+    a.add_argument("--recipe", help="recipe (file or name) whose model the checkpoint holds (reference "
+                                    "formats; a Hugging Face folder's config.json gives it)")
     a.add_argument("--strategy", default=None, help="strategy file of the run that wrote sharded slices")
     a.add_argument("--out", required=True, help="new folder for the imported model")
     a.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. model.seq_length=2048")
     allow_intermixed(a)
     a = actions.add_parser("export", help="write the full model weights in another format")
     a.add_argument("checkpoint", help="a checkpoint, run folder or imported model folder")
-    a.add_argument("--format", "--to", dest="format", choices=("safetensors",) + FORMATS, default="safetensors",
-                   help="safetensors (naohai names) or a reference checkpoint layout (.ckpt); --to is the same")
-    a.add_argument("--out", required=True, help="output file")
+    a.add_argument("--format", "--to", dest="format", choices=("safetensors",) + FORMATS + ("hf",),
+                   default="safetensors", help="safetensors (naohai names), a reference checkpoint layout (.ckpt) "
+                                               "or hf (a Hugging Face folder); --to is the same")
+    a.add_argument("--out", required=True, help="output file (a new folder for hf)")
+    a.add_argument("--shard-size", default="5GB", help="hf: largest safetensors shard (bytes, or with KB/MB/GB; "
+                                                       "default 5GB as transformers)")
     a.add_argument("--no-verify", action="store_true",
                    help="skip the SHA-256 check of the source's files (sizes are still checked)")
     p.set_defaults(run=run)
@@ -192,6 +201,11 @@ def _compile(recipe, strategy, work: Path, timeout: float) -> Path:
 
 
 def _import(args) -> int:
+    if args.fmt == "hf":
+        return _import_hf(args)
+    if not args.recipe:
+        raise UserError(f"--from {args.fmt} needs --recipe (the model the checkpoint holds)", where="command line",
+                        key="--recipe")
     from naohai.config import load_recipe, resolve_recipe_path
     from naohai.convert.files import read_reference
     from naohai.convert.model_dir import write_model_dir
@@ -203,8 +217,52 @@ def _import(args) -> int:
     return 0
 
 
+def _import_hf(args) -> int:
+    from naohai.config import parse_overrides
+    from naohai.convert.hf.convert import read_hf
+    from naohai.convert.model_dir import write_hf_model_dir
+    if args.recipe or args.strategy:
+        raise UserError("a Hugging Face folder's config.json gives the model; give model.* overrides instead of "
+                        "--recipe / --strategy", where="command line", key="--recipe" if args.recipe else "--strategy")
+    tree = parse_overrides(list(args.overrides))
+    if set(tree) - {"model"}:
+        raise UserError(f"only model.* overrides apply to an import, got {sorted(set(tree) - {'model'})}",
+                        where="command line")
+    cfg, weights = read_hf(args.src, tree.get("model") or {})
+    write_hf_model_dir(args.out, cfg, weights, args.src)
+    n = sum(int(v.size) for v in weights.values())
+    print(f"imported {len(weights)} tensors ({n:,} parameters, {cfg.family}: {cfg.num_layers} layers, hidden "
+          f"{cfg.hidden_size}, seq_length {cfg.seq_length}) from {args.src} -> {args.out}")
+    return 0
+
+
+def _shard_bytes(text: str) -> int:
+    units = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
+    raw = str(text).strip().upper()
+    number = raw.rstrip("KMGIB")
+    try:
+        value = int(float(number) * units[raw[len(number):]])
+    except (ValueError, KeyError):
+        value = 0
+    if value <= 0:
+        raise UserError(f"'{text}' is not a size (e.g. 5GB, 200MB, 1000000)", where="command line", key="--shard-size")
+    return value
+
+
+def _export_hf(args, path) -> int:
+    from naohai.convert.hf.convert import write_hf
+    from naohai.convert.model_dir import hf_export_sources
+    recipe, weights, tokenizer_dir, base = hf_export_sources(args.checkpoint, path, hash_files=not args.no_verify)
+    files = write_hf(args.out, recipe.model, weights, where=args.checkpoint, tokenizer_dir=tokenizer_dir,
+                     base_config=base, shard_bytes=_shard_bytes(args.shard_size))
+    print(f"exported {args.checkpoint} -> {args.out} (Hugging Face: {', '.join(files)})")
+    return 0
+
+
 def _export(args, path) -> int:
     """``path`` is a naohai checkpoint folder, or None for an imported model folder (args.checkpoint)."""
+    if args.format == "hf":
+        return _export_hf(args, path)
     if os.path.lexists(args.out):
         raise UserError("already exists; exporting never overwrites a file", where=args.out, key="--out")
     if args.format == "safetensors":

@@ -7,7 +7,7 @@ it can sit beside the trainer's own checkpoint store.
 from __future__ import annotations
 
 import os
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import yaml
@@ -33,6 +33,42 @@ def write_model_dir(out: str, recipe: Recipe, weights: Dict[str, np.ndarray]) ->
     with open(os.path.join(out, RECIPE), "w", encoding="utf-8") as fh:
         yaml.safe_dump(recipe.to_dict(), fh, sort_keys=False)
     return out
+
+
+def write_hf_model_dir(out: str, cfg, weights: Dict[str, np.ndarray], src: str) -> str:
+    """An imported model folder from a Hugging Face folder ``src``: the weights, a recipe for its model
+    (the tokenizer copied beside it and named by ``data.tokenizer``), the tokenizer files and the
+    original ``config.json`` (as ``hf_config.json``, which an export starts from)."""
+    from naohai.convert.hf import folder
+    from naohai.convert.hf.convert import SOURCE_CONFIG, import_recipe
+
+    if os.path.exists(out) and os.listdir(out):
+        raise UserError("already exists and is not empty; choose a new --out (nothing is overwritten)", where=out,
+                        key="--out")
+    os.makedirs(out, exist_ok=True)
+    copied = folder.copy_tokenizer_files(src, out)
+    tokenizer = os.path.abspath(os.path.join(out, "tokenizer.json")) if "tokenizer.json" in copied else None
+    recipe = import_recipe(cfg, os.path.basename(os.path.abspath(src)), tokenizer)
+    folder.write_config_as(out, SOURCE_CONFIG, folder.read_config(src))
+    return write_model_dir(out, recipe, weights)
+
+
+def hf_export_sources(checkpoint: str, path: Optional[str], hash_files: bool = True):
+    """(recipe, weights, tokenizer folder or None, original config.json or None) of what ``naohai ckpt
+    export --to hf`` reads: an imported model folder (``path`` None) or a trained checkpoint ``path``."""
+    from naohai.convert.hf import folder
+    from naohai.convert.hf.convert import SOURCE_CONFIG
+
+    if path is None:
+        recipe, weights = load_model_dir(checkpoint)
+        src = os.path.join(checkpoint, SOURCE_CONFIG)
+        base = folder.read_json(src) if os.path.isfile(src) else None
+        return recipe, weights, checkpoint, base
+    from naohai.checkpoint.reshard import model_weights
+    recipe, weights = model_weights(path, hash_files=hash_files)
+    tok = recipe.data.tokenizer
+    tok_dir = os.path.dirname(os.path.abspath(tok)) if tok and tok.endswith(".json") else None
+    return recipe, weights, tok_dir, None
 
 
 def load_model_dir(path: str) -> Tuple[Recipe, Dict[str, np.ndarray]]:

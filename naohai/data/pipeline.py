@@ -23,7 +23,10 @@ Log = Optional[Callable[[str], None]]
 
 
 def default_tokenizer_path(recipe) -> str:
-    return recipe.data.tokenizer or os.path.join(recipe.train.output_dir, "tokenizer.model")
+    """``data.tokenizer``, else where a trained one lives: ``<output_dir>/tokenizer.model`` (sentencepiece)
+    or ``<output_dir>/tokenizer.json`` (``data.tokenizer_type: byte_bpe``)."""
+    name = "tokenizer.json" if recipe.data.tokenizer_type == "byte_bpe" else "tokenizer.model"
+    return recipe.data.tokenizer or os.path.join(recipe.train.output_dir, name)
 
 
 def default_prepared_dir(recipe) -> str:
@@ -37,7 +40,7 @@ def _check_tokenizer(tok: Tokenizer, recipe, path: str) -> None:
                         f"set model.vocab_size={tok.vocab_size}" +
                         ("" if recipe.data.tokenizer else " or delete that file to train a new tokenizer"),
                         where=where, key="model.vocab_size", rule="model.vocab_size == tokenizer vocab size")
-    if tok.scheme != "raw" and tok.jieba != recipe.data.jieba:
+    if tok.scheme not in ("raw", "hf") and tok.jieba != recipe.data.jieba:
         raise UserError(f"is {str(recipe.data.jieba).lower()}, but the tokenizer {path} was trained with "
                         f"jieba={str(tok.jieba).lower()}", where=where, key="data.jieba")
 
@@ -52,6 +55,11 @@ def ensure_tokenizer(recipe, log: Log = None) -> Tokenizer:
     if log:
         log(f"training a {recipe.model.vocab_size}-piece tokenizer on {', '.join(recipe.data.corpus)} -> {path}")
     docs = iter_documents(recipe.data.corpus, recipe.data.jsonl_key)
+    if recipe.data.tokenizer_type == "byte_bpe":
+        from naohai.data.hf_tokenizer import train_byte_bpe
+        tok = train_byte_bpe(docs, recipe.model.vocab_size, path)
+        _check_tokenizer(tok, recipe, path)
+        return tok
     return train_tokenizer(docs, recipe.model.vocab_size, path, jieba=recipe.data.jieba)
 
 

@@ -169,6 +169,11 @@ class Tokenizer:
     # ---- construction / persistence
     @classmethod
     def load(cls, path: str, key: Optional[str] = "data.tokenizer") -> "Tokenizer":
+        """A sentencepiece ``.model``, or for a ``.json`` path a Hugging Face tokenizer
+        (:class:`naohai.data.hf_tokenizer.HFTokenizer`, the same interface)."""
+        if str(path).endswith(".json"):
+            from naohai.data.hf_tokenizer import HFTokenizer
+            return HFTokenizer.load(path, key)
         if not os.path.isfile(path):
             raise UserError("tokenizer model not found", where=path, key=key)
         with open(path, "rb") as fh:

@@ -19,7 +19,7 @@ from naohai.model import families
 class ModelConfig:
     """One decoder-only model: its family and every architecture choice and size."""
 
-    family: str = "naohai"            # a registered family (naohai.model.families): naohai | pangu | pengcheng
+    family: str = "naohai"            # a registered family (naohai.model.families): naohai, pangu, llama, ...
     vocab_size: int = 32000           # tokenizer vocabulary (before padding)
     vocab_pad_multiple: int = 128     # the embedding/head rows are padded to this multiple
     hidden_size: int = 256
@@ -31,10 +31,17 @@ class ModelConfig:
     max_positions: Optional[int] = None  # size of learned position tables; None = seq_length
     position: str = "rope"            # learned | rope | alibi | none
     rope_base: float = 10000.0
-    activation: str = "swiglu"        # gelu | fast_gelu | swiglu
+    activation: str = "swiglu"        # gelu | gelu_tanh | fast_gelu | swiglu
     norm: str = "layernorm"           # layernorm | rmsnorm | nonparam_layernorm
     norm_eps: float = 1e-5
-    bias: bool = True                 # biases on linear layers
+    bias: bool = True                 # biases on linear layers (the three below default to it)
+    qkv_bias: Optional[bool] = None   # biases of the q, k, v projections (GLM: true with bias false)
+    out_bias: Optional[bool] = None   # bias of the attention output projection
+    mlp_bias: Optional[bool] = None   # biases of the feed-forward projections
+    block: str = "sequential"         # sequential: x += attn(n1(x)); x += mlp(n2(x)) |
+    #                                   parallel (GPT-J / GPT-NeoX / Falcon): x += attn(n1(x)) + mlp(n2(x))
+    parallel_norms: int = 2           # parallel block: n1 and n2 apart (2), or one norm feeding both (1, Falcon-7B)
+    rotary_fraction: float = 1.0      # share of each head's dimensions RoPE rotates (GPT-NeoX rotary_pct, GLM 0.5)
     query_layer: bool = False         # PanGu-alpha top query layer as the last layer
     tie_embeddings: bool = True       # output head shares the word embedding
     embedding_norm: bool = False      # BLOOM: LayerNorm right after the embedding
@@ -67,6 +74,28 @@ class ModelConfig:
         return self.hidden_size // self.num_heads
 
     @property
+    def has_qkv_bias(self) -> bool:
+        return self.bias if self.qkv_bias is None else bool(self.qkv_bias)
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.bias if self.out_bias is None else bool(self.out_bias)
+
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.bias if self.mlp_bias is None else bool(self.mlp_bias)
+
+    @property
+    def shared_block_norm(self) -> bool:
+        """One norm feeds both attention and MLP (a parallel block with ``parallel_norms: 1``)."""
+        return self.block == "parallel" and self.parallel_norms == 1
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dimensions of each head RoPE rotates (the rest pass through)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
     def positions(self) -> int:
         return self.max_positions or self.seq_length
 
@@ -89,7 +118,8 @@ class ModelConfig:
 
         choices = {
             "position": ("learned", "rope", "alibi", "none"),
-            "activation": ("gelu", "fast_gelu", "swiglu"),
+            "activation": ("gelu", "gelu_tanh", "fast_gelu", "swiglu"),
+            "block": ("sequential", "parallel"),
             "norm": ("layernorm", "rmsnorm", "nonparam_layernorm"),
             "compute_dtype": ("float32", "float16", "bfloat16"),
             "final_norm": ("after", "before_query_layer"),
@@ -112,8 +142,16 @@ class ModelConfig:
         if self.kv_heads <= 0 or self.num_heads % self.kv_heads:
             bad("num_kv_heads", f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}",
                 "num_heads % num_kv_heads == 0")
-        if self.position == "rope" and self.head_dim % 2:
-            bad("hidden_size", f"RoPE needs an even head dimension, got {self.head_dim}")
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            bad("rotary_fraction", f"must be in (0, 1], got {self.rotary_fraction}")
+        if self.position == "rope" and (self.rotary_dim % 2 or self.rotary_dim == 0):
+            bad("rotary_fraction" if self.rotary_fraction < 1 else "hidden_size",
+                f"RoPE needs an even, non-zero number of rotated dimensions, got {self.rotary_dim} "
+                f"(head dimension {self.head_dim} x rotary_fraction {self.rotary_fraction})")
+        if self.parallel_norms not in (1, 2):
+            bad("parallel_norms", f"must be 1 or 2, got {self.parallel_norms}")
+        if self.parallel_norms != 2 and self.block != "parallel":
+            bad("parallel_norms", "only a parallel block can share its norm", "parallel_norms: 1 needs block: parallel")
         if self.seq_length > self.positions:
             bad("seq_length", f"seq_length {self.seq_length} is larger than max_positions {self.positions}",
                 "seq_length <= max_positions")

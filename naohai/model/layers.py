@@ -202,26 +202,31 @@ class RowSumSoftmax(nn.Cell):
 
 
 # ------------------------------------------------------------------------------ positions
-def rope_tables(positions: int, head_dim: int, base: float, style: str = "rotate_half"):
-    """cos/sin tables [positions, head_dim]; theta_i = base^(-2i/d) for the i-th rotated pair.
+def rope_tables(positions: int, head_dim: int, base: float, style: str = "rotate_half", rotary_dim: int = 0):
+    """cos/sin tables [positions, head_dim]; theta_i = base^(-2i/r) for the i-th rotated pair of the
+    first ``r = rotary_dim`` dimensions (0 = all); the other dimensions pass through (cos 1, sin 0).
 
-    rotate_half pairs dimension i with i + d/2 (angles laid out [a, a]); interleaved pairs 2i with
-    2i + 1 (angles repeated element-wise), as PengCheng-Mind 200B's RoPE does.
+    rotate_half pairs dimension i with i + r/2 (angles laid out [a, a]); interleaved pairs 2i with
+    2i + 1 (angles repeated element-wise), as PengCheng-Mind 200B's and GLM's RoPE do.  Partial
+    rotation is GPT-NeoX's ``rotary_pct`` and GLM's ``partial_rotary_factor``.
     """
-    inv = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    ang = np.outer(np.arange(positions, dtype=np.float64), inv)           # [s, d/2]
+    rd = rotary_dim or head_dim
+    inv = 1.0 / (base ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
+    ang = np.outer(np.arange(positions, dtype=np.float64), inv)           # [s, r/2]
     if style == "interleaved":
-        ang = np.repeat(ang, 2, axis=-1)                                  # [s, d]
+        ang = np.repeat(ang, 2, axis=-1)                                  # [s, r]
     else:
-        ang = np.concatenate([ang, ang], axis=-1)                         # [s, d]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+        ang = np.concatenate([ang, ang], axis=-1)                         # [s, r]
+    cos, sin = np.ones((positions, head_dim)), np.zeros((positions, head_dim))
+    cos[:, :rd], sin[:, :rd] = np.cos(ang), np.sin(ang)
+    return cos.astype(np.float32), sin.astype(np.float32)
 
 
-def rotation_matrix(head_dim: int, style: str = "rotate_half") -> np.ndarray:
+def rotation_matrix(head_dim: int, style: str = "rotate_half", rotary_dim: int = 0) -> np.ndarray:
     """R with x @ R the rotated partner of x: concat(-x2, x1) for rotate_half, (-x[2i+1], x[2i]) pairs
-    for interleaved."""
+    for interleaved, over the first ``rotary_dim`` dimensions (0 = all; the rest map to 0)."""
     r = np.zeros((head_dim, head_dim), np.float32)
-    half = head_dim // 2
+    half = (rotary_dim or head_dim) // 2
     for i in range(half):
         if style == "interleaved":
             r[2 * i + 1, 2 * i] = -1.0   # out[2i] = -x[2i + 1]
@@ -300,7 +305,7 @@ class Attention(nn.Cell):
         if query_layer and cfg.query_softmax_fp32 is not None:
             softmax_fp32 = cfg.query_softmax_fp32
         self.softmax_dtype = ms.float32 if softmax_fp32 else self.dtype
-        self.use_bias = cfg.bias
+        self.qkv_bias, self.use_out_bias = cfg.has_qkv_bias, cfg.has_out_bias
         self.q_bias = self.k_bias = self.v_bias = self.out_bias = None
         make_params(self, spec.attention_params(cfg, "", query_layer), cfg, rng)
         self.query_layer = query_layer
@@ -338,12 +343,12 @@ class Attention(nn.Cell):
         self.cast = ops.Cast()
         self.rope = cfg.position == "rope"
         if self.rope:
-            cos, sin = rope_tables(cfg.positions, hd, cfg.rope_base, cfg.rope_style)
+            cos, sin = rope_tables(cfg.positions, hd, cfg.rope_base, cfg.rope_style, cfg.rotary_dim)
             self.cos_table = Tensor(cos)                # [positions, d]
             self.sin_table = Tensor(sin)
             self.cos = Tensor(cos[None, None, : cfg.seq_length])          # [1, 1, s, d]
             self.sin = Tensor(sin[None, None, : cfg.seq_length])
-            self.rot = Tensor(rotation_matrix(hd, cfg.rope_style))   # [d, d]
+            self.rot = Tensor(rotation_matrix(hd, cfg.rope_style, cfg.rotary_dim))   # [d, d]
             self.rope_lookup = ops.Gather()
             self.rot_mm = ops.MatMul()
             self.rope_mul_cos = ops.Mul()
@@ -461,8 +466,10 @@ class Attention(nn.Cell):
     def shardable_ops(self) -> Dict[str, object]:
         out = {"q": self.q, "k": self.k, "v": self.v, "scores": self.scores, "scale": self.scale,
                "mask": self.mask, "softmax": self.softmax, "context": self.context, "out": self.out}
-        if self.use_bias:
-            out.update({"q_bias": self.q_add, "k_bias": self.k_add, "v_bias": self.v_add, "out_bias": self.out_add})
+        if self.qkv_bias:
+            out.update({"q_bias": self.q_add, "k_bias": self.k_add, "v_bias": self.v_add})
+        if self.use_out_bias:
+            out["out_bias"] = self.out_add
         if self.query_layer:
             out["query_lookup"] = self.query_lookup
         if self.prob_dropout.drop is not None:
@@ -473,12 +480,12 @@ class Attention(nn.Cell):
 
 # ------------------------------------------------------------------------------ MLP
 class MLP(nn.Cell):
-    """(fast_)GeLU or SwiGLU feed-forward on [tokens, hidden]."""
+    """GeLU (exact or tanh), FastGeLU or SwiGLU feed-forward on [tokens, hidden]."""
 
     def __init__(self, cfg: ModelConfig, rng: np.random.RandomState):
         super().__init__()
         self.dtype = ms_dtype(cfg.compute_dtype)
-        self.use_bias = cfg.bias
+        self.use_bias = cfg.has_mlp_bias
         self.swiglu = cfg.activation == "swiglu"
         self.up_bias = self.gate_bias = self.down_bias = None
         make_params(self, spec.mlp_params(cfg, ""), cfg, rng)
@@ -494,11 +501,16 @@ class MLP(nn.Cell):
             self.act = ops.Sigmoid()
         elif cfg.activation == "fast_gelu":
             self.act = ops.FastGeLU()
+        elif cfg.activation == "gelu_tanh":
+            # GPT-2's gelu_new, BLOOM's gelu: x * (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2, composed
+            # so that every backend computes this form
+            self.act = ops.Tanh()
         else:
             # exact GeLU x * Phi(x) = x * (1 + erf(x / sqrt 2)) / 2; ops.GeLU on CPU in 2.10 is the
             # tanh approximation (measured up to 4.7e-4 off on [-4, 4])
             self.act = ops.Erf()
         self.exact_gelu = cfg.activation == "gelu"
+        self.tanh_gelu = cfg.activation == "gelu_tanh"
         self.dropout = Dropout(cfg.dropout)
         self.cast = ops.Cast()
 
@@ -524,14 +536,16 @@ class MLP(nn.Cell):
         return self.cast(self.dropout(out), ms.float32)
 
     def activation(self, x):
-        """GeLU (exact) or FastGeLU of x (the non-gated activations)."""
+        """GeLU (exact or tanh) or FastGeLU of x (the non-gated activations)."""
         if self.exact_gelu:
             return self.act_mul(x, (self.act(x * 0.7071067811865476) + 1.0) * 0.5)
+        if self.tanh_gelu:
+            return self.act_mul(x, (self.act((x + x * x * x * 0.044715) * 0.7978845608028654) + 1.0) * 0.5)
         return self.act(x)
 
     def shardable_ops(self) -> Dict[str, object]:
         out = {"up": self.up, "act": self.act, "down": self.down}
-        if self.exact_gelu:
+        if self.exact_gelu or self.tanh_gelu:
             out["act_mul"] = self.act_mul
         if self.swiglu:
             out.update({"gate": self.gate, "mul": self.mul, "act_mul": self.act_mul})

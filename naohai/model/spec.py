@@ -113,11 +113,12 @@ def attention_params(cfg: ModelConfig, owner: str, query_layer: bool) -> List[Pa
            ParamSpec("k_weight", (nkv * hd, h), ("kv_heads", "embed"), owner, False),
            ParamSpec("v_weight", (nkv * hd, h), ("kv_heads", "embed"), owner, False),
            ParamSpec("out_weight", (h, nh * hd), ("embed", "heads"), owner, False, "scaled")]
-    if cfg.bias:
+    if cfg.has_qkv_bias:
         out += [ParamSpec("q_bias", (nh * hd,), ("heads",), owner, True, "zeros"),
                 ParamSpec("k_bias", (nkv * hd,), ("kv_heads",), owner, True, "zeros"),
-                ParamSpec("v_bias", (nkv * hd,), ("kv_heads",), owner, True, "zeros"),
-                ParamSpec("out_bias", (h,), ("embed",), owner, True, "zeros")]
+                ParamSpec("v_bias", (nkv * hd,), ("kv_heads",), owner, True, "zeros")]
+    if cfg.has_out_bias:
+        out.append(ParamSpec("out_bias", (h,), ("embed",), owner, True, "zeros"))
     if query_layer:
         out.append(ParamSpec("query_embedding", (cfg.positions, h), (None, "embed"), owner, False))
     return out
@@ -130,7 +131,7 @@ def mlp_params(cfg: ModelConfig, owner: str) -> List[ParamSpec]:
     if cfg.activation == "swiglu":
         out.append(ParamSpec("gate_weight", (f, h), ("mlp", "embed"), owner, False))
     out.append(ParamSpec("down_weight", (h, f), ("embed", "mlp"), owner, False, "scaled"))
-    if cfg.bias:
+    if cfg.has_mlp_bias:
         out.append(ParamSpec("up_bias", (f,), ("mlp",), owner, True, "zeros"))
         if cfg.activation == "swiglu":
             out.append(ParamSpec("gate_bias", (f,), ("mlp",), owner, True, "zeros"))
@@ -174,7 +175,7 @@ def layer_ops(cfg: ModelConfig, b: int, is_query_layer: bool = False) -> List[Op
     ops.append(_linear(f"{a}.q", x, ("heads", "embed"), t, nh * hd, h, f"{a}.q_weight"))
     ops.append(_linear(f"{a}.k", x, ("kv_heads", "embed"), t, nkv * hd, h, f"{a}.k_weight"))
     ops.append(_linear(f"{a}.v", x, ("kv_heads", "embed"), t, nkv * hd, h, f"{a}.v_weight"))
-    if cfg.bias:
+    if cfg.has_qkv_bias:
         ops.append(_bias_add(f"{a}.q_bias", "heads", t, nh * hd, f"{a}.q_bias"))
         ops.append(_bias_add(f"{a}.k_bias", "kv_heads", t, nkv * hd, f"{a}.k_bias"))
         ops.append(_bias_add(f"{a}.v_bias", "kv_heads", t, nkv * hd, f"{a}.v_bias"))
@@ -197,30 +198,31 @@ def layer_ops(cfg: ModelConfig, b: int, is_query_layer: bool = False) -> List[Op
         ops.append(OpSpec(f"{a}.prob_dropout", "Dropout", (bhss,), ((b, nh, s, s),)))
     ops.append(OpSpec(f"{a}.context", "BatchMatMul", (bhss, bhkd), ((b, nh, s, s), (b, nh, s, hd))))
     ops.append(_linear(f"{a}.out", ("batch", "heads"), ("embed", "heads"), t, h, nh * hd, f"{a}.out_weight"))
-    if cfg.bias:
+    if cfg.has_out_bias:
         ops.append(_bias_add(f"{a}.out_bias", "embed", t, h, f"{a}.out_bias"))
     if drop:
         ops.append(OpSpec(f"{a}.dropout", "Dropout", (x,), ((t, h),)))
     ops.append(OpSpec(f"{a}.residual", "Add", (x, x), ((t, h), (t, h))))
-    ops += _norm_ops(cfg, "post_attention_norm", t, "post_attention_norm")
+    if not cfg.shared_block_norm:   # (in a parallel block it norms the layer input, not the residual)
+        ops += _norm_ops(cfg, "post_attention_norm", t, "post_attention_norm")
     m = "mlp"
     ops.append(_linear(f"{m}.up", x, ("mlp", "embed"), t, f, h, f"{m}.up_weight"))
-    if cfg.bias:
+    if cfg.has_mlp_bias:
         ops.append(_bias_add(f"{m}.up_bias", "mlp", t, f, f"{m}.up_bias"))
     bm = ("batch", "mlp")
     if cfg.activation == "swiglu":
         ops.append(_linear(f"{m}.gate", x, ("mlp", "embed"), t, f, h, f"{m}.gate_weight"))
-        if cfg.bias:
+        if cfg.has_mlp_bias:
             ops.append(_bias_add(f"{m}.gate_bias", "mlp", t, f, f"{m}.gate_bias"))
         ops.append(OpSpec(f"{m}.act", "Activation", (bm,), ((t, f),)))
         ops.append(OpSpec(f"{m}.act_mul", "Mul", (bm, bm), ((t, f), (t, f))))
         ops.append(OpSpec(f"{m}.mul", "Mul", (bm, bm), ((t, f), (t, f))))
     else:
         ops.append(OpSpec(f"{m}.act", "Activation", (bm,), ((t, f),)))
-        if cfg.activation == "gelu":  # exact GeLU: x * (1 + erf(x / sqrt 2)) / 2
+        if cfg.activation in ("gelu", "gelu_tanh"):  # x * (1 + erf(x / sqrt 2)) / 2, or with tanh
             ops.append(OpSpec(f"{m}.act_mul", "Mul", (bm, bm), ((t, f), (t, f))))
     ops.append(_linear(f"{m}.down", bm, ("embed", "mlp"), t, h, f, f"{m}.down_weight"))
-    if cfg.bias:
+    if cfg.has_mlp_bias:
         ops.append(_bias_add(f"{m}.down_bias", "embed", t, h, f"{m}.down_bias"))
     if drop:
         ops.append(OpSpec(f"{m}.dropout", "Dropout", (x,), ((t, h),)))
@@ -243,7 +245,8 @@ def layer_params(cfg: ModelConfig, i: int) -> List[ParamSpec]:
     is_q = bool(cfg.query_layer and i == cfg.num_layers - 1)
     out = [_prefixed(f"{p}.input_norm", x) for x in norm_params(cfg, p)]
     out += [_prefixed(f"{p}.attention", x) for x in attention_params(cfg, p, is_q)]
-    out += [_prefixed(f"{p}.post_attention_norm", x) for x in norm_params(cfg, p)]
+    if not cfg.shared_block_norm:
+        out += [_prefixed(f"{p}.post_attention_norm", x) for x in norm_params(cfg, p)]
     out += [_prefixed(f"{p}.mlp", x) for x in mlp_params(cfg, p)]
     return out
 

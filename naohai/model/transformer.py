@@ -27,7 +27,9 @@ from naohai.model.stack import split_layers, stacked_count
 
 
 class DecoderLayer(nn.Cell):
-    """x + attn(norm(x)); then x + mlp(norm(x)).  The last PanGu layer is a query layer."""
+    """x + attn(norm(x)); then x + mlp(norm(x)), or with ``block: parallel`` both from the layer input:
+    x + attn(n1(x)) + mlp(n2(x)), n2 = n1 with ``parallel_norms: 1``.  The last PanGu layer is a query
+    layer."""
 
     def __init__(self, cfg: ModelConfig, index: int, rng: np.random.RandomState):
         super().__init__()
@@ -38,7 +40,8 @@ class DecoderLayer(nn.Cell):
         self.layout = DocumentLayout(cfg) if cfg.eod_reset or cfg.eod_reset_positions else None
         self.input_norm = Norm(cfg)
         self.attention = Attention(cfg, rng, query_layer=self.is_query_layer)
-        self.post_attention_norm = Norm(cfg)
+        self.parallel = cfg.block == "parallel"
+        self.post_attention_norm = None if cfg.shared_block_norm else Norm(cfg)
         self.mlp = MLP(cfg, rng)
         self.attn_residual = ops.Add()
         self.mlp_residual = ops.Add()
@@ -49,12 +52,21 @@ class DecoderLayer(nn.Cell):
         ``layer`` picks the slice of stacked weights (see :func:`~naohai.model.layers.layer_slice`)."""
         if self.layout is not None and bias is None:
             positions, bias = self.layout(input_ids)
-        x = self.attn_residual(x, self.attention(self.input_norm(x, layer), positions, bias, layer))
+        normed = self.input_norm(x, layer)
+        if self.parallel:
+            mlp_in = normed if self.post_attention_norm is None else self.post_attention_norm(x, layer)
+            x = self.attn_residual(x, self.attention(normed, positions, bias, layer))
+            return self.mlp_residual(x, self.mlp(mlp_in, layer))
+        x = self.attn_residual(x, self.attention(normed, positions, bias, layer))
         return self.mlp_residual(x, self.mlp(self.post_attention_norm(x, layer), layer))
 
     def step(self, x, positions, bias, past_k=None, past_v=None, slot=None):
         """One generation step (see Attention.step): returns (x, keys, values)."""
-        a, k, v = self.attention.step(self.input_norm(x), positions, bias, past_k, past_v, slot)
+        normed = self.input_norm(x)
+        a, k, v = self.attention.step(normed, positions, bias, past_k, past_v, slot)
+        if self.parallel:
+            mlp_in = normed if self.post_attention_norm is None else self.post_attention_norm(x)
+            return self.mlp_residual(self.attn_residual(x, a), self.mlp(mlp_in)), k, v
         x = self.attn_residual(x, a)
         return self.mlp_residual(x, self.mlp(self.post_attention_norm(x))), k, v
 
@@ -64,7 +76,7 @@ class DecoderLayer(nn.Cell):
         out["attention.residual"] = self.attn_residual
         out["mlp.residual"] = self.mlp_residual
         for name in ("input_norm", "post_attention_norm"):
-            prim = getattr(self, name).primitive()
+            prim = getattr(self, name).primitive() if getattr(self, name) is not None else None
             if prim is not None:
                 out[name] = prim
         return out

@@ -228,18 +228,20 @@ def saved_tensors(cfg: ModelConfig) -> List[Tuple[Optional[str], float, str]]:
     """
     kv = cfg.kv_heads / cfg.num_heads
     fh = cfg.ffn_hidden_size / cfg.hidden_size
-    q = "attention.q_bias" if cfg.bias else "attention.q"
-    k = "attention.k_bias" if cfg.bias else "attention.k"
-    v = "attention.v_bias" if cfg.bias else "attention.v"
-    up = "mlp.up_bias" if cfg.bias else "mlp.up"
+    q = "attention.q_bias" if cfg.has_qkv_bias else "attention.q"
+    k = "attention.k_bias" if cfg.has_qkv_bias else "attention.k"
+    v = "attention.v_bias" if cfg.has_qkv_bias else "attention.v"
+    up = "mlp.up_bias" if cfg.has_mlp_bias else "mlp.up"
     out: List[Tuple[Optional[str], float, str]] = [
-        (None, 2, "rows"), ("input_norm", 2, "rows"), ("attention.residual", 3, "rows"),
-        ("post_attention_norm", 2, "rows"), ("mlp.residual", 1, "rows"),
-        (q, 2, "heads"), (k, 2 * kv, "heads"), (v, 2 * kv, "heads"), ("attention.context", 2, "heads"),
-        ("attention.softmax", 5, "scores"),
-        (up, 2 * fh, "mlp"), ("mlp.act", 2 * fh, "mlp")]
+        (None, 2, "rows"), ("input_norm", 2, "rows"), ("attention.residual", 3, "rows")]
+    if not cfg.shared_block_norm:
+        out.append(("post_attention_norm", 2, "rows"))
+    out += [("mlp.residual", 1, "rows"),
+            (q, 2, "heads"), (k, 2 * kv, "heads"), (v, 2 * kv, "heads"), ("attention.context", 2, "heads"),
+            ("attention.softmax", 5, "scores"),
+            (up, 2 * fh, "mlp"), ("mlp.act", 2 * fh, "mlp")]
     if cfg.activation == "swiglu":
-        gate = "mlp.gate_bias" if cfg.bias else "mlp.gate"
+        gate = "mlp.gate_bias" if cfg.has_mlp_bias else "mlp.gate"
         out += [(gate, 2 * fh, "mlp"), ("mlp.mul", 2 * fh, "mlp")]
         if "mlp.act_mul" in layer_op_names(cfg):
             out.append(("mlp.act_mul", 2 * fh, "mlp"))

@@ -1,0 +1,162 @@
+"""Hugging Face folders in and out, per family, against transformers itself (tiny random models built
+locally; see hf_models.py): import -> `naohai eval --ids` equals transformers' mean token NLL, logits
+equal, export -> `from_pretrained` loads every tensor and gives the same logits."""
+import copy
+import json
+import os
+
+import numpy as np
+import pytest
+
+import hf_models
+from naohai.cli import main
+
+pytest.importorskip("transformers")
+
+FAMILIES = list(hf_models.configs())
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """model_type -> (transformers model, its saved folder); built once per module."""
+    root = tmp_path_factory.mktemp("hf")
+    return {name: (hf_models.build(name, str(root / name)), str(root / name)) for name in FAMILIES}
+
+
+def _naohai_logits(folder, ids):
+    from mindspore import Tensor
+    from naohai.generate import load_model
+    recipe, model, _, _ = load_model(folder)
+    model.set_train(False)
+    return recipe, model.logits(Tensor(ids.astype(np.int32))).asnumpy()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_import_eval_logits_export(name, built, tmp_path, capsys):
+    model, src = built[name]
+    out = str(tmp_path / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", out, f"model.seq_length={hf_models.SEQ}"]) == 0
+    windows = hf_models.windows()
+    np.save(tmp_path / "w.npy", windows)
+    capsys.readouterr()
+    assert main(["eval", out, "--ids", str(tmp_path / "w.npy"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["loss"]
+    want = hf_models.hf_mean_nll(model, windows)
+    assert abs(got - want) <= 1e-5 * want, (name, got, want)
+
+    ids = windows[:2, :-1]
+    recipe, ours = _naohai_logits(out, ids)
+    ref = hf_models.hf_logits(model, ids)
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-4, (name, np.abs(ours - ref).max())
+
+    prompt = "The for statement 深度"       # greedy generation of 32 tokens, token for token
+    capsys.readouterr()
+    assert main(["generate", out, "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "32"]) == 0
+    printed = capsys.readouterr().out
+    from naohai.data.tokenizer import Tokenizer
+    tok = Tokenizer.load(os.path.join(out, "tokenizer.json"))
+    want_ids = hf_models.hf_greedy(model, tok.encode(prompt))
+    assert printed == prompt + tok.decode(want_ids) + "\n", (name, printed)
+    from naohai.generate import Generator, SamplingConfig
+    gen = Generator(out, device="CPU")
+    got_ids = gen.decoder.generate_ids([tok.encode(prompt)], SamplingConfig(max_new_tokens=32, temperature=0),
+                                       tok.vocab_size, tok.eod_id)[0]
+    assert got_ids == want_ids and len(want_ids) >= 8, (name, got_ids, want_ids)
+
+    exported = str(tmp_path / "exported")
+    assert main(["ckpt", "export", out, "--to", "hf", "--out", exported]) == 0
+    from transformers import AutoModelForCausalLM
+    back, info = AutoModelForCausalLM.from_pretrained(exported, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert type(back) is type(model)
+    assert np.abs(hf_models.hf_logits(back.eval(), ids) - ref).max() <= 1e-5
+
+
+def test_sharded_export_reads_back_and_half_precision_upcasts(built, tmp_path):
+    """--shard-size splits the weights over shards + index; a bf16 / fp16 folder imports as float32."""
+    import torch
+    from naohai.convert.hf.convert import read_hf
+    model, src = built["llama"]
+    out = str(tmp_path / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", out]) == 0
+    sharded = str(tmp_path / "sharded")
+    assert main(["ckpt", "export", out, "--to", "hf", "--out", sharded, "--shard-size", "100KB"]) == 0
+    shards = sorted(f for f in os.listdir(sharded) if f.endswith(".safetensors"))
+    assert len(shards) > 3 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.load(open(os.path.join(sharded, "model.safetensors.index.json")))
+    assert set(index["weight_map"].values()) == set(shards)
+    _, a = read_hf(src)
+    _, b = read_hf(sharded)
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    for dtype in (torch.bfloat16, torch.float16):
+        half = str(tmp_path / f"half-{dtype}")
+        copy.deepcopy(model).to(dtype).save_pretrained(half)
+        _, h = read_hf(half)
+        for k, v in h.items():
+            assert v.dtype == np.float32
+            want = a[k].astype(np.float32)
+            expect = torch.as_tensor(want).to(dtype).to(torch.float32).numpy()   # the rounding of that dtype
+            assert np.array_equal(v, expect), k
+
+
+def _edit_config(folder, **changes):
+    path = os.path.join(folder, "config.json")
+    config = json.load(open(path))
+    config.update(changes)
+    json.dump(config, open(path, "w"))
+
+
+def test_bad_folders_exit_2_naming_file_and_key(built, tmp_path, capsys):
+    import shutil
+    _, src = built["llama"]
+
+    def attempt(folder, *needles):
+        capsys.readouterr()
+        assert main(["ckpt", "import", folder, "--from", "hf", "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("naohai: error:") and "Traceback" not in err and err.count("\n") <= 6, err
+        flat = " ".join(err.split())
+        for needle in needles:
+            assert needle in flat, (needle, err)
+        assert not os.path.exists(tmp_path / "out")
+
+    def copy(name):
+        folder = str(tmp_path / name)
+        shutil.copytree(src, folder)
+        return folder
+
+    attempt(_with(copy("unknown"), model_type="mamba"), "config.json", "key 'model_type'", "'mamba'")
+    attempt(_with(copy("scaled"), rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}),
+            "config.json", "rope_parameters.rope_type", "yarn")
+    attempt(_with(copy("legacy-scaled"), rope_scaling={"type": "linear", "factor": 2.0}), "key 'rope_scaling'",
+            "linear")
+    attempt(_with(copy("shape"), intermediate_size=201), "model.safetensors", "mlp.gate_proj.weight", "(201, 144)",
+            "config.json")
+    attempt(_with(copy("act"), hidden_act="relu"), "key 'hidden_act'", "'relu'")
+    sharded = str(tmp_path / "sharded")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", str(tmp_path / "imp")]) == 0
+    assert main(["ckpt", "export", str(tmp_path / "imp"), "--to", "hf", "--out", sharded, "--shard-size", "200KB"]) == 0
+    second = sorted(f for f in os.listdir(sharded) if f.endswith(".safetensors"))[1]
+    os.remove(os.path.join(sharded, second))
+    attempt(sharded, "model.safetensors.index.json", "key 'weight_map'", second, "missing")
+    attempt(str(tmp_path / "nowhere"), "nowhere", "not a folder")
+
+
+def _with(folder, **changes):
+    _edit_config(folder, **changes)
+    return folder
+
+
+def test_export_refuses_what_no_architecture_holds(tmp_path, capsys):
+    """PanGu-alpha's query layer has no Hugging Face architecture: exit 2 naming the recipe key."""
+    from naohai.config import preset_recipe
+    from naohai.convert.model_dir import write_model_dir
+    from naohai.model.spec import param_shapes
+    recipe = preset_recipe("tiny-pangu")
+    weights = {p.name: np.zeros(p.shape, np.float32) for p in param_shapes(recipe.model)}
+    write_model_dir(str(tmp_path / "pangu"), recipe, weights)
+    capsys.readouterr()
+    assert main(["ckpt", "export", str(tmp_path / "pangu"), "--to", "hf", "--out", str(tmp_path / "x")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "model.family" in err and "pangu" in err and not os.path.exists(tmp_path / "x")

@@ -1,0 +1,109 @@
+"""Hugging Face tokenizers: a byte-level BPE naohai trains, against transformers.AutoTokenizer."""
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from naohai.data.hf_tokenizer import HFTokenizer, train_byte_bpe
+from naohai.data.tokenizer import Tokenizer
+from naohai.errors import UserError
+
+pytest.importorskip("transformers")
+
+MIXED = ("深度学习模型在鹏城实验室训练。Naohai trains 大模型 on 2 cores 🚀🔥 naïve café\n"
+         "def f(x):\n\treturn {'k': [x ** 2, \"s\"]}  # 注释 ✓\r\n"
+         "   多个  空格\u00a0和 tabs\t\t、emoji 👩‍👩‍👧 ZWJ, 𝔘𝔫𝔦𝔠𝔬𝔡𝔢, <eod> literal")
+CHAT = ("{{ bos_token }}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+        "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}<|{{ m['role'] }}|>\n"
+        "{{ m['content'] | trim }}{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n"
+        "{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(mixed_docs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bpe")
+    train_byte_bpe(mixed_docs + [MIXED[:40]], 700, str(out / "tokenizer.json"))
+    config = json.load(open(out / "tokenizer_config.json"))
+    config["chat_template"] = CHAT
+    json.dump(config, open(out / "tokenizer_config.json", "w"))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def both(bpe_dir):
+    from transformers import AutoTokenizer
+    return Tokenizer.load(os.path.join(bpe_dir, "tokenizer.json")), AutoTokenizer.from_pretrained(bpe_dir)
+
+
+def test_mixed_text_encodes_and_decodes_as_auto_tokenizer(both):
+    ours, theirs = both
+    assert isinstance(ours, HFTokenizer) and ours.vocab_size == len(theirs) == 700
+    ids = ours.encode(MIXED)
+    assert ids == theirs(MIXED, add_special_tokens=False)["input_ids"]
+    assert ours.decode(ids) == theirs.decode(ids) == MIXED
+    assert ours.encode_batch([MIXED, "x"]) == [ids, theirs("x", add_special_tokens=False)["input_ids"]]
+    assert (ours.eod_id, ours.pad_id, ours.bos_id, ours.unk_id) == (
+        theirs.eos_token_id, theirs.pad_token_id, theirs.bos_token_id, theirs.unk_token_id) == (1, 0, 3, 2)
+    assert ours.decode([ours.bos_id] + ids[:3]) == theirs.decode([ours.bos_id] + ids[:3])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=80))
+def test_any_text_round_trips_like_auto_tokenizer(both, text):
+    ours, theirs = both
+    ids = ours.encode(text)
+    assert ids == theirs(text, add_special_tokens=False)["input_ids"]
+    assert ours.decode(ids) == text
+
+
+def test_chat_template_renders_as_transformers(both):
+    ours, theirs = both
+    messages = [{"role": "system", "content": "你是助手 "}, {"role": "user", "content": "hi 👋"},
+                {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+    for prompt in (True, False):
+        assert ours.apply_chat_template(messages, prompt) == theirs.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=prompt)
+    with pytest.raises(UserError, match="unknown role tool"):
+        ours.apply_chat_template([{"role": "tool", "content": "x"}])
+
+
+def test_prepare_trains_a_byte_bpe_and_packs_with_it(tmp_path, mixed_docs):
+    """data.tokenizer_type: byte_bpe -> <output_dir>/tokenizer.json; windows decode back to the corpus."""
+    from naohai.config import recipe_from_dict
+    from naohai.data.pipeline import ensure_prepared
+    from naohai.data.prepare import load_prepared
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in mixed_docs[:120]), encoding="utf-8")
+    recipe = recipe_from_dict({"model": {"preset": "tiny", "vocab_size": 600, "seq_length": 256},
+                               "data": {"corpus": [str(corpus)], "tokenizer_type": "byte_bpe"},
+                               "train": {"output_dir": str(tmp_path / "run"), "global_batch_size": 4,
+                                         "micro_batch_size": 4}})
+    out, tok = ensure_prepared(recipe, progress=False)
+    assert tok.path == str(tmp_path / "run" / "tokenizer.json") and isinstance(tok, HFTokenizer)
+    prep = load_prepared(out)
+    encoded = {tuple(tok.encode(d)) for d in mixed_docs[:120]}
+    whole = 0
+    for i in range(prep.num_windows("train")):
+        window = [int(x) for x in prep.window("train", i)]
+        cuts = [j for j, x in enumerate(window) if x == tok.eod_id]
+        for a, b in zip(cuts, cuts[1:]):            # documents wholly inside the window, between two EODs
+            assert tuple(window[a + 1:b]) in encoded
+            whole += 1
+    assert whole >= 2
+    from transformers import AutoTokenizer
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path / "run"))
+    assert theirs.decode(window) == tok.decode(window)
+
+
+def test_bad_tokenizer_files_are_user_errors(tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    with pytest.raises(UserError, match="not a Hugging Face tokenizer.json"):
+        Tokenizer.load(str(bad))
+    with pytest.raises(UserError, match="not found"):
+        Tokenizer.load(str(tmp_path / "missing.json"))
+    with pytest.raises(UserError, match="jieba"):
+        from naohai.config import recipe_from_dict
+        recipe_from_dict({"data": {"tokenizer_type": "byte_bpe", "jieba": True}})
