@@ -77,14 +77,17 @@ def tokenizer(out: str):
     return train_byte_bpe([TEXT] * 4, VOCAB, os.path.join(out, "tokenizer.json"))
 
 
-def hf_greedy(model, ids, new: int = 32):
-    """transformers' greedy continuation of one prompt, up to (not including) the first EOS."""
+def hf_greedy(model, ids, new: int = 32, stop: bool = True):
+    """transformers' greedy continuation of one prompt: up to (not including) the first EOS, or with
+    ``stop`` false all ``new`` tokens (EOS generated like any token)."""
     import torch
-    with torch.no_grad():
-        out = model.generate(torch.as_tensor([list(ids)]), do_sample=False, max_new_tokens=new,
-                             attention_mask=torch.ones((1, len(ids)), dtype=torch.long))[0, len(ids):].tolist()
     eos = model.generation_config.eos_token_id
-    return out[:out.index(eos)] if eos in out else out
+    kwargs = {} if stop else {"eos_token_id": None}
+    with torch.no_grad():
+        out = model.generate(torch.as_tensor([list(ids)]), do_sample=False, max_new_tokens=new, min_new_tokens=0,
+                             attention_mask=torch.ones((1, len(ids)), dtype=torch.long), **kwargs)
+    out = out[0, len(ids):].tolist()
+    return out[:out.index(eos)] if stop and eos in out else out
 
 
 def hf_logits(model, ids: np.ndarray) -> np.ndarray:
