@@ -1,5 +1,6 @@
-"""Published PanGu-alpha / PengCheng-Mind checkpoints in and out: names and layouts (``names``),
-their files (``files``), and copying weights into and out of a built model (``weights``)."""
+"""Published checkpoints in and out: PanGu-alpha / PengCheng-Mind names and layouts (``names``),
+their files (``files``), copying weights into and out of a built model (``weights``), and Hugging
+Face folders of the families transformers implements (the ``hf`` package)."""
 
 from naohai.model import families as _families
 
