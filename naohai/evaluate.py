@@ -37,6 +37,9 @@ def windows_of(ids: np.ndarray, cfg: ModelConfig, where: str) -> np.ndarray:
     s = cfg.seq_length + 1
     if ids.ndim == 1:
         n = ids.size // s
+        if n == 0:
+            raise UserError(f"the text has {ids.size} tokens; {s} needed (one window: the model's seq_length "
+                            f"{s - 1} + 1 for the last label; a last partial window is not scored)", where=where)
         ids = ids[: n * s].reshape(n, s)
     if ids.ndim != 2 or ids.shape[1] != s or ids.shape[0] == 0:
         raise UserError(f"needs at least one window of seq_length + 1 = {s} ids (a 1-D stream or [n, {s}]), "

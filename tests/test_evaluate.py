@@ -99,3 +99,39 @@ def test_eval_of_a_folder_that_is_no_model(tmp_path, capsys):
     assert main(["eval", str(tmp_path), "--ids", str(tmp_path / "ids.npy")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "neither a checkpoint folder" in err and "Traceback" not in err
+
+
+def test_short_or_empty_stream_names_its_length(tmp_path):
+    """A stream shorter than one window says how many tokens it has and how many one window needs."""
+    import pytest
+
+    from naohai.errors import UserError
+    from naohai.evaluate import windows_of
+
+    cfg = micro_recipe(tmp_path).model                 # seq_length 32: a window is 33 ids
+    for length in (0, 5, 32):
+        with pytest.raises(UserError) as err:
+            windows_of(np.arange(length, dtype=np.int64), cfg, "short.txt")
+        assert f"the text has {length} tokens; 33 needed" in str(err.value) and "short.txt" in str(err.value)
+    assert windows_of(np.arange(70, dtype=np.int64), cfg, "ok.txt").shape == (2, 33)
+
+
+def test_held_out_text_of_a_prepared_folder(tmp_path, micro_data, capsys):
+    """`naohai data info DIR --held-out-text F` writes the held-out split's documents, decoded, one after
+    another with a blank line between them."""
+    from naohai.data.prepare import load_prepared
+    from naohai.data.tokenizer import Tokenizer
+
+    prepared, tok = micro_data
+    out = tmp_path / "held_out.txt"
+    assert main(["data", "info", str(prepared), "--held-out-text", str(out)]) == 0
+    prep = load_prepared(str(prepared))
+    valid = np.asarray(prep.tokens("valid"))
+    cuts = np.flatnonzero(valid == prep.eod_id)
+    docs = [d[d != prep.eod_id] for d in np.split(valid, cuts)]
+    docs = [d for d in docs if d.size]
+    tokenizer = Tokenizer.load(tok)
+    assert f"held-out split: {len(docs)} documents, {valid.size} tokens -> {out}" in capsys.readouterr().out
+    text = out.read_text(encoding="utf-8")
+    assert text == "\n\n".join(tokenizer.decode(d.tolist()) for d in docs) + "\n"
+    assert len(docs) >= 2 and prep.meta["splits"]["valid"]["documents"] == len(docs)

@@ -82,6 +82,9 @@ def register(subparsers) -> None:
 
     i = sub.add_parser("info", help="show a prepared directory and its first window, decoded")
     i.add_argument("dir", help="prepared data directory")
+    i.add_argument("--held-out-text", metavar="FILE",
+                   help="also write the held-out split, decoded, to FILE (one document after another, a blank "
+                        "line between them): text the run never trained on, e.g. for `naohai eval --text`")
     i.set_defaults(run=run_info)
 
     p.set_defaults(run=lambda args: (p.print_help(), 2)[1])
@@ -250,7 +253,31 @@ def run_info(args) -> int:
         tok = Tokenizer.load(path)
         print("first training window, decoded:")
         print(repr(tok.decode(prep.window("train", 0))))
+    if args.held_out_text:
+        if not (path and os.path.exists(path)):
+            raise UserError(f"--held-out-text needs the tokenizer the data was made with, and {path} does not "
+                            f"exist", where=args.dir, key="--held-out-text")
+        docs = _split_documents(prep.tokens("valid"), prep.eod_id)
+        with open(args.held_out_text, "w", encoding="utf-8") as fh:
+            fh.write("\n\n".join(tok.decode(doc) for doc in docs) + "\n")
+        print(f"held-out split: {len(docs)} documents, {int(prep.tokens('valid').size)} tokens -> "
+              f"{args.held_out_text}")
     return 0
+
+
+def _split_documents(ids, eod_id: int):
+    """The documents of a packed token stream (joined by EOD), each a list of ids, empty ones left out."""
+    docs, current = [], []
+    for token in ids.tolist():
+        if token == eod_id:
+            if current:
+                docs.append(current)
+            current = []
+        else:
+            current.append(token)
+    if current:
+        docs.append(current)
+    return docs
 
 
 def _print_problems(report, out_dir: str, most: int = 20) -> None:

@@ -5,9 +5,9 @@ before its first step: resolve the device (``train.device`` / ``--device``), set
 MindSpore context and seeds, initialise communication for the strategy
 (:func:`naohai.strategy.apply.init_runtime`, which refuses a layout the device cannot
 run), make sure the data is prepared (rank 0 prepares, the others wait), build the
-steps, write the resolved recipe and strategy into the run folder, and return a
-:class:`naohai.train.loop.Trainer` with its callbacks and checkpoint store.
-``train(...)`` also resumes and runs it.
+steps, and return a :class:`naohai.train.loop.Trainer` with its callbacks (the first,
+:class:`RunFiles`, writes the resolved recipe and strategy into the run folder once the
+loop has a step to take) and checkpoint store.  ``train(...)`` also resumes and runs it.
 """
 from __future__ import annotations
 
@@ -161,6 +161,19 @@ def write_run_files(recipe: Recipe, resolved, out: str) -> None:
         json.dump(summary, fh, indent=1)
 
 
+class RunFiles:
+    """Writes the run folder's recipe and strategy files (:func:`write_run_files`) when the loop starts
+    stepping (rank 0): a run with nothing left to do (resumed at or past ``train.steps``) keeps the
+    recipe its checkpoints were trained with."""
+
+    def __init__(self, recipe: Recipe, resolved, out: str):
+        self.recipe, self.resolved, self.out = recipe, resolved, out
+
+    def on_start(self, trainer) -> None:
+        if trainer.writer:
+            write_run_files(self.recipe, self.resolved, self.out)
+
+
 def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: Callable[[str], None] = print,
           progress: bool = True, max_steps: Optional[int] = None, callbacks: Sequence[Any] = ()) -> Trainer:
     """Everything before the first step (see the module docstring)."""
@@ -191,15 +204,13 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     peak, peak_source = peak_tflops(device, recipe.model.compute_dtype, t.device_peak_tflops, t.device_profile)
     writer_log(f"device: {device} (train.device={t.device if where != 'command line' else device}); "
                f"MFU peak {peak:.3g} TFLOP/s per device: {peak_source}")
-    if runtime.is_writer:
-        write_run_files(recipe, resolved, out)
     info = layout_info(resolved, runtime)
     manifest = {"recipe": recipe.to_dict(), "seed": t.seed, "layout": info, "identity": run_identity(recipe, prepared_dir),
                 "strategy": None if resolved is None else {"name": resolved.name, "source": resolved.source,
                                                            "text": _strategy_text(resolved)}}
     store = CheckpointStore(out, runtime.rank, runtime.world, writes=runtime.rank in info["ranks_with_files"],
                             all_ok=comm.all_ok, keep_last=t.keep_checkpoints, keep_every=t.keep_every)
-    hooks = [ConsoleLog(log), MetricsFiles(out), LossPlot(out, log), *callbacks]
+    hooks = [RunFiles(recipe, resolved, out), ConsoleLog(log), MetricsFiles(out), LossPlot(out, log), *callbacks]
     return Trainer(recipe, built, prepared_dir, store=store, manifest=manifest, log=log, callbacks=hooks,
                    max_steps=max_steps, peak_tflops=peak, strategy_file=strategy_file)
 

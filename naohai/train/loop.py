@@ -203,6 +203,14 @@ class Trainer:
         t = self.recipe.train
         result = TrainResult(self.out, self.step, is_writer=self.writer)
         end = t.steps if self.max_steps is None else min(t.steps, self.step + self.max_steps)
+        if self.step >= t.steps:
+            # a finished run: no step, no file of the run rewritten (recipe, metrics, plots)
+            past = "at" if self.step == t.steps else f"past train.steps={t.steps}, at"
+            self.log(f"nothing to do: {self.out} is already {past} step {self.step}. To train further raise "
+                     f"train.steps (e.g. train.steps={self.step + t.steps}); to start a new run give another "
+                     f"train.output_dir (--output-dir) or --no-resume")
+            result.checkpoint = (ckpt_store.list_checkpoints(self.out) or [None])[-1]
+            return result
         tokens_step = t.global_batch_size * self.recipe.model.seq_length
         self._emit("on_start")
         self.log(f"layout: {self.manifest['layout']['describe']}; {self.steps.rows} rows per rank per step")

@@ -79,3 +79,25 @@ def test_accumulation_matches_full_batch(tmp_path, micro_data):
     b = _run(micro_recipe(tmp_path / "b", prepared, tok, steps=3, micro_batch_size=2), resume=False)
     for step in (1, 2, 3):
         assert abs(a.losses[step] - b.losses[step]) < 1e-5, (step, a.losses, b.losses)
+
+
+def test_finished_run_has_nothing_to_do_and_keeps_its_recipe(tmp_path, micro_data):
+    """Resuming a run at (or past) train.steps takes no step, says so, and rewrites none of the run's
+    files: the recorded recipe stays the one its checkpoints were trained with."""
+    prepared, tok = micro_data
+    out = tmp_path / "done"
+    first = _run(micro_recipe(out, prepared, tok, steps=4, save_every=4), resume=False)
+    assert first.steps_done == 4
+    files = {name: (out / name).read_bytes() for name in ("recipe.resolved.yaml", "metrics.jsonl", "loss.png")}
+    lines = []
+    for steps in (4, 2):          # the same recipe again; a shorter one with another learning rate
+        trainer = start(micro_recipe(out, prepared, tok, steps=steps, lr=1e-3), None, log=lines.append,
+                        progress=False)
+        trainer.resume()
+        again = trainer.run()
+        assert again.steps_done == 4 and again.losses == {} and again.evals == {}
+        assert again.checkpoint == first.checkpoint
+    said = [line for line in lines if line.startswith("nothing to do")]
+    assert len(said) == 2 and "already at step 4" in said[0] and "past train.steps=2, at step 4" in said[1]
+    assert "(e.g. train.steps=8)" in said[0] and "(e.g. train.steps=6)" in said[1]
+    assert {name: (out / name).read_bytes() for name in files} == files
