@@ -25,7 +25,12 @@ def register(subparsers) -> None:
     p.add_argument("--master-addr", help="IP or host name of node 0 (required for several nodes)")
     p.add_argument("--master-port", default=DEFAULT_PORT, help=f"scheduler port (default {DEFAULT_PORT})")
     p.add_argument("--devices-per-node", type=int, help="worker processes per node")
-    p.add_argument("--log-dir", default="runs/msrun_logs", help="msrun log directory (default runs/msrun_logs)")
+    p.add_argument("--log-dir", help="folder of MindSpore's logs: msrun.log and worker_<rank>.log "
+                                     "(default <train.output_dir>/msrun_logs)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show msrun's whole output (MindSpore's logs) here, not only naohai's lines per rank")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="start CPU workers even beyond 2 per core or the machine's available memory")
     p.add_argument("--join", action=argparse.BooleanOptionalAction, default=True,
                    help="wait for the workers and report failures (default; --no-join returns at once)")
     p.add_argument("--cluster-time-out", type=int, default=600,
@@ -43,16 +48,23 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from naohai.launch.devices import worker_count
+    import os
+
+    from naohai.config import load_recipe
+    from naohai.launch.devices import check_machine, worker_count
     from naohai.launch.preflight import preflight   # MindSpore: imported when a launch runs, not for --help
 
     workers = worker_count(args.strategy, args.devices_per_node, args.nodes)
     # validate recipe + strategy and refuse a layout this device cannot run, before any worker starts
     device = preflight(args.recipe, list(args.overrides), args.strategy, args.device, args.dry_run)
+    log_dir = args.log_dir or os.path.join(load_recipe(args.recipe, list(args.overrides)).train.output_dir,
+                                           "msrun_logs")
+    if not args.dry_run:
+        check_machine(workers // max(1, args.nodes), device, args.oversubscribe, print)
     plan = MsrunPlan(recipe=args.recipe, strategy=args.strategy, workers=workers, nodes=args.nodes,
                      node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
-                     log_dir=args.log_dir, join=args.join, cluster_time_out=args.cluster_time_out,
+                     log_dir=log_dir, join=args.join, cluster_time_out=args.cluster_time_out,
                      bind_core=args.bind_core, node_time_out=args.node_time_out, rank_table_file=args.rank_table,
                      rank_table_mode="processes" if args.rank_table_processes else "msrun",
                      overrides=list(args.overrides), device=device)
-    return run_msrun(plan, dry_run=args.dry_run)
+    return run_msrun(plan, dry_run=args.dry_run, verbose=args.verbose)

@@ -65,7 +65,7 @@ class MsrunPlan:
     local_workers: Optional[int] = None  # default workers // nodes
     master_addr: Optional[str] = None    # required when nodes > 1
     master_port: int = DEFAULT_PORT
-    log_dir: str = "runs/msrun_logs"
+    log_dir: str = "runs/msrun_logs"    # naohai launch passes <train.output_dir>/msrun_logs
     join: bool = True
     cluster_time_out: int = 600
     bind_core: bool = False
@@ -305,12 +305,51 @@ def failure_report(log_dir: str, msrun_output: str, code: int, log_name: str = L
     return "\n".join(parts)
 
 
+#: a line of MindSpore's own logger: ``[WARNING] ME(1234,7f..,python):2026-... [file:line] func] text``
+_MS_LOG_RE = re.compile(r"^\[(DEBUG|INFO|WARNING|ERROR|CRITICAL|EXCEPTION)\] [A-Z_]+\(\d+")
+MSRUN_LOG = "msrun.log"      # msrun's own console output, kept next to the worker logs
+
+
+class WorkerLogFollower:
+    """Reads the per-rank logs as they grow and passes on the lines naohai's code wrote (its progress
+    lines, tracebacks, anything that is not MindSpore's logger), each prefixed with its rank."""
+
+    def __init__(self, log_dir: str, write, log_name: str = LOG_NAME):
+        self.log_dir, self.write, self.log_name = log_dir, write, log_name
+        self.offsets: Dict[int, int] = {}
+        self.partial: Dict[int, str] = {}
+        self.shown = 0
+
+    def poll(self, final: bool = False) -> None:
+        for rank, path in worker_logs(self.log_dir, self.log_name).items():
+            try:
+                with open(path, "r", encoding="utf-8", errors="replace") as fh:
+                    fh.seek(self.offsets.get(rank, 0))
+                    chunk = fh.read()
+                    self.offsets[rank] = fh.tell()
+            except OSError:
+                continue
+            text = self.partial.pop(rank, "") + chunk
+            lines = text.split("\n")
+            if not final:
+                self.partial[rank] = lines.pop()       # an unfinished last line waits for its end
+            for line in lines:
+                if line.strip() and not _MS_LOG_RE.match(line):
+                    self.write(f"[rank {rank}] {line}\n")
+                    self.shown += 1
+
+
 def run_msrun(plan: MsrunPlan, dry_run: bool = False, out: Optional[TextIO] = None,
-              err: Optional[TextIO] = None) -> int:
+              err: Optional[TextIO] = None, verbose: bool = False, poll_s: float = 0.5) -> int:
     """Print this node's command, run it (unless ``dry_run``), return msrun's exit code.
 
-    msrun's own output is passed through line by line and kept for diagnosis.
+    msrun's own console output (its logger and its tails of every worker log) goes to
+    ``<log_dir>/msrun.log``; the console shows, per rank, the lines naohai wrote in the worker logs
+    (:class:`WorkerLogFollower`), or with ``verbose`` msrun's whole output as it comes.
     """
+    import threading
+    import time
+
     out = out or sys.stdout
     err = err or sys.stderr
     p = validate_plan(plan)
@@ -322,26 +361,51 @@ def run_msrun(plan: MsrunPlan, dry_run: bool = False, out: Optional[TextIO] = No
     if dry_run:
         return 0
     os.makedirs(p.log_dir, exist_ok=True)
+    msrun_log = os.path.join(p.log_dir, MSRUN_LOG)
+    print(f"naohai launch: {p.per_node} worker(s) on this node; MindSpore's logs go to {p.log_dir} "
+          f"({MSRUN_LOG}, {LOG_NAME}_<rank>.log)" + ("" if verbose else "; --verbose shows them here"),
+          file=out, flush=True)
     env = {**os.environ, **extra}
     env.setdefault("PYTHONUNBUFFERED", "1")
+    started = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                 text=True, errors="replace", bufsize=1)
     except FileNotFoundError:
         raise UserError("'msrun' was not found on PATH (it ships with mindspore>=2.3)",
                         where=WHERE, key="msrun") from None
-    captured = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        captured.append(line)
-        out.write(line)
-    out.flush()
-    code = proc.wait()
+    captured: List[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        with open(msrun_log, "a", encoding="utf-8") as fh:
+            for line in proc.stdout:
+                captured.append(line)
+                fh.write(line)
+                fh.flush()
+                if verbose:
+                    out.write(line)
+                    out.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    follower = WorkerLogFollower(p.log_dir, lambda line: (out.write(line), out.flush()))
+    while proc.poll() is None:
+        if not verbose:
+            follower.poll()
+        time.sleep(poll_s)
+    reader.join(timeout=10)
+    if not verbose:
+        follower.poll(final=True)
+    code = proc.returncode
     if code != 0:
         print(failure_report(p.log_dir, "".join(captured), code), file=err, flush=True)
     elif not p.join:
         print(f"naohai launch: workers started in the background (no --join); logs in {p.log_dir}",
               file=out, flush=True)
+    else:
+        print(f"naohai launch: {p.per_node} worker(s) finished (exit 0) in {time.monotonic() - started:.0f} s; "
+              f"logs in {p.log_dir}", file=out, flush=True)
     return code
 
 

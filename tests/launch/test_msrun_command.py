@@ -138,3 +138,50 @@ def test_diagnose_maps_pid_to_rank(tmp_path):
     # no msrun output: fall back to logs holding a traceback
     (tmp_path / "worker_0.log").write_text("Traceback (most recent call last):\nValueError: x\n")
     assert [r for r, _, _ in diagnose(str(tmp_path), "")] == [0]
+
+
+def test_default_log_dir_is_in_the_run_folder(capsys):
+    assert main(["launch", "tiny", "train.micro_batch_size=8", "train.output_dir=runs/x", "--strategy",
+                 str(ROOT / "strategies" / "tiny-dp2.yaml"), "--dry-run"]) == 0
+    assert " --log_dir runs/x/msrun_logs " in capsys.readouterr().out
+
+
+def test_follower_shows_naohai_lines_per_rank_and_hides_mindspore_logs(tmp_path):
+    """msrun's worker logs mix MindSpore's logger with naohai's own lines: only the latter are shown,
+    prefixed with the rank, each line once, an unfinished line when it is finished."""
+    from naohai.launch.msrun import WorkerLogFollower
+    shown = []
+    follower = WorkerLogFollower(str(tmp_path), shown.append)
+    w0, w1 = tmp_path / "worker_0.log", tmp_path / "worker_1.log"
+    w0.write_text("[WARNING] ME(4242,7f3a,python):2026-11-25-03:40:00.1 [context.py:1] set_context] deprecated\n"
+                  "[INFO] DEVICE(4242,7f3a,python):2026-11-25-03:40:00.2 [x.cc:3] Init] ok\n"
+                  "device: CPU (train.device=CPU)\n03:40:05 step      5/50 | loss 7.1")
+    w1.write_text("[WARNING] ME(4243,7f3b,python):2026-11-25-03:40:00.1 [a.py:1] f] noise\n")
+    follower.poll()
+    assert shown == ["[rank 0] device: CPU (train.device=CPU)\n"]
+    with open(w0, "a") as fh:
+        fh.write(" | lr 1e-3\n[ERROR] ME(4242,7f3a,python):2026 [b.py:2] g] hidden\n")
+    with open(w1, "a") as fh:
+        fh.write("Traceback (most recent call last):\n")
+    follower.poll(final=True)
+    assert shown[1:] == ["[rank 0] 03:40:05 step      5/50 | loss 7.1 | lr 1e-3\n",
+                         "[rank 1] Traceback (most recent call last):\n"]
+
+
+def test_machine_check_warns_and_refuses():
+    from naohai.launch.devices import check_machine
+    gib = 2 ** 30
+    warned = []
+    check_machine(2, "CPU", False, warned.append, resources=(2, 20 * gib))
+    assert warned == []
+    check_machine(3, "CPU", False, warned.append, resources=(2, 20 * gib))
+    assert len(warned) == 1 and "3 CPU workers share 2 cores" in warned[0]
+    with pytest.raises(UserError) as err:
+        check_machine(64, "CPU", False, warned.append, resources=(2, 23 * gib))
+    text = str(err.value)
+    assert "64 CPU workers on 2 cores" in text and "76.8 GiB" in text and "--oversubscribe" in text
+    with pytest.raises(UserError, match="need at least 9.6 GiB"):
+        check_machine(8, "CPU", False, warned.append, resources=(8, 4 * gib))
+    check_machine(64, "CPU", True, warned.append, resources=(2, 23 * gib))
+    assert "WARNING (--oversubscribe): 64 CPU workers on 2 cores" in warned[-1]
+    check_machine(64, "Ascend", False, warned.append, resources=(2, 1 * gib))    # accelerators: not counted here
