@@ -161,7 +161,8 @@ def machine_key(n: int = PEAK_MATMUL_N) -> str:
 
 def cached_cpu_peak_tflops(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS) -> Tuple[float, str]:
     """(peak TFLOP/s, source) of this machine: read from ``<cache_dir>/peak_tflops.json`` when this
-    :func:`machine_key` is there, else measured now (:func:`measured_cpu_peak_tflops`) and stored.
+    :func:`machine_key` is there, else measured now (:func:`measured_cpu_peak_tflops`) and stored if the
+    machine was not busy (1-minute load average below the usable cores; a busy one's figure is used once).
     The source names the file, the date and the load average of the measurement; delete the entry
     (or the file) to measure again, or set ``train.device_peak_tflops``."""
     path = os.path.join(cache_dir(), "peak_tflops.json")
@@ -179,8 +180,13 @@ def cached_cpu_peak_tflops(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS) 
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         entry = {"tflops": measured_cpu_peak_tflops(n, repeats), "measured": time.strftime("%Y-%m-%d %H:%M"),
                  "load_average": round(load, 2)}
-        entries[key] = entry
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         how = "measured now"
+        if not load < cores:      # other work held the cores: a figure to use once, not to keep
+            return entry["tflops"], (f"fp32 matmul peak of this machine ({n}^3, compiled MindSpore MatMul or "
+                                     f"NumPy BLAS, best of {repeats}), measured now at load average {load:.2f} on "
+                                     f"{cores} cores: not cached (a busy machine; the next run measures again)")
+        entries[key] = entry
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = f"{path}.{os.getpid()}.tmp"

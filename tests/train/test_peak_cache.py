@@ -6,6 +6,7 @@ from naohai.train import device
 
 def test_peak_measured_once_then_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("NAOHAI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(device.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
     calls = []
 
     def fake_measure(n=device.PEAK_MATMUL_N, repeats=device.PEAK_REPEATS):
@@ -37,5 +38,15 @@ def test_unwritable_cache_still_gives_a_peak(tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setenv("NAOHAI_CACHE_DIR", str(blocker / "sub"))     # a folder under a file: cannot exist
     monkeypatch.setattr(device, "measured_cpu_peak_tflops", lambda n=0, repeats=0: 0.25)
+    monkeypatch.setattr(device.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
     peak, source = device.peak_tflops("CPU", "float32")
     assert peak == 0.25 and "not cached" in source
+
+
+def test_busy_machine_measurement_is_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("NAOHAI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(device, "measured_cpu_peak_tflops", lambda n=0, repeats=0: 0.02)
+    monkeypatch.setattr(device.os, "getloadavg", lambda: (9.5, 9.0, 8.0))
+    peak, source = device.peak_tflops("CPU", "float32")
+    assert peak == 0.02 and "load average 9.50" in source and "not cached (a busy machine" in source
+    assert not (tmp_path / "cache" / "peak_tflops.json").exists()
