@@ -48,7 +48,7 @@ def test_bad_sampling_flags():
         SamplingConfig(temperature=-1).validate()
 
 
-def test_generate_from_checkpoint(tmp_path, micro_data):
+def test_generate_from_checkpoint(tmp_path, micro_data, capsys):
     prepared, tok = micro_data
     recipe = micro_recipe(tmp_path / "run", prepared, tok, steps=4, save_every=4)
     start(recipe, None, log=lambda *_: None, progress=False).run()
@@ -59,6 +59,14 @@ def test_generate_from_checkpoint(tmp_path, micro_data):
     assert isinstance(greedy, str) and greedy == again
     sampled = gen.generate("The ", SamplingConfig(max_new_tokens=8, temperature=1.0, seed=5))
     assert isinstance(sampled, str)
+    # the command line: several prompts, each under its own header
+    from naohai.cli import main
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "The ", "--prompt", "A ", "--max-new-tokens", "8",
+                 "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    first, second = out.split("\n\n=== prompt 2 of 2: 'A ' ===\n")
+    assert first.startswith("=== prompt 1 of 2: 'The ' ===\nThe ") and second.startswith("A ")
+    assert first.endswith(greedy)
 
 
 # ------------------------------------------------------------------------------ key/value cache

@@ -36,7 +36,9 @@ def register(sub) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     a = actions.add_parser("inspect", help="what a checkpoint holds")
     a.add_argument("checkpoint")
-    a.add_argument("--tensors", type=int, default=20, help="tensors listed (default 20, 0 = all)")
+    a.add_argument("--tensors", type=int, default=20, help="model tensors listed (default 20, 0 = all)")
+    a.add_argument("--state", action="store_true",
+                   help="list the optimizer and training state too (Adam moments, step, loss-scale guard)")
     a = actions.add_parser("verify", help="check every file against the manifest")
     a.add_argument("checkpoint")
     a = actions.add_parser("merge", help="merge a sharded checkpoint into full tensors")
@@ -107,6 +109,8 @@ def _inspect(args, path) -> int:
         print(f"  strategy: {man['strategy'].get('name')} ({man['strategy'].get('source')})")
     if man.get("resharded_from"):
         print(f"  resharded from {man['resharded_from']['path']}")
+    order = _model_tensor_order(man)
+    model_names = set(order)
     files = man.get("files") or {}
     print(f"  files: {len(files)}, {sum(int(e.get('bytes', 0)) for e in files.values()) / 1e6:.2f} MB")
     for rank in layout.get("ranks_with_files") or [0]:
@@ -115,12 +119,20 @@ def _inspect(args, path) -> int:
             raise UserError(f"integrity error: {name} resolves outside the checkpoint folder (a symbolic link "
                             f"out); not read", where=path)
         tensors = ms.load_checkpoint(os.path.join(path, name))
-        n = sum(int(v.size) for v in tensors.values())
-        print(f"  {name}: {len(tensors)} tensors, {n:,} values")
+        model = {k: v for k, v in tensors.items() if k in model_names}
+        state = {k: v for k, v in tensors.items() if k not in model_names}
+        print(f"  {name}: {len(model)} model tensors ({sum(int(v.size) for v in model.values()):,} values), "
+              f"{len(state)} optimizer / training state tensors ({sum(int(v.size) for v in state.values()):,} "
+              f"values{'' if args.state else '; --state lists them'})")
         if rank == (layout.get("ranks_with_files") or [0])[0]:
-            limit = args.tensors or len(tensors)
-            for k, v in list(sorted(tensors.items()))[:limit]:
-                print(f"    {k:60s} {list(v.shape)} {v.dtype}")
+            shown = [model] + ([state] if args.state else [])
+            for group in shown:
+                items = sorted(group.items(), key=lambda kv: order.get(kv[0], (len(order), kv[0])))
+                limit = args.tensors or len(items)
+                for k, v in items[:limit]:
+                    print(f"    {k:60s} {list(v.shape)} {v.dtype}")
+                if len(items) > limit:
+                    print(f"    ... {len(items) - limit} more (--tensors 0 lists all)")
     if layout.get("signature", "full") != "full":
         from naohai.checkpoint.reshard import merged_tensors
         merged = merged_tensors(path)
@@ -129,6 +141,18 @@ def _inspect(args, path) -> int:
         for k, v in list(sorted(merged.items()))[:limit]:
             print(f"    {k:60s} {list(v.shape)}")
     return 0
+
+
+def _model_tensor_order(man) -> dict:
+    """Model parameter name -> position in the model (embedding, layers in order, head), from the
+    checkpoint's recipe; optimizer and training state are the other tensors."""
+    from naohai.config import recipe_from_dict
+    from naohai.model.spec import param_shapes
+    try:
+        cfg = recipe_from_dict(man["recipe"], where="checkpoint manifest").model
+    except (KeyError, TypeError, UserError):
+        return {}
+    return {p.name: (i, p.name) for i, p in enumerate(param_shapes(cfg))}
 
 
 def _verify(args, path) -> int:

@@ -41,6 +41,9 @@ def run(args) -> int:
         gen.generate_batch(prompts, cfg, stream=lambda _row, text: (sys.stdout.write(text), sys.stdout.flush()))
         sys.stdout.write("\n")
         return 0
-    for prompt, text in zip(prompts, gen.generate_batch(prompts, cfg)):
+    texts = gen.generate_batch(prompts, cfg)
+    for i, (prompt, text) in enumerate(zip(prompts, texts), 1):
+        if len(prompts) > 1:     # one header per prompt: continuations may hold blank lines of their own
+            print(f"{'' if i == 1 else chr(10)}=== prompt {i} of {len(prompts)}: {prompt!r} ===")
         print(prompt + text)
     return 0

@@ -78,7 +78,8 @@ def metrics_figure(runs: Sequence[RunSeries], title: Optional[str] = None):
         name = f"{run.label}: " if several else ""
         if run.train_loss:
             xs, ys = zip(*run.train_loss)
-            loss_ax.plot(xs, ys, color=colour, linewidth=1.2, label=f"{name}train loss")
+            loss_ax.plot(xs, ys, color=colour, linewidth=1.2, marker="." if len(xs) <= 40 else None,
+                         label=f"{name}train loss")
         if run.valid_loss:
             xs, ys = zip(*run.valid_loss)
             loss_ax.plot(xs, ys, color=colour, linestyle="--", marker="o", markersize=4, linewidth=1.0,
@@ -86,7 +87,8 @@ def metrics_figure(runs: Sequence[RunSeries], title: Optional[str] = None):
         for ax, (key, *_rest) in zip((axes[0][1], axes[1][0], axes[1][1]), PANELS):
             if run.other.get(key):
                 xs, ys = zip(*run.other[key])
-                ax.plot(xs, ys, color=colour, linewidth=1.2, label=run.label)
+                ax.plot(xs, ys, color=colour, linewidth=1.2, marker="." if len(xs) <= 40 else None,
+                        label=run.label)
     loss_ax.set_title("loss")
     loss_ax.set_ylabel("loss (nats per token)")
     loss_ax.legend(loc="upper right", fontsize="small")

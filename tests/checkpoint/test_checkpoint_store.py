@@ -195,6 +195,14 @@ def test_ckpt_inspect_merge_export(trained, tmp_path, capsys):
     assert main(["ckpt", "inspect", str(out)]) == 0
     text = capsys.readouterr().out
     assert "step 8" in text and "rank_0.ckpt" in text and "layers.0.attention.q_weight" in text
+    # by default the model's tensors, in the model's order; the optimizer state only with --state
+    listed = [line.split()[0] for line in text.splitlines() if line.startswith("    ") and "[" in line]
+    assert listed[0] == "embedding.word_embedding" and not any(n.startswith(("adam_", "guard.")) for n in listed)
+    assert "optimizer / training state tensors" in text
+    assert main(["ckpt", "inspect", str(out), "--state", "--tensors", "0"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("    ")]
+    assert "adam_m.embedding.word_embedding" in listed and "global_step" in listed
+    assert listed.index("head.final_norm.gamma") < listed.index("adam_m.embedding.word_embedding")
     # merging a full checkpoint gives the same tensors under a new, verified manifest
     assert main(["ckpt", "merge", ckpt, "--out", str(tmp_path / "merged")]) == 0
     assert store.verify(str(tmp_path / "merged")).ok
