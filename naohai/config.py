@@ -346,13 +346,35 @@ def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
     return recipe.validate()
 
 
+def recipe_names() -> List[str]:
+    """The recipes shipped in the repository's recipes/ folder (names without .yaml)."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+    try:
+        return sorted(name[:-5] for name in os.listdir(folder) if name.endswith(".yaml"))
+    except OSError:
+        return []
+
+
 def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
-    """Load a recipe file (or a name in recipes/) and apply dotted overrides."""
+    """Load a recipe file (or a name in recipes/) and apply dotted overrides.  A mistake in an
+    override is reported against the command line, not the recipe file."""
+    given = path
     path = resolve_recipe_path(path)
+    if not os.path.exists(path):
+        names = recipe_names()
+        raise UserError(f"no such recipe file, and no recipe of that name in recipes/."
+                        f"{did_you_mean(given, names)} Recipes: {', '.join(names)}", where=given)
     raw = read_yaml(path, "recipe")
     if overrides:
         raw = _merge(raw, parse_overrides(overrides))
-    return recipe_from_dict(raw, where=path)
+    try:
+        return recipe_from_dict(raw, where=path)
+    except UserError as err:
+        hit = [item for item in overrides if err.key and item.split("=", 1)[0].strip() == err.key]
+        if not hit:
+            raise
+        raise UserError(err.message, where=f"command line override '{hit[-1]}' (recipe {path})", key=err.key,
+                        rule=err.rule) from None
 
 
 def preset_recipe(preset: str) -> Recipe:

@@ -40,7 +40,23 @@ def _cli_error(capsys, argv):
 
 def test_missing_recipe(capsys, tmp_path):
     err = _cli_error(capsys, ["train", str(tmp_path / "nope.yaml")])
-    assert "nope.yaml" in err and "not found" in err
+    assert "nope.yaml" in err and "no such recipe file" in err
+    err = " ".join(_cli_error(capsys, ["train", "tiyn"]).split())   # a name: the closest and every shipped recipe
+    shipped = sorted(f[:-5] for f in os.listdir(os.path.join(REPO, "recipes")) if f.endswith(".yaml"))
+    assert "Did you mean: 'tiny'?" in err and f"Recipes: {', '.join(shipped)}" in err
+
+
+def test_override_mistakes_are_blamed_on_the_command_line(capsys, tmp_path):
+    err = " ".join(_cli_error(capsys, ["train", "tiny", "train.stpes=100"]).split())
+    assert err.startswith("naohai: error: command line override 'train.stpes=100' (recipe ")
+    assert "'steps'" in err
+    err = " ".join(_cli_error(capsys, ["train", "tiny", "train.global_batch_size=10"]).split())
+    assert "command line override 'train.global_batch_size=10'" in err and "multiple of micro_batch_size" in err
+    # a mistake in the file itself is still the file's, whatever the overrides
+    bad = _write(tmp_path, "model: {preset: tiny}\ntrain: {stpes: 3}\n")
+    with pytest.raises(UserError) as info:
+        load_recipe(bad, ["train.lr=0.1"])
+    assert info.value.where == bad and info.value.key == "train.stpes"
 
 
 def test_malformed_yaml_names_line(capsys, tmp_path):
@@ -78,6 +94,7 @@ def test_missing_corpus(capsys, tmp_path):
                             f"train: {{output_dir: {tmp_path / 'run'}}}\n")
     err = _cli_error(capsys, ["train", path])
     assert "none.txt" in err and "data.corpus" in err
+    assert not (tmp_path / "run").exists()        # the failed start leaves no empty run folder behind
 
 
 def test_empty_corpus(capsys, tmp_path):

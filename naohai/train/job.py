@@ -161,6 +161,15 @@ def write_run_files(recipe: Recipe, resolved, out: str) -> None:
         json.dump(summary, fh, indent=1)
 
 
+def _remove_unused_folder(out: str) -> None:
+    """Remove a run folder this process created when it holds nothing but its lock (the data could not
+    be prepared, e.g. a corpus pattern that matches no file): a failed start leaves no empty run behind."""
+    from naohai.runfiles import LOCK_NAME, unlock_folder
+    if set(os.listdir(out)) <= {LOCK_NAME}:
+        unlock_folder(out)
+        shutil.rmtree(out, ignore_errors=True)
+
+
 class RunFiles:
     """Writes the run folder's recipe and strategy files (:func:`write_run_files`) when the loop starts
     stepping (rank 0): a run with nothing left to do (resumed at or past ``train.steps``) keeps the
@@ -192,8 +201,14 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     writer_log = log if runtime.is_writer else (lambda *_: None)
     comm = strategy_apply.HostComm(runtime)
     out = recipe.train.output_dir
+    fresh = not os.path.exists(out)
     claim_output_dir(out, runtime, comm, where=recipe.source)
-    prepared_dir = prepare_data(recipe, runtime, comm, writer_log, progress and runtime.is_writer)
+    try:
+        prepared_dir = prepare_data(recipe, runtime, comm, writer_log, progress and runtime.is_writer)
+    except UserError:
+        if fresh and runtime.rank == 0:
+            _remove_unused_folder(out)
+        raise
     recipe = adopt_token_ids(recipe, prepared_dir, writer_log)
     strategy_file = None
     if runtime.mode == "semi_auto":
