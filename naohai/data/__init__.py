@@ -7,5 +7,6 @@
 - :mod:`naohai.data.tokenizer` train / load a tokenizer with exact round trips
 - :mod:`naohai.data.prepare`   documents -> packed train/valid shards + meta.json
 - :mod:`naohai.data.loader`    deterministic, rank-aware, resumable window batches
+- :mod:`naohai.data.sft`       conversations (.jsonl) -> packed windows with a loss mask, and their loader
 - :mod:`naohai.data.pipeline`  recipe -> (prepared_dir, tokenizer), as the trainer needs
 """

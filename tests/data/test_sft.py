@@ -1,0 +1,202 @@
+"""SFT data: chat-template rendering and the loss mask against transformers and a reference packer
+written from the definition (naohai/data/sft.py's docstring), malformed lines, truncation."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from naohai.data.hf_tokenizer import train_byte_bpe
+from naohai.data.prepare import holdout_mask
+from naohai.data.sft import IGNORE, SFTLoader, load_sft, masked_labels, prepare_sft, render, report_text
+from naohai.data.tokenizer import Tokenizer
+from naohai.errors import UserError
+
+pytest.importorskip("transformers")
+
+CHAT = ("{{ bos_token }}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+        "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+        "{% if m['content'] == 'REFUSE' %}{{ raise_exception('refused content') }}{% endif %}<|{{ m['role'] }}|>\n"
+        "{{ m['content'] | trim }}{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n"
+        "{% endif %}")
+
+CONVS = [
+    {"messages": [{"role": "system", "content": "你是助手"}, {"role": "user", "content": "2+2?"},
+                  {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"},
+                  {"role": "assistant", "content": "six, 6 🚀"}]},
+    {"prompt": "Name a colour.", "response": "Blue."},
+    {"prompt": "翻译: cat", "response": "猫", "system": "be short"},
+    {"messages": [{"role": "user", "content": "long " * 60}, {"role": "assistant", "content": "ok " * 40}]},
+    {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+                  {"role": "user", "content": "trailing question"}]},
+] + [{"prompt": f"echo {i} {i * 7}", "response": f"{i} {i * 7}"} for i in range(30)]
+BAD = ['{"prompt": "no response"}', "not json at all", '{"messages": [{"role": "tool", "content": "x"}]}',
+       '{"messages": [{"role": "user", "content": "only a question"}]}', "[1, 2]",
+       '{"prompt": "p", "response": "REFUSE"}']
+SEQ = 96
+
+
+@pytest.fixture(scope="module")
+def bpe(mixed_docs, tmp_path_factory):
+    from transformers import AutoTokenizer
+    out = tmp_path_factory.mktemp("sftbpe")
+    train_byte_bpe(mixed_docs, 600, str(out / "tokenizer.json"))
+    config = json.load(open(out / "tokenizer_config.json"))
+    config["chat_template"] = CHAT
+    json.dump(config, open(out / "tokenizer_config.json", "w"))
+    return Tokenizer.load(str(out / "tokenizer.json")), AutoTokenizer.from_pretrained(str(out))
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sft") / "chat.jsonl"
+    lines = [json.dumps(c, ensure_ascii=False) for c in CONVS]
+    for k, bad in enumerate(BAD):            # malformed lines at known places
+        lines.insert(3 * k + 1, bad)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path), lines
+
+
+def _messages(c):
+    if "messages" in c:
+        return c["messages"]
+    return ([{"role": "system", "content": c["system"]}] if "system" in c else []) + [
+        {"role": "user", "content": c["prompt"]}, {"role": "assistant", "content": c["response"]}]
+
+
+def _reference_conversation(theirs, msgs):
+    """ids and learned flags from transformers' own renders: the tokens between the generation
+    prompt before an assistant turn and the end of that turn are learned, then EOD."""
+    def tokens(m, gen):
+        out = theirs.apply_chat_template(m, tokenize=True, add_generation_prompt=gen)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    ids = tokens(msgs, False)
+    learned = np.zeros(len(ids), np.uint8)
+    for i, m in enumerate(msgs):
+        if m["role"] == "assistant":
+            lo, hi = len(tokens(msgs[:i], True)), len(tokens(msgs[:i + 1], False))
+            learned[lo:hi] = 1
+    return list(ids) + [theirs.eos_token_id], list(learned) + [int(msgs[-1]["role"] == "assistant")]
+
+
+def _reference_pack(convs, seq, pad):
+    """Windows of seq+1 tokens, conversations in order, a new window when one does not fit, pad after."""
+    size = seq + 1
+    windows, masks, fill = [], [], size
+    for ids, learned in convs:
+        if len(ids) > size:
+            continue
+        if fill + len(ids) > size:
+            windows.append(np.full(size, pad, np.int64))
+            masks.append(np.zeros(size, np.uint8))
+            fill = 0
+        windows[-1][fill:fill + len(ids)] = ids
+        masks[-1][fill:fill + len(ids)] = learned
+        fill += len(ids)
+    return np.array(windows), np.array(masks)
+
+
+def test_render_matches_transformers_chat_template(bpe):
+    ours, theirs = bpe
+    for c in CONVS[:5]:
+        msgs = _messages(c)
+        ids, learned = render(msgs, ours)
+        ref_ids, ref_learned = _reference_conversation(theirs, msgs)
+        assert ids == ref_ids
+        assert learned == ref_learned
+    ids, learned = render(_messages(CONVS[0]), ours)
+    text = ours.decode([i for i, f in zip(ids, learned) if f])
+    assert text == "4<eod>\nsix, 6 🚀<eod>\n<eod>"        # the answers, their end-of-turn, the final EOD
+
+
+def test_prepared_windows_and_masks_equal_reference(bpe, jsonl, tmp_path):
+    ours, theirs = bpe
+    path, lines = jsonl
+    meta = prepare_sft([path], ours, str(tmp_path / "sft"), SEQ, holdout_fraction=0.1, seed=3)
+    good = [_messages(c) for c in CONVS if c.get("response") != "REFUSE"]
+    ref = [_reference_conversation(theirs, m) for m in good]
+    held = holdout_mask(np.array([len(r[0]) for r in ref]), 0.1, 3)
+    prep = load_sft(str(tmp_path / "sft"))
+    for split, take in (("train", ~held), ("valid", held)):
+        ids, mask = _reference_pack([r for r, t in zip(ref, take) if t], SEQ, ours.pad_id)
+        np.testing.assert_array_equal(np.asarray(prep.tokens(split)), ids)
+        np.testing.assert_array_equal(np.asarray(prep.mask(split)), mask)
+    rep = meta["report"]
+    assert rep["malformed"] == len(BAD) and rep["lines_read"] == len(lines)
+    listed = {m.split(": ")[0] for m in rep["malformed_lines"]}
+    assert listed == {f"{path}:{lines.index(b) + 1}" for b in BAD}
+    assert any("refused content" in m for m in rep["malformed_lines"])
+    too_long = [len(r[0]) > SEQ + 1 for r in ref]
+    assert too_long[3] and not too_long[0] and sum(too_long) == 1          # the multi-turn one is packed
+    assert rep["dropped_truncated"] == 1 and rep["truncated"] == 0
+    assert rep["conversations"] == len(good) - 1
+    assert "6 malformed, 1 dropped as too long" in report_text(meta)
+
+
+def test_truncate_keeps_the_head_and_unlearns_the_cut_answer(bpe, jsonl, tmp_path):
+    ours, _ = bpe
+    path, _ = jsonl
+    meta = prepare_sft([path], ours, str(tmp_path / "sft"), SEQ, holdout_fraction=0.1, seed=3, truncation="truncate")
+    ids, learned = render(_messages(CONVS[3]), ours)
+    assert len(ids) > SEQ + 1 and meta["report"]["dropped_truncated"] == 1   # its only answer is cut: nothing left
+    long_two_turn = _messages(CONVS[0])[:3] + [{"role": "user", "content": "more " * 100},
+                                               {"role": "assistant", "content": "done"}]
+    (tmp_path / "t.jsonl").write_text("\n".join(json.dumps({"messages": m}) for m in
+                                                [long_two_turn] * 2 + [_messages(CONVS[1])] * 3))
+    meta = prepare_sft([str(tmp_path / "t.jsonl")], ours, str(tmp_path / "t"), SEQ, holdout_fraction=0.2,
+                       seed=1, truncation="truncate")
+    assert meta["report"]["truncated"] == 2 and meta["report"]["dropped_truncated"] == 0
+    prep = load_sft(str(tmp_path / "t"))
+    full, full_learned = render(long_two_turn, ours)
+    rows = [r for s in ("train", "valid") for r in zip(np.asarray(prep.tokens(s)), np.asarray(prep.mask(s)))
+            if list(r[0][:10]) == full[:10]]
+    assert rows
+    row_ids, row_mask = rows[0]
+    assert list(row_ids) == full[:SEQ + 1]
+    assert list(row_mask) == full_learned[:SEQ + 1]        # the first answer is kept learned ...
+    assert sum(row_mask) == sum(full_learned[:SEQ + 1]) and sum(full_learned[SEQ + 1:]) > 0   # ... "done" is cut
+
+
+def test_loader_batches_and_masked_labels(bpe, jsonl, tmp_path):
+    ours, _ = bpe
+    prepare_sft([jsonl[0]], ours, str(tmp_path / "sft"), SEQ, holdout_fraction=0.1, seed=3)
+    prep = load_sft(str(tmp_path / "sft"))
+    loader = SFTLoader(prep, "train", global_batch_size=2, seed=5)
+    tokens, mask = loader.next_batch()
+    order = loader.window_indices(0, 2)
+    np.testing.assert_array_equal(tokens, np.asarray(prep.tokens("train"))[order])
+    ids, labels = masked_labels((tokens, mask))
+    assert ids.shape == labels.shape == (2, SEQ) and ids.dtype == labels.dtype == np.int32
+    np.testing.assert_array_equal(labels == IGNORE, mask[:, 1:] == 0)
+    np.testing.assert_array_equal(labels[mask[:, 1:] == 1], tokens[:, 1:][mask[:, 1:] == 1])
+    assert loader.state_dict()["sample"] == 2
+
+
+def test_naohai_template_without_chat_template(tok):
+    ids, learned = render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], tok)
+    assert tok.decode(ids[:-1]) == "User: hi\nAssistant: yo\n"
+    assert tok.decode([i for i, f in zip(ids[:-1], learned) if f]) == "yo\n"
+    assert ids[-1] == tok.eod_id and learned[-1] == 1
+
+
+def test_bad_inputs_are_user_errors(bpe, tmp_path):
+    ours, _ = bpe
+    (tmp_path / "bad.jsonl").write_text("nope\n{}\n")
+    with pytest.raises(UserError, match="0 usable conversation.*2 malformed.*bad.jsonl:1"):
+        prepare_sft([str(tmp_path / "bad.jsonl")], ours, str(tmp_path / "o"), SEQ)
+    with pytest.raises(UserError, match="key 'data.corpus'.*matches no file"):
+        prepare_sft([str(tmp_path / "missing*.jsonl")], ours, str(tmp_path / "o"), SEQ)
+    (tmp_path / "ok.jsonl").write_text("\n".join(json.dumps(c) for c in CONVS[:3]))
+    with pytest.raises(UserError, match="data.truncation"):
+        prepare_sft([str(tmp_path / "ok.jsonl")], ours, str(tmp_path / "o"), SEQ, truncation="cut")
+    broken = ours.chat_template
+    try:
+        ours.chat_template = "{% for m in messages %}{{ m.content "
+        with pytest.raises(UserError, match="key 'chat_template'.*does not render"):
+            prepare_sft([str(tmp_path / "ok.jsonl")], ours, str(tmp_path / "o"), SEQ)
+        ours.chat_template = "{% for m in messages|reverse %}{{ m.content }}{% endfor %}"
+        with pytest.raises(UserError, match="key 'chat_template'.*incrementally"):
+            prepare_sft([str(tmp_path / "ok.jsonl")], ours, str(tmp_path / "o"), SEQ)
+    finally:
+        ours.chat_template = broken
