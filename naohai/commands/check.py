@@ -4,6 +4,9 @@
   naohai check RECIPE STRATEGY --compile       MindSpore compiles naohai's real train step on N
         [--ranks N] [--scale-down]             simulated GPUs (msrun workers, no accelerator needed)
         [--workdir DIR] [--keep-ir] [--timeout S]
+  naohai check RECIPE STRATEGY --compile       only those ranks of the real (unscaled) layout, each in
+        --ranks first,last,K...|stages         its own scheduler + worker pair; per-rank memory from
+        [--depth N]                            MindSpore's slices beside the planner's
 
 RECIPE is a recipe file, a name in recipes/ or a model preset.  Exit 0 when valid /
 every rank compiled, 2 on a user error or a failed compile.
@@ -28,8 +31,16 @@ def register(sub) -> None:
     p.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"),
                    help="also check the layout can run on this device (auto = what this machine has); "
                         "a layout it cannot run is an error")
-    p.add_argument("--ranks", type=int, help="simulated devices (default: the strategy's, or 8 with --scale-down)")
+    p.add_argument("--ranks", help="with --scale-down: simulated devices (default 8); otherwise which ranks of the "
+                                   "real layout to compile: all (default; every rank a process), or a list of "
+                                   "first, last, rank numbers and 'stages' (one rank per pipeline stage), each "
+                                   "compiled alone at full width")
+    p.add_argument("--depth", type=int, help="with a list of --ranks: layers kept per pipeline stage (default: the "
+                                             "real depth where it compiles here in minutes, else 1)")
     p.add_argument("--scale-down", action="store_true", help="shrink a cluster layout to fit --ranks")
+    p.add_argument("--profile", default="ascend-910a-32g",
+                   help="device profile for the per-rank memory verdict of --ranks first,...: ascend-910a-32g | "
+                        "ascend-910b-64g | a YAML file")
     p.add_argument("--workdir", help="where logs, per-rank results and strategy files go")
     p.add_argument("--keep-ir", action="store_true", help="keep MindSpore's IR files per rank")
     p.add_argument("--save-slices", action="store_true",
@@ -107,9 +118,13 @@ def run(args) -> int:
     recipe = _recipe(args.recipe, list(args.overrides))
     strategy_path = args.strategy
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="naohai-check-")).resolve()
+    chosen = None if args.scale_down else _chosen_ranks_text(args.ranks)
+    if args.depth is not None and chosen is None:
+        raise UserError("--depth applies to a compile of chosen ranks (--ranks first,last,... or stages)",
+                        where="command line", key="--depth", rule="--depth with a list of --ranks")
     if args.scale_down:
         from naohai.simulate.scale_down import scale_down
-        ranks = args.ranks or 8
+        ranks = _int_ranks(args.ranks) or 8
         load_strategy(strategy_path)  # the original must parse
         recipe_raw, strategy_raw, changes = scale_down(recipe, read_yaml(strategy_path, "strategy file"), ranks)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -143,11 +158,18 @@ def run(args) -> int:
     check_compat(resolved, recipe_for_check)
     print(summary(resolved))
     print(runs_on(resolved, args.device, " ".join([args.recipe, *args.overrides])))
+    if chosen is not None and not args.compile:
+        raise UserError("--ranks with a list of ranks names what to compile: add --compile", where="command line",
+                        key="--ranks", rule="a list of --ranks with --compile")
     if not args.compile:
         print("valid (our rules and the MindSpore 2.10 compatibility rules); add --compile to compile it")
         return 0
+    if chosen == [str(resolved.device_num)]:
+        chosen = None   # as many ranks as the layout has: all of them
+    if chosen is not None:
+        return _compile_chosen(args, chosen, recipe_for_check, strategy_file, resolved, workdir)
     from naohai.train.compile_target import compile_layout, kernel_note
-    ranks = args.ranks or resolved.device_num
+    ranks = _int_ranks(args.ranks) or resolved.device_num
     if ranks != resolved.device_num:
         raise UserError(f"the strategy needs {resolved.device_num} ranks, --ranks is {ranks}; add --scale-down to "
                         f"shrink it", where="command line", key="--ranks", rule="ranks == strategy devices")
@@ -180,3 +202,108 @@ def param_table(report, limit: int = 30) -> str:
     if len(seen) > limit:
         lines.append(f"  ... {len(seen) - limit} more in summary.json")
     return "\n".join(lines)
+
+
+def _int_ranks(text):
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"--ranks {text!r}: with --scale-down it is the number of simulated devices, an integer",
+                        where="command line", key="--ranks", rule="--scale-down --ranks N") from None
+
+
+def _chosen_ranks_text(text):
+    """The --ranks words when they choose ranks (not 'all ranks of the layout' as a plain count)."""
+    if text is None:
+        return None
+    words = [w.strip() for w in str(text).split(",") if w.strip()]
+    if len(words) == 1 and words[0].isdigit():
+        return words   # a count equal to the layout's devices means all of them (decided once resolved)
+    for w in words:
+        if w not in ("first", "last", "stages") and not w.isdigit():
+            raise UserError(f"--ranks {text!r}: '{w}' is neither a rank number nor first, last or stages",
+                            where="command line", key="--ranks", rule="--ranks first,last,K,...|stages")
+    if not words:
+        raise UserError("--ranks is empty", where="command line", key="--ranks", rule="--ranks first,last,K,...|stages")
+    return words
+
+
+def choose_ranks(words, resolved):
+    """Global ranks for the --ranks words: first = 0, last = devices - 1, stages = the first rank of
+    every pipeline stage (the same data / model position on each, so neighbours' Send / Receive
+    can be matched), numbers as given; in order, without repeats."""
+    world, per_stage = int(resolved.device_num), int(resolved.devices_per_stage)
+    out = []
+    for w in words:
+        if w == "first":
+            picked = [0]
+        elif w == "last":
+            picked = [world - 1]
+        elif w == "stages":
+            picked = [k * per_stage for k in range(int(resolved.stages))]
+        else:
+            picked = [int(w)]
+        out += [r for r in picked if r not in out]
+    return out
+
+
+def _compile_chosen(args, words, recipe, strategy_file, resolved, workdir) -> int:
+    """``--compile --ranks first,last,...|stages``: chosen ranks of the real layout, one pair each."""
+    from naohai.config import read_yaml, recipe_from_dict
+    from naohai.simulate.scale_down import default_depth, reduce_depth
+    from naohai.strategy.profiles import load_profile
+    from naohai.strategy.rank_memory import GB, rank_rows, render
+    from naohai.strategy.resolve import check_strategy
+    from naohai.strategy.schema import parse_strategy
+    from naohai.train.compile_target import compile_chosen_ranks, kernel_note
+
+    world = int(resolved.device_num)
+    ranks = choose_ranks(words, resolved)
+    deepest = max(resolved.layers_per_stage)
+    depth, why = (args.depth, f"--depth {args.depth}") if args.depth is not None else default_depth(resolved)
+    compile_recipe, compile_strategy, compiled = recipe, Path(strategy_file), resolved
+    workdir.mkdir(parents=True, exist_ok=True)
+    reduced = depth is not None and depth < deepest
+    if reduced:
+        rec_raw, strat_raw, changes = reduce_depth(recipe, read_yaml(str(strategy_file), "strategy file"), resolved,
+                                                   depth)
+        compile_strategy = workdir / "depth-strategy.yaml"
+        _write_yaml(compile_strategy, strat_raw)
+        _write_yaml(workdir / "depth-recipe.yaml", rec_raw)
+        compile_recipe = recipe_from_dict(rec_raw, where=str(workdir / "depth-recipe.yaml"))
+        compiled = check_strategy(parse_strategy(strat_raw, str(compile_strategy)), compile_recipe)
+        print(f"depth: {why}; compiled layout (files in {workdir}):")
+        for c in changes:
+            print(f"  - {c}")
+    else:
+        print(f"depth: the real one, {sum(resolved.layers_per_stage)} layers"
+              + (f" ({why})" if args.depth is None else ""))
+    print(kernel_note())
+    print(f"compiling ranks {','.join(map(str, ranks))} of {world} at full width, each in its own scheduler + "
+          f"worker pair, in {workdir} ...", flush=True)
+    report = compile_chosen_ranks(compile_recipe, str(compile_strategy), workdir, world=world, ranks=ranks,
+                                  stages=compiled.stages, timeout=args.timeout, keep_ir=args.keep_ir, progress=print)
+    print(report.render())
+    profile = load_profile(args.profile)
+    limit = (profile.memory_gb - profile.reserve_gb) * GB
+    rows = rank_rows(report.per_rank, compiled, compile_recipe.model, limit,
+                     real=(resolved, recipe.model) if reduced else None)
+    print(render(rows, limit, profile.name))
+    summary_path = workdir / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["chosen_ranks"] = ranks
+    summary["depth"] = {"layers_per_stage": depth if reduced else None, "why": why,
+                        "compiled_layers": sum(compiled.layers_per_stage), "real_layers": sum(resolved.layers_per_stage)}
+    summary["profile"] = profile.name
+    by_rank = {row["rank"]: row for row in rows}
+    for entry in summary["per_rank"]:
+        entry["memory"] = by_rank.get(entry["rank"])
+    summary_path.write_text(json.dumps(summary, indent=1, default=str))
+    misfits = [row["rank"] for row in rows if row.get("fits") is False]
+    if misfits:
+        print(f"ranks {misfits} do not fit {profile.name} ({limit / GB:.1f} GiB usable)")
+    print(f"per-rank results: {workdir}/rank_<r>/ ; summary (one entry per compiled rank, its verdict and bytes): "
+          f"{summary_path}")
+    return 0 if report.ok and not misfits else 2

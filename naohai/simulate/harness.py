@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from naohai.errors import UserError
 from naohai.simulate.ircheck import check_compile_dir, render as render_ir_checks
-from naohai.simulate.msgparse import log_errors, op_from_log
+from naohai.simulate.msgparse import log_errors, op_from_log, strategy_key
 from naohai.simulate.stubs import ensure_stubs
 
 RUN_MARKER_VAR = "NAOHAI_SIM_RUN_ID"
@@ -85,7 +85,11 @@ class CompileReport:
         return [r.rank for r in self.per_rank if not r.ok]
 
     def rank(self, r: int) -> RankResult:
-        return self.per_rank[r]
+        """The result of global rank ``r`` (a compile of chosen ranks holds only those)."""
+        for res in self.per_rank:
+            if res.rank == r:
+                return res
+        raise KeyError(f"rank {r} was not compiled")
 
     def to_dict(self) -> Dict[str, Any]:
         return {"target": self.target, "ranks": self.ranks, "workdir": str(self.workdir),
@@ -117,7 +121,7 @@ class CompileReport:
                 key = (r.error or {}).get("message") or f"crash:{r.rank}"
                 groups.setdefault(key, []).append(r.rank)
         for members in groups.values():
-            r = self.per_rank[members[0]]
+            r = self.rank(members[0])
             names = ",".join(str(m) for m in members)
             if r.result is None:
                 lines.append(f"--- rank {names}: no result.json; log tail:")
@@ -125,7 +129,8 @@ class CompileReport:
                 continue
             err = r.error or {}
             lines.append(f"--- rank {names}: {err.get('type')} op={err.get('op')} "
-                         f"parameter={err.get('parameter')}")
+                         f"parameter={err.get('parameter')}"
+                         + (f"; strategy key: {err['strategy_key']}" if err.get("strategy_key") else ""))
             lines.append((err.get("message") or "")[:600])
             if err.get("source"):
                 lines.append(f"  at {err['source']}")
@@ -256,6 +261,7 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
                 details = log_errors(log_path.read_text(errors="replace")) if log_path.exists() else []
                 err["log_errors"] = details
                 err["op"] = op_from_log(details) or err.get("op")
+                err["strategy_key"] = strategy_key(err)
             per_rank.append(RankResult(r, bool(res.get("ok")), res))
         else:
             per_rank.append(RankResult(r, False, None, _tail(log_dir / f"worker_{r}.log")))

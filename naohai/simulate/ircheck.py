@@ -111,7 +111,8 @@ def _fmt_ranks(ranks: Sequence[int]) -> str:
 
 
 def check_point_to_point(ops: Dict[int, List[CommOp]]) -> List[str]:
-    """Every Receive has its Send on the peer, and vice versa (count per tag and shape)."""
+    """Every Receive has its Send on the peer, and vice versa (count per tag and shape), for every
+    pair of ranks whose IR is in ``ops`` (a compile of chosen ranks checks the pairs it holds)."""
     sends: Dict[Tuple[int, int], Counter] = defaultdict(Counter)
     recvs: Dict[Tuple[int, int], Counter] = defaultdict(Counter)
     for rank, rank_ops in ops.items():
@@ -124,6 +125,8 @@ def check_point_to_point(ops: Dict[int, List[CommOp]]) -> List[str]:
     for pair in sorted(set(sends) | set(recvs), key=lambda p: (p[0] if p[0] is not None else -1,
                                                                p[1] if p[1] is not None else -1)):
         src, dst = pair
+        if src not in ops or dst not in ops:
+            continue
         s, r = sends.get(pair, Counter()), recvs.get(pair, Counter())
         if s == r:
             continue
@@ -208,12 +211,17 @@ def check_irs(ir_files: Dict[int, Path], graph: str, *, stages: int = 1, world: 
 
 
 def check_compile_dir(workdir: Path, ranks: int, graphs: Sequence[str], *, stages: int = 1,
-                      clip: bool = False) -> Dict:
-    """Check every graph of a compile job's ``rank_<r>/<graph>.ir``; the ``ir_checks`` record."""
+                      clip: bool = False, only: Optional[Sequence[int]] = None) -> Dict:
+    """Check every graph of a compile job's ``rank_<r>/<graph>.ir``; the ``ir_checks`` record.
+
+    ``ranks`` is the world size; ``only`` the ranks that were compiled when not all were: then
+    Send/Receive are matched between the compiled ranks (pipeline neighbours at the same data /
+    model position), collectives among the compiled members of each group, and every compiled
+    rank must join the global-norm reduction across all stages."""
     workdir = Path(workdir)
     results = []
     for graph in graphs:
-        files = {r: workdir / f"rank_{r}" / f"{graph}.ir" for r in range(ranks)}
+        files = {r: workdir / f"rank_{r}" / f"{graph}.ir" for r in (only if only is not None else range(ranks))}
         absent = [r for r, p in files.items() if not p.exists()]
         if absent:
             results.append(IrCheck(graph, False, [f"no IR for graph '{graph}' on {_fmt_ranks(absent)}"]))

@@ -83,3 +83,33 @@ def parse_mindspore_error(exc: BaseException) -> Dict[str, Optional[str]]:
     return {"type": type(exc).__name__, "message": head,
             "op": _first(_OP_PATTERNS, head), "parameter": _first(_PARAM_PATTERNS, head),
             "source": source_location(text)}
+
+
+#: words of a MindSpore message -> the strategy-file key that decides them (first match wins)
+_KEY_WORDS = [
+    (re.compile(r"pipeline_interleave|scheduler", re.I), "pipeline.scheduler"),
+    (re.compile(r"micro[_ ]?(size|batch)|MicroBatch", re.I), "micro_batches"),
+    (re.compile(r"stage", re.I), "pipeline.layers_per_stage"),
+    (re.compile(r"device_num|global_rank|rank_size|group size|device num", re.I), "mesh"),
+    (re.compile(r"optimizer|opt_shard|parallel_optimizer|AssignAdd", re.I), "optimizer_parallel"),
+    (re.compile(r"Gather|embedding", re.I), "embedding.vocab_parallel"),
+]
+#: a cell scope in MindSpore's log / message: ``layers-CellList/5-DecoderLayer/attention-Attention``
+_SCOPE_RE = re.compile(r"layers-CellList/(\d+)-DecoderLayer/(\w+)-")
+
+
+def strategy_key(err: Dict) -> Optional[str]:
+    """The strategy-file key a compile error most likely comes from, or None: a layer's op scope
+    (``layers."5".ops`` with the op kind), else words of the message (micro-batches, stages, mesh,
+    optimizer parallel, scheduler), else the op's rule family (``rules``)."""
+    text = " ".join([err.get("message") or ""] + list(err.get("log_errors") or []))
+    m = _SCOPE_RE.search(text)
+    if m:
+        op = err.get("op")
+        return f'layers."{m.group(1)}" ({m.group(2)}' + (f" {op})" if op else ")")
+    for pattern, key in _KEY_WORDS:
+        if pattern.search(text):
+            return key
+    if err.get("op"):
+        return f"rules / ops (the strategy of the {err['op']} ops)"
+    return None

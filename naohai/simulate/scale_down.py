@@ -15,12 +15,16 @@ what decides MindSpore's parallel passes:
   micro-batches beyond 2 x stages (the graph holds one network copy per micro-batch).
 
 Every change is returned as a human-readable line; nothing is changed silently.
+
+Also owns :func:`reduce_depth` (and :func:`default_depth`): for a compile of chosen ranks of
+the real layout (``naohai check --compile --ranks ...``), keep at most N layers per pipeline
+stage and nothing else changed (widths, mesh, micro-batches, batch, rules, recompute).
 """
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from naohai.errors import UserError
 
@@ -58,6 +62,91 @@ def _parse_key(key: str, n: int) -> Tuple[int, int]:
         a, b = text.split("-", 1)
         return int(a), int(b)
     return int(text), int(text)
+
+
+def _remap_layers(s: Dict[str, Any], rep: List[int], old_layers: int, changes: List[str]) -> None:
+    """Rewrite the strategy's per-layer entries (``layers``, and ``ops`` named ``layers.<i>.*``) for a
+    model whose layer ``j`` stands for the original layer ``rep[j]``."""
+    if s.get("layers"):
+        new_entries: Dict[str, Any] = {}
+        for key, body in s["layers"].items():
+            a, b = _parse_key(key, old_layers)
+            covered = [j for j, orig in enumerate(rep) if a <= orig <= b]
+            if not covered:
+                changes.append(f'layers."{key}": no remaining layer stands for layers {a}-{b}; entry dropped')
+                continue
+            for lo, hi in _ranges(covered):
+                new_key = f"{lo}-{hi}" if hi > lo else str(lo)
+                new_entries[new_key] = copy.deepcopy(body)
+            changes.append(f'layers."{key}" -> ' + ", ".join(f'"{lo}-{hi}"' for lo, hi in _ranges(covered)))
+        s["layers"] = new_entries
+    if s.get("ops"):
+        new_ops: Dict[str, Any] = {}
+        for name, strat in s["ops"].items():
+            parts = str(name).split(".")
+            if parts[0] != "layers" or len(parts) < 3 or not parts[1].isdigit():
+                new_ops[name] = strat
+                continue
+            for j, orig in enumerate(rep):
+                if orig == int(parts[1]):
+                    new_ops[".".join(["layers", str(j)] + parts[2:])] = strat
+            if int(parts[1]) not in rep:
+                changes.append(f"ops.{name}: layer {parts[1]} is not kept; entry dropped")
+        s["ops"] = new_ops
+
+
+#: below this many (layer x micro-batch) copies in the graph, a rank of the real depth compiles here
+#: within minutes and a few GB (rank-of-n-compile.md, measured: 27 x 27 in 77 s / 3.6 GB, 54 x 27 in
+#: 179 s / 6.1 GB; 104 x 27 did not finish in 530 s)
+REAL_DEPTH_MAX_COPIES = 1500
+
+
+def default_depth(resolved) -> Tuple[Optional[int], str]:
+    """(layers per stage to keep or None for the real depth, why) for a compile of chosen ranks."""
+    layers = sum(resolved.layers_per_stage)
+    copies = layers * int(resolved.micro_batches)
+    if copies <= REAL_DEPTH_MAX_COPIES:
+        return None, f"real depth ({layers} layers x {resolved.micro_batches} micro-batches in the graph)"
+    return 1, (f"1 layer per stage: the real depth puts {layers} layers x {resolved.micro_batches} micro-batches = "
+               f"{copies} layer copies into every rank's graph, more than the {REAL_DEPTH_MAX_COPIES} this kind of "
+               f"machine compiles within minutes (pass --depth N to choose)")
+
+
+def reduce_depth(recipe, raw_strategy: Dict[str, Any], resolved, depth: int) -> Tuple[Dict[str, Any], Dict[str, Any],
+                                                                                     List[str]]:
+    """(recipe mapping, strategy mapping, changes) keeping at most ``depth`` layers on every pipeline stage.
+
+    Everything else stays as it is: widths, mesh, micro-batches, batch, rules, recompute, optimizer
+    parallel.  Stage s keeps its first ``depth`` layers; the last stage keeps its last ones (the
+    query layer, or the final norm's position, stays where it is).  Per-layer entries move with
+    the layers they name."""
+    if depth < 1:
+        raise UserError(f"--depth must be >= 1, got {depth}", where="command line", key="--depth", rule="depth >= 1")
+    cfg = recipe.model
+    split = list(resolved.layers_per_stage)
+    keep: List[int] = []
+    start = 0
+    for stage, n in enumerate(split):
+        idx = list(range(start, start + n))
+        start += n
+        k = min(depth, n)
+        keep += idx[-k:] if stage == len(split) - 1 and len(split) > 1 else idx[:k]
+    s = copy.deepcopy(raw_strategy)
+    changes = [f"layers {cfg.num_layers} -> {len(keep)} (at most {depth} per stage; kept layers "
+               + ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in _ranges(keep)) + ")"]
+    if len(split) > 1:
+        pipe = dict(s.get("pipeline") or {})
+        pipe["layers_per_stage"] = [min(depth, n) for n in split]
+        s["pipeline"] = pipe
+        changes.append(f"pipeline.layers_per_stage {split} -> {pipe['layers_per_stage']}")
+    _remap_layers(s, keep, cfg.num_layers, changes)
+    if s.get("model"):
+        changes.append(f"strategy model key '{s.pop('model')}' dropped (the model has fewer layers than the preset)")
+    s["name"] = f"{s.get('name', 'strategy')}-depth{depth}"
+    raw = recipe.to_dict()
+    raw["name"] = f"{recipe.name}-depth{depth}"
+    raw["model"] = dict(raw["model"], num_layers=len(keep))
+    return raw, s, changes
 
 
 def scale_down(recipe, raw_strategy: Dict[str, Any], max_ranks: int = 8) -> Tuple[Dict[str, Any], Dict[str, Any],
@@ -124,20 +213,7 @@ def scale_down(recipe, raw_strategy: Dict[str, Any], max_ranks: int = 8) -> Tupl
                        "(MindSpore shards optimizer state over data-parallel ranks only)")
 
     # per-layer entries: keep each rule / recompute setting on the new layers that stand for its layers
-    rep = _layer_map(old_layers, new_layers)
-    if s.get("layers"):
-        new_entries: Dict[str, Any] = {}
-        for key, body in s["layers"].items():
-            a, b = _parse_key(key, old_layers)
-            covered = [j for j, orig in enumerate(rep) if a <= orig <= b]
-            if not covered:
-                changes.append(f'layers."{key}": no remaining layer stands for layers {a}-{b}; entry dropped')
-                continue
-            for lo, hi in _ranges(covered):
-                new_key = f"{lo}-{hi}" if hi > lo else str(lo)
-                new_entries[new_key] = copy.deepcopy(body)
-            changes.append(f'layers."{key}" -> ' + ", ".join(f'"{lo}-{hi}"' for lo, hi in _ranges(covered)))
-        s["layers"] = new_entries
+    _remap_layers(s, _layer_map(old_layers, new_layers), old_layers, changes)
     for key in ("global_batch", "micro_batch_size"):
         if s.get(key) is not None:
             changes.append(f"strategy {key} {s.pop(key)} dropped (the scaled recipe sets the batch below)")

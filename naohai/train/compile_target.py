@@ -67,6 +67,28 @@ def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, timeout:
                        ir_check={"stages": stages, "clip": recipe.train.grad_clip > 0})
 
 
+def compile_chosen_ranks(recipe, strategy_path: str, workdir, *, world: int, ranks, stages: int,
+                         timeout: float = 900.0, keep_ir: bool = False, recipe_file: Optional[str] = None,
+                         progress=None):
+    """Compile only ``ranks`` of the ``world``-device layout, each in its own scheduler + worker pair
+    (:func:`naohai.simulate.rank_of_n.compile_ranks`), at full width, parameters deferred.  The IR
+    checks compare the compiled ranks among themselves.  Returns the CompileReport."""
+    from pathlib import Path
+
+    from naohai.config import write_recipe
+    from naohai.simulate.rank_of_n import compile_ranks
+
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    if recipe_file is None:
+        recipe_file = write_recipe(recipe, str(workdir / "recipe.yaml"))
+    kwargs = {"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy_path).resolve()),
+              "overrides": [], "deferred": True}
+    return compile_ranks("naohai.train.compile_target:build_for_compile", world, list(ranks), workdir,
+                         timeout=timeout, kwargs=kwargs, keep_ir=keep_ir, progress=progress,
+                         ir_check={"stages": stages, "clip": recipe.train.grad_clip > 0})
+
+
 def resolve_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
                         check_compat: bool = True):
     """(recipe, resolved): the validation ``naohai train`` does, plus the 2.10 compatibility rules."""
