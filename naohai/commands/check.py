@@ -167,6 +167,10 @@ def run(args) -> int:
     if chosen == [str(resolved.device_num)]:
         chosen = None   # as many ranks as the layout has: all of them
     if chosen is not None:
+        if args.save_slices:
+            raise UserError("--save-slices needs parameter values, which a compile of chosen ranks never makes "
+                            "(its parameters are deferred); drop --ranks to compile every rank with slices",
+                            where="command line", key="--save-slices", rule="--save-slices without a list of --ranks")
         return _compile_chosen(args, chosen, recipe_for_check, strategy_file, resolved, workdir)
     from naohai.train.compile_target import compile_layout, kernel_note
     ranks = _int_ranks(args.ranks) or resolved.device_num
@@ -246,6 +250,10 @@ def choose_ranks(words, resolved):
         else:
             picked = [int(w)]
         out += [r for r in picked if r not in out]
+    bad = [r for r in out if r >= world]
+    if bad:
+        raise UserError(f"ranks {bad} are outside 0-{world - 1} (the layout has {world} devices)",
+                        where="command line", key="--ranks", rule="0 <= rank < devices")
     return out
 
 

@@ -69,6 +69,7 @@ def test_depth_keeps_widths_mesh_micro_batches_and_the_last_layer():
     (["--ranks", "first"], "--ranks"),                              # a list of ranks needs --compile
     (["--compile", "--depth", "2"], "--depth"),                     # --depth needs a list of ranks
     (["--compile", "--ranks", "first", "--depth", "0"], "--depth"),
+    (["--compile", "--ranks", "first", "--save-slices"], "--save-slices"),
 ])
 def test_refusals_name_the_flag(capsys, argv, key):
     rc = main(["check", "pengcheng-mind-200b", str(S / "naohai-200b-3456p.yaml"), *argv])
@@ -161,7 +162,8 @@ def test_rank_37_of_a_64_rank_layout(tmp_path, capsys):
     """CI's small rank-k compile: one worker told it is rank 37 of 64 compiles stage 2's graph."""
     path = _tiny_64(tmp_path)
     work = tmp_path / "w"
-    rc = main(["check", "tiny", str(path), "train.micro_batch_size=1", "--compile", "--ranks", "37",
+    rc = main(["check", "tiny", str(path), "train.micro_batch_size=1", "train.global_batch_size=32", "--compile",
+               "--ranks", "37",
                "--workdir", str(work)])
     text = capsys.readouterr().out
     assert rc == 0, text[-4000:]
@@ -176,3 +178,25 @@ def test_rank_37_of_a_64_rank_layout(tmp_path, capsys):
     assert q["full_shape"] == [128, 128] and q["slice_shape"] == [64, 128]
     assert q["opt_shard_size"] == 8 and q["opt_local_shape"] == [8, 128]   # 8 data-parallel copies share it
     assert entry["memory"]["exact"], entry["memory"]
+
+
+@pytest.mark.slow
+def test_a_broken_200b_layout_fails_with_mindspores_message_mapped_to_its_key(tmp_path):
+    """Raw path (our validator's rules off): rank 0 of the 3,456-card layout with scheduler gpipe fails in
+    MindSpore itself, at full size, and the verdict names the strategy key behind the message."""
+    from naohai.config import write_recipe
+    from naohai.simulate.rank_of_n import compile_ranks
+    raw = read_yaml(str(S / "naohai-200b-3456p.yaml"))
+    raw["pipeline"] = dict(raw["pipeline"], scheduler="gpipe")
+    path = tmp_path / "naohai-200b-gpipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    recipe, _ = adopt_batch(preset_recipe("pengcheng-mind-200b"), load_strategy(str(path)))
+    kwargs = {"recipe_path": write_recipe(recipe, str(tmp_path / "recipe.yaml")), "strategy_path": str(path),
+              "overrides": [], "deferred": True, "check_compat": False}
+    rep = compile_ranks("naohai.train.compile_target:build_for_compile", 3456, [0], tmp_path / "w", timeout=900,
+                        kwargs=kwargs)
+    err = rep.rank(0).error
+    assert not rep.ok and err is not None, rep.render()
+    assert "When pipeline_interleave is False, 'gpipe' is not supported, only '1f1b' is allowed" in err["message"]
+    assert err["strategy_key"] == "pipeline.scheduler"
+    assert rep.rank(0).result["group_size"] == 3456 and "strategy key: pipeline.scheduler" in rep.render()
