@@ -26,6 +26,13 @@ def register(subparsers) -> None:
                                                          "config or other inputs")
     c.add_argument("--print-config", action="store_true", help="print the effective config as YAML and exit")
     c.add_argument("--no-progress", action="store_true", help="no progress bars")
+    c.add_argument("--engine", choices=("local", "spark"), default="local",
+                   help="local: worker processes on this machine (default); spark: Apache Spark (pip install "
+                        "-e \".[spark]\" and a Java runtime), same steps, same output")
+    c.add_argument("--master", default="local[*]", help="Spark master URL for --engine spark: local[N], yarn, "
+                                                       "k8s://..., spark://... (default local[*])")
+    c.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for --engine spark (repeatable), e.g. spark.executor.memory=4g")
     c.set_defaults(run=run_clean)
 
     s = sub.add_parser("score", help="perplexity of each document under a naohai model; keep those under a "
@@ -103,6 +110,19 @@ def run_clean(args) -> int:
         raise UserError("give INPUT... and --out DIR", where="command line")
     if args.workers is not None and args.workers < 1:
         raise UserError("must be >= 1", where="command line", key="--workers")
+    if args.engine == "spark":
+        from naohai.data.spark_engine import clean_spark
+        conf = {}
+        for item in args.spark_conf:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise UserError(f"{item!r} is not KEY=VALUE", where="command line", key="--spark-conf")
+            conf[key.strip()] = value.strip()
+        report = clean_spark(args.inputs, args.out, cfg, master=args.master, conf=conf, restart=args.restart,
+                             progress=not args.no_progress)
+        print(report_table(report))
+        _print_problems(report, args.out)
+        return 0
     lm_factory = None
     if cfg.perplexity.enabled:
         pp = cfg.perplexity

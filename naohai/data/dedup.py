@@ -169,4 +169,9 @@ def near_duplicates(keys: Sequence[Any], sigs: np.ndarray, cfg) -> Dict[Any, Any
     for members in buckets.values():
         if len(members) > 1:
             edges.extend(bucket_edges([(keys[i], sigs[i]) for i in members], accept))
+    return cluster_drops(edges)
+
+
+def cluster_drops(edges: Sequence[Tuple[Any, Any]]) -> Dict[Any, Any]:
+    """Each linked node that is not the smallest of its component -> that smallest node (its cluster's keeper)."""
     return {x: rep for x, rep in components(edges).items() if x != rep}

@@ -1,0 +1,151 @@
+"""`naohai data clean --engine spark` (PySpark in local mode, a real JVM): the same shards and report as the local
+engine, the distributed connected components against union-find, and a driver killed mid-job then re-run."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from naohai.data import dedup
+from naohai.data.clean import clean, output_files
+from naohai.data.clean_config import load_clean_config
+from naohai.data.spark_engine import clean_spark, connected_components, spark_session
+from naohai.errors import UserError
+from tests.data import planted
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = spark_session("local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return planted.build()
+
+
+def write_inputs(corpus, folder):
+    """The planted corpus over three .jsonl files (one gzipped) with malformed lines, and a .txt file."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for k in range(3):
+        lines = [json.dumps({"text": t, "id": i}, ensure_ascii=False) for i, t in enumerate(corpus.docs[k::3])]
+        lines.insert(5, "{not json")
+        lines.insert(9, '{"txt": "no text key"}')
+        data = ("\n".join(lines) + "\n").encode()
+        path = os.path.join(folder, f"in{k}.jsonl" + (".gz" if k == 2 else ""))
+        with (gzip.open(path, "wb") if k == 2 else open(path, "wb")) as fh:
+            fh.write(data)
+        paths.append(path)
+    txt = os.path.join(folder, "more.txt")
+    with open(txt, "w", encoding="utf-8") as fh:
+        fh.write("\n\n\n".join(corpus.docs[:30:2]))   # documents separated by two blank lines; copies of some above
+    return paths + [txt]
+
+
+def shards(out_dir):
+    return [open(p, "rb").read() for p in output_files(out_dir)]
+
+
+def config():
+    cfg = load_clean_config(None)
+    cfg.batch_docs = 25
+    cfg.shard_docs = 40
+    cfg.quality.min_words = 30
+    return cfg
+
+
+def test_spark_engine_writes_what_the_local_engine_writes(spark, corpus, tmp_path):
+    inputs = write_inputs(corpus, tmp_path / "in")
+    cfg = config()
+    local = clean(inputs, str(tmp_path / "local"), cfg, workers=2, progress=False)
+    dist = clean_spark(inputs, str(tmp_path / "spark"), cfg, master="local[2]")
+    assert shards(tmp_path / "local") == shards(tmp_path / "spark")
+    assert len(shards(tmp_path / "local")) >= 2
+    assert local == dist                     # every count, reason, sample, problem and warning
+    steps = local["steps"]
+    assert steps["exact_dedup"]["dropped"] >= 20 and steps["near_dedup"]["dropped"] >= 15
+    assert steps["language"]["dropped"] >= 20 and steps["quality"]["dropped"] >= 10
+    assert local["read"]["problems"]["total"] == 6
+    # the same again without the per-document steps: only the dedup shuffles decide
+    for step in ("normalize", "language", "quality", "pii"):
+        getattr(cfg, step).enabled = False
+    local = clean(inputs, str(tmp_path / "local2"), cfg, workers=1, progress=False)
+    dist = clean_spark(inputs, str(tmp_path / "spark2"), cfg, master="local[2]")
+    assert shards(tmp_path / "local2") == shards(tmp_path / "spark2") and local == dist
+
+
+def test_distributed_components_equal_union_find(spark):
+    rng = random.Random(5)
+    edges = [(rng.randrange(300), rng.randrange(300)) for _ in range(260)]
+    edges += [(i, i + 1) for i in range(400, 460)]          # a long chain: several star rounds
+    got = dict(connected_components(spark.sparkContext.parallelize(edges, 3), 4).collect())
+    assert got == dedup.cluster_drops(edges)
+    keys = [(f"{rng.getrandbits(64):016x}", 0, i) for i in range(50)]     # order keys, as the engine uses them
+    edges = [(rng.choice(keys), rng.choice(keys)) for _ in range(40)]
+    got = dict(connected_components(spark.sparkContext.parallelize(edges, 2), 2).collect())
+    assert got == dedup.cluster_drops(edges)
+
+
+def test_perplexity_step_is_refused_clearly(tmp_path):
+    cfg = load_clean_config(None)
+    cfg.perplexity.enabled, cfg.perplexity.model, cfg.perplexity.max = True, "runs/x", 100.0
+    (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
+    with pytest.raises(UserError, match="perplexity.enabled"):
+        clean_spark([str(tmp_path / "a.jsonl")], str(tmp_path / "o"), cfg)
+
+
+@pytest.mark.slow
+def test_driver_killed_mid_job_then_rerun_gives_the_same_output(corpus, tmp_path):
+    inputs = write_inputs(corpus, tmp_path / "in")
+    inputs = inputs + write_inputs(corpus, tmp_path / "in2")
+    cfg_path = tmp_path / "clean.yaml"
+    cfg_path.write_text("batch_docs: 25\nshard_docs: 10\nquality:\n  min_words: 30\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "naohai.cli", "data", "clean", *inputs, "--config", str(cfg_path),
+           "--engine", "spark", "--master", "local[2]", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=REPO)
+    ref = subprocess.run(cmd + ["--out", str(tmp_path / "full")], env=env, capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    full = shards(tmp_path / "full")
+    out = tmp_path / "cut"
+    proc = subprocess.Popen(cmd + ["--out", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    staging = out / ".work" / "spark"
+    seen_partial = []
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        # whatever shard is visible in the output folder is complete, at every moment
+        for p in output_files(out):
+            try:
+                data = open(p, "rb").read()
+            except FileNotFoundError:
+                continue
+            if data not in full:
+                seen_partial.append(p)
+        if staging.is_dir() and [p for p in os.listdir(staging) if p.endswith(".jsonl")]:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    os.kill(proc.pid, signal.SIGKILL)         # the driver; its JVM ends with it (it exits when its stdin closes)
+    proc.wait()
+    assert not seen_partial
+    assert not (out / "report.json").exists()
+    for p in output_files(out):
+        assert open(p, "rb").read() in full
+    res = subprocess.run(cmd + ["--out", str(out)], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert shards(out) == full
+    a, b = (json.load(open(d / "report.json")) for d in (out, tmp_path / "full"))
+    assert a == b
+    assert not staging.exists()
