@@ -9,6 +9,19 @@ on one core over the same documents; the end-to-end figure is the whole `clean` 
 all cores.  With ``--model RUN`` the perplexity step (`naohai data score`) is timed too.
 
     python run/bench_clean.py [--base-docs 2000] [--workers N] [--model RUN [--score-docs 200]]
+
+``--engine spark`` compares the engines instead: the local engine with ``--workers``
+against the Spark engine on each of ``--masters`` (local[1],local[2],local[4]), end to
+end over a generated corpus of ``--size-mb`` MB in ``--files`` files (each copy of the
+pydoc / fortunes-zh documents lightly edited, 10% near-duplicates at 1% edits and 3% exact
+copies with changed case and spacing), with Spark's seconds per phase and shuffle bytes,
+and checks that every engine wrote the same shards and report.  ``--near-scale N`` times
+near dedup alone (the other steps off) on N generated documents with planted
+near-duplicate clusters at 1%, 3% and 5% character edits, both engines, and states
+recall and precision against the plan:
+
+    python run/bench_clean.py --engine spark --size-mb 50 [--masters local[2]] [--files 8]
+    python run/bench_clean.py --engine spark --near-scale 200000
 """
 from __future__ import annotations
 
@@ -60,7 +73,16 @@ def main():
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--model", default=None, help="a naohai run / checkpoint folder: time the perplexity step")
     ap.add_argument("--score-docs", type=int, default=200, help="documents the perplexity step is timed on")
+    ap.add_argument("--engine", choices=("local", "spark"), default="local",
+                    help="spark: compare the engines end to end (see the docstring)")
+    ap.add_argument("--size-mb", type=float, default=50.0, help="--engine spark: corpus size")
+    ap.add_argument("--files", type=int, default=8, help="--engine spark: input files (one Spark task each)")
+    ap.add_argument("--masters", default="local[1],local[2],local[4]", help="--engine spark: Spark masters")
+    ap.add_argument("--near-scale", type=int, default=0, help="--engine spark: near dedup on N generated documents")
+    ap.add_argument("--keep", default=None, help="--engine spark: keep the corpus and outputs in this folder")
     args = ap.parse_args()
+    if args.engine == "spark":
+        return engines(args)
     cfg = CleanConfig()
     docs = corpus(args.base_docs, 0)
     nbytes = sum(len(d.encode()) for d in docs)
@@ -120,6 +142,164 @@ def main():
               f"(includes loading the models and forking)")
     finally:
         shutil.rmtree(tmp)
+
+
+# --------------------------------------------------------------------------- --engine spark
+def _write_files(docs, folder, files):
+    paths = [os.path.join(folder, f"in-{k:03d}.jsonl") for k in range(files)]
+    handles = [open(p, "w", encoding="utf-8") for p in paths]
+    for i, d in enumerate(docs):
+        handles[i % files].write(json.dumps({"text": d, "id": i}, ensure_ascii=False) + "\n")
+    for h in handles:
+        h.close()
+    return paths
+
+
+def _exact_copy(text, rng):
+    return text.upper() if text.isascii() else text.replace("\n", "\n\n") + " 。"
+
+
+def engine_corpus(size_mb: float, base_docs: int):
+    """Copies of the bench corpus (each lightly edited) until size_mb, 3% of documents exact copies."""
+    docs, total, copy = [], 0, 0
+    rng = random.Random(7)
+    while total < size_mb * 1e6:
+        for d in corpus(base_docs, copy):
+            if total >= size_mb * 1e6:
+                break
+            if docs and rng.random() < 0.03:
+                d = _exact_copy(docs[rng.randrange(len(docs))], rng)
+            docs.append(d)
+            total += len(d.encode())
+        copy += 1
+    return docs, total
+
+
+def shuffle_bytes(sc):
+    """Bytes written by shuffles over the Spark application so far (its status store)."""
+    stages = sc._jsc.sc().statusStore().stageList(None)
+    return sum(stages.get(i).shuffleWriteBytes() for i in range(stages.size()))
+
+
+def _same(a, b):
+    from naohai.data.clean import output_files
+    fa, fb = output_files(a), output_files(b)
+    return len(fa) == len(fb) and all(open(x, "rb").read() == open(y, "rb").read() for x, y in zip(fa, fb))
+
+
+def _load():
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def engines(args):
+    from naohai.data.spark_engine import clean_spark, spark_session
+    tmp = args.keep or tempfile.mkdtemp()
+    os.makedirs(tmp, exist_ok=True)
+    try:
+        if args.near_scale:
+            return near_scale(args, tmp)
+        docs, nbytes = engine_corpus(args.size_mb, args.base_docs)
+        inputs = _write_files(docs, os.path.join(tmp, "in"), args.files) if not os.path.isdir(
+            os.path.join(tmp, "in")) else None
+        if inputs is None:
+            inputs = sorted(os.path.join(tmp, "in", f) for f in os.listdir(os.path.join(tmp, "in")))
+        print(f"corpus: {len(docs)} documents, {nbytes / 1e6:.2f} MB in {args.files} files; {os.cpu_count()} cores; "
+              f"{_load()}")
+        cfg = CleanConfig()
+        ref = os.path.join(tmp, "out-local")
+        shutil.rmtree(ref, ignore_errors=True)
+        t = time.perf_counter()
+        local = clean(inputs, ref, cfg, workers=args.workers, progress=False)
+        sec = time.perf_counter() - t
+        print(f"| local, {args.workers} workers | {sec:.1f} | {mbps(nbytes, sec):.3f} | "
+              f"{mbps(nbytes, sec) / args.workers:.3f} | - | - | {_load()} |")
+        for master in args.masters.split(","):
+            out = os.path.join(tmp, f"out-{master}")
+            shutil.rmtree(out, ignore_errors=True)
+            cores = os.cpu_count() if master == "local[*]" else int(master[6:-1])
+            t = time.perf_counter()
+            spark = spark_session(master)
+            start = time.perf_counter() - t
+            timings = {}
+            report = clean_spark(inputs, out, cfg, master=master, timings=timings)
+            sec = time.perf_counter() - t
+            shuffled = shuffle_bytes(spark.sparkContext)
+            spark.stop()
+            same = _same(ref, out) and report == local
+            phases = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
+            print(f"| Spark {master} | {sec:.1f} (JVM start {start:.1f}) | {mbps(nbytes, sec):.3f} | "
+                  f"{mbps(nbytes, sec) / min(cores, os.cpu_count()):.3f} | {shuffled / 1e6:.1f} MB | "
+                  f"{'identical' if same else 'DIFFERENT'} | {phases}; {_load()} |")
+        print(f"kept {local['output']['documents']} of {local['read']['docs_in']} documents; exact dropped "
+              f"{local['steps']['exact_dedup']['dropped']}, near dropped {local['steps']['near_dedup']['dropped']}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp)
+
+
+def _random_doc(rng, words, hanzi):
+    if rng.random() < 0.5:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(80, 160)))
+    return "".join(rng.choice(hanzi) if rng.random() > 0.08 else "，" for _ in range(rng.randint(250, 500)))
+
+
+def near_scale(args, tmp):
+    """N documents: originals, and clusters of 1-3 near copies (1%, 3%, 5% of the letters changed)."""
+    from naohai.data.spark_engine import clean_spark, spark_session
+    from tests.data.planted import edit_chars
+    rng = random.Random(11)
+    words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))) for _ in range(20000)]
+    hanzi = [chr(c) for c in range(0x4E00, 0x4E00 + 3500)]
+    docs, cluster, rate = [], [], []
+    while len(docs) < args.near_scale:
+        base = _random_doc(rng, words, hanzi)
+        c = len(docs)
+        docs.append(base)
+        cluster.append(c)
+        rate.append(0.0)
+        if rng.random() < 0.2:
+            for _ in range(rng.randint(1, 3)):
+                if len(docs) >= args.near_scale:
+                    break
+                r = rng.choice((0.01, 0.03, 0.05))
+                docs.append(edit_chars(base, r, rng))
+                cluster.append(c)
+                rate.append(r)
+    nbytes = sum(len(d.encode()) for d in docs)
+    inputs = _write_files(docs, os.path.join(tmp, "near-in"), args.files)
+    cfg = CleanConfig()
+    for step in ("normalize", "language", "quality", "pii"):
+        getattr(cfg, step).enabled = False
+    print(f"near-scale corpus: {len(docs)} documents, {nbytes / 1e6:.1f} MB, {len(set(cluster))} clusters, "
+          f"{sum(r > 0 for r in rate)} planted near copies; {_load()}")
+    results = {}
+    t = time.perf_counter()
+    clean(inputs, os.path.join(tmp, "near-local"), cfg, workers=args.workers, progress=False)
+    results["local"] = time.perf_counter() - t
+    master = args.masters.split(",")[-1] if "," not in args.masters else "local[2]"
+    t = time.perf_counter()
+    spark = spark_session(master)
+    timings = {}
+    clean_spark(inputs, os.path.join(tmp, "near-spark"), cfg, master=master, timings=timings)
+    results["spark"] = time.perf_counter() - t
+    shuffled = shuffle_bytes(spark.sparkContext)
+    spark.stop()
+    from naohai.data.clean import output_files
+    kept = {json.loads(line)["id"] for p in output_files(os.path.join(tmp, "near-spark")) for line in open(p)}
+    print(f"local engine {args.workers} workers: {results['local']:.1f} s; Spark {master}: {results['spark']:.1f} s "
+          f"({', '.join(f'{k} {v:.1f} s' for k, v in timings.items())}); shuffle written {shuffled / 1e6:.1f} MB; "
+          f"outputs {'identical' if _same(os.path.join(tmp, 'near-local'), os.path.join(tmp, 'near-spark')) else 'DIFFERENT'}")
+    members = {}
+    for i, c in enumerate(cluster):
+        members.setdefault(c, []).append(i)
+    dropped = [i for i in range(len(docs)) if i not in kept]
+    right = sum(1 for i in dropped if len(members[cluster[i]]) > 1 and any(j in kept for j in members[cluster[i]]))
+    print(f"precision {right / max(1, len(dropped)):.4f} ({right} of {len(dropped)} drops are planted copies "
+          f"of a kept document)")
+    for r in (0.01, 0.03, 0.05):   # a planted copy is found when it is not kept beside another member of its cluster
+        copies = [i for i in range(len(docs)) if rate[i] == r]
+        found = sum(1 for i in copies if i not in kept or not any(j in kept for j in members[cluster[i]] if j != i))
+        print(f"recall at {r:.0%} character edits: {found / max(1, len(copies)):.3f} ({found} of {len(copies)})")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import operator
 import os
 import shutil
 import sys
+import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from naohai.data import dedup
@@ -259,9 +260,11 @@ def _out_line(cfg: CleanConfig):
 
 # --------------------------------------------------------------------------- the run
 def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master: str = "local[*]",
-                conf: Optional[Dict[str, str]] = None, restart: bool = False, progress: bool = True
-                ) -> Dict[str, Any]:
-    """:func:`naohai.data.clean.clean` on Spark: the same output shards and report."""
+                conf: Optional[Dict[str, str]] = None, restart: bool = False, progress: bool = True,
+                timings: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    """:func:`naohai.data.clean.clean` on Spark: the same output shards and report.
+
+    ``timings``, when given, receives the seconds of each phase (``run/bench_clean.py``)."""
     if cfg.perplexity.enabled:
         raise UserError("the perplexity step runs on the local engine only; switch it off here and run "
                         "`naohai data score` on the Spark engine's output", where=cfg.source,
@@ -281,7 +284,7 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
     had = _active_session()
     spark = spark_session(master, conf)
     try:
-        report = _run(spark.sparkContext, files, out_dir, staging, cfg)
+        report = _run(spark.sparkContext, files, out_dir, staging, cfg, timings if timings is not None else {})
     finally:
         if not had:
             spark.stop()
@@ -295,12 +298,20 @@ def _active_session() -> bool:
     return SparkSession.getActiveSession() is not None
 
 
-def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig) -> Dict[str, Any]:
+def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, timings: Dict[str, float]
+         ) -> Dict[str, Any]:
     from pyspark import StorageLevel
+    clock = [time.perf_counter()]
+
+    def phase(name):
+        now = time.perf_counter()
+        timings[name] = now - clock[0]
+        clock[0] = now
     parts = max(2, sc.defaultParallelism * 2)
     stage1 = (sc.parallelize(list(enumerate(files)), len(files))
               .flatMap(lambda item: _read_file(cfg, item)).persist(StorageLevel.MEMORY_AND_DISK))
     meta = stage1.filter(lambda kv: kv[0] != "doc").collect()
+    phase("read + per-document steps + signatures")
     docs = stage1.filter(lambda kv: kv[0] == "doc").map(lambda kv: kv[1])
 
     read, problems = StepStats(), _Problems()
@@ -320,6 +331,7 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig) -> 
         tagged = docs.map(lambda d: (d[1]["key"], d)).groupByKey(parts).flatMap(_keep_smallest).persist()
         steps["exact_dedup"] = _step_stats(tagged, "exact duplicate", cfg.samples)
         docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
+        phase("exact dedup")
     if cfg.near_dedup.enabled:
         docs = docs.persist()
         links = _near_links(docs, cfg.near_dedup, parts).persist()
@@ -331,6 +343,7 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig) -> 
             tagged = docs.map(lambda d: (_order(d), d)).leftOuterJoin(dropped, parts).map(_tag_near).persist()
         steps["near_dedup"] = _step_stats(tagged, "near duplicate", cfg.samples)
         docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
+        phase("near dedup")
 
     ordered = (docs.map(lambda d: (d[0], d[1])).sortByKey(numPartitions=parts).map(_out_line(cfg)).zipWithIndex()
                .persist(StorageLevel.MEMORY_AND_DISK))
@@ -345,4 +358,5 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig) -> 
     for s in range(shards):            # each shard is complete; the report, last, marks the run finished
         name = f"part-{s:05d}.jsonl"
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+    phase("sort + write shards")
     return make_report(files, cfg, read, problems, steps, written, shards, out_dir)
