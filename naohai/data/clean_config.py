@@ -99,9 +99,10 @@ class ExactDedupConfig:
 class NearDedupConfig:
     enabled: bool = True
     shingle: str = "chars"                    # 'chars' (works without word splitting) or 'words'
-    ngram: int = 5
-    num_perm: int = 128
-    threshold: float = 0.8                    # Jaccard; candidates are verified against it
+    ngram: int = 3                            # with threshold 0.7: recall 1.00 / 1.00 / 0.96 at 1 / 3 / 5%
+    num_perm: int = 128                       # of the characters changed, and no two distinct documents
+    threshold: float = 0.7                    # merged, on pydoc + fortunes-zh (README "Near-dedup defaults");
+                                              # Jaccard; candidates are verified against it
     bands: Optional[int] = None               # None = datasketch's optimum for the threshold
     rows: Optional[int] = None
     seed: int = 1

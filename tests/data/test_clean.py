@@ -55,7 +55,8 @@ def test_dedup_precision_and_recall(corpus, tmp_path):
     cfg = dedup_only()
     report = clean([str(tmp_path / "in.jsonl")], str(tmp_path / "out"), cfg, workers=2, progress=False)
     kept_ids = {r["id"] for r in read_out(tmp_path / "out")}
-    sh = [shingles(d, "chars", 5) for d in docs]
+    nd = cfg.near_dedup
+    sh = [shingles(d, nd.shingle, nd.ngram) for d in docs]
     kinds = [corpus.kind[i] for i in keep]
     exact_dropped = report["steps"]["exact_dedup"]["dropped"]
     exact_planted = kinds.count("exact")
@@ -76,22 +77,25 @@ def test_dedup_precision_and_recall(corpus, tmp_path):
     dropped = [j for j in range(len(docs)) if j not in kept_ids]
     near_dropped = [j for j in dropped if j in exact_kept]
     # near: a drop is right if the document's true Jaccard (exact set arithmetic) with another document that
-    # survived the exact step reaches 0.7 (LSH works on estimates: a margin of 0.1 below the 0.8 threshold);
-    # a planted pair at true Jaccard >= 0.8 is found when not both of it are kept
-    right = [j for j in near_dropped if any(jaccard(sh[j], sh[i]) >= 0.7 for i in exact_kept if i != j)]
+    # survived the exact step reaches the threshold less 0.1 (LSH works on estimates); a planted pair at true
+    # Jaccard >= the threshold is found when not both of it are kept
+    right = [j for j in near_dropped if any(jaccard(sh[j], sh[i]) >= nd.threshold - 0.1 for i in exact_kept
+                                            if i != j)]
     planted_near = [j for j in range(len(docs)) if kinds[j] == "near"]
     origin = {j: keep.index(corpus.origin[keep[j]]) for j in planted_near}
-    truly_near = [j for j in planted_near if jaccard(sh[j], sh[origin[j]]) >= 0.8]
+    truly_near = [j for j in planted_near if jaccard(sh[j], sh[origin[j]]) >= nd.threshold]
     found = [j for j in truly_near if j not in kept_ids or origin[j] not in kept_ids]
     p = len(right) / len(near_dropped) if near_dropped else 1.0
     r = len(found) / len(truly_near)
     print(f"exact dedup: dropped {exact_dropped}, planted {exact_planted}")
     print(f"near dedup: precision {p:.3f} recall {r:.3f} ({len(near_dropped)} dropped, {len(right)} right; "
-          f"{len(found)}/{len(truly_near)} planted with true Jaccard >= 0.8; LSH {report['lsh']})")
+          f"{len(found)}/{len(truly_near)} planted with true Jaccard >= {nd.threshold}; LSH {report['lsh']})")
     assert not set(dropped) - set(exact_drops) - set(near_dropped)
     assert report["steps"]["near_dedup"]["dropped"] == len(near_dropped)
-    # with b x r = 16 x 8 a pair at J = 0.8 becomes a candidate with probability 1 - (1 - 0.8^8)^16 = 0.947
-    # and more for higher J; verification accepts estimates from 0.73 up.  Expected recall is >= 0.95 on
+    # with the defaults' b x r = 21 x 6 a pair at J = 0.7 becomes a candidate with probability
+    # 1 - (1 - 0.7^6)^21 = 0.93, and more for higher J; verification accepts estimates from 0.62 up
+    assert report["lsh"] == {"bands": 21, "rows": 6}
+    # (at 0.8: 16 x 8, 0.947 at J = 0.8, estimates from 0.73 up).  Expected recall is >= 0.95 on
     # the ~20 planted pairs; we require 0.85 (about two misses) so that the bound is not a coin toss, and
     # precision 1 because candidates are checked against their signatures
     assert r >= 0.85
