@@ -146,6 +146,7 @@ def main():
 
 # --------------------------------------------------------------------------- --engine spark
 def _write_files(docs, folder, files):
+    os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, f"in-{k:03d}.jsonl") for k in range(files)]
     handles = [open(p, "w", encoding="utf-8") for p in paths]
     for i, d in enumerate(docs):
@@ -199,10 +200,7 @@ def engines(args):
         if args.near_scale:
             return near_scale(args, tmp)
         docs, nbytes = engine_corpus(args.size_mb, args.base_docs)
-        inputs = _write_files(docs, os.path.join(tmp, "in"), args.files) if not os.path.isdir(
-            os.path.join(tmp, "in")) else None
-        if inputs is None:
-            inputs = sorted(os.path.join(tmp, "in", f) for f in os.listdir(os.path.join(tmp, "in")))
+        inputs = _write_files(docs, os.path.join(tmp, "in"), args.files)
         print(f"corpus: {len(docs)} documents, {nbytes / 1e6:.2f} MB in {args.files} files; {os.cpu_count()} cores; "
               f"{_load()}")
         cfg = CleanConfig()
