@@ -161,3 +161,21 @@ def test_export_refuses_what_no_architecture_holds(tmp_path, capsys):
     assert main(["ckpt", "export", str(tmp_path / "pangu"), "--to", "hf", "--out", str(tmp_path / "x")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "model.family" in err and "pangu" in err and not os.path.exists(tmp_path / "x")
+
+
+def test_eval_text_encodes_with_the_folders_tokenizer(built, tmp_path, capsys):
+    """`naohai eval --text` of an imported model: its tokenizer.json (AutoTokenizer's ids), its loss."""
+    from transformers import AutoTokenizer
+    model, src = built["gpt_neox"]
+    out = str(tmp_path / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", out]) == 0
+    text = (hf_models.TEXT + "\n") * 6
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["eval", out, "--text", str(tmp_path / "t.txt"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    ids = np.asarray(AutoTokenizer.from_pretrained(src)(text, add_special_tokens=False)["input_ids"])
+    n = len(ids) // (hf_models.SEQ + 1)
+    assert n >= 2 and got["windows"] == n
+    want = hf_models.hf_mean_nll(model, ids[: n * (hf_models.SEQ + 1)].reshape(n, -1))
+    assert abs(got["loss"] - want) <= 1e-5 * want

@@ -173,6 +173,11 @@ CASES = {
     "tiny-dp4-pp2": (["tiny", str(S / "tiny-dp4-pp2.yaml"), "train.micro_batch_size=2"], 8),
     "tiny-dp2": (["tiny", str(S / "tiny-dp2.yaml"), "train.micro_batch_size=8"], 2),
     "tiny-dp2-mp2": (["tiny", str(S / "tiny-dp2-mp2.yaml"), "train.micro_batch_size=8"], 4),
+    # the Hugging Face families on the full tiny layout: GQA + RMSNorm + untied head (llama), ALiBi +
+    # embedding norm (bloom), the parallel block with one shared norm (falcon)
+    "tiny-llama-dp2-mp2-pp2": (["tiny-llama", str(S / "tiny-dp2-mp2-pp2.yaml"), "train.micro_batch_size=2"], 8),
+    "tiny-bloom-dp2-mp2-pp2": (["tiny-bloom", str(S / "tiny-dp2-mp2-pp2.yaml"), "train.micro_batch_size=2"], 8),
+    "tiny-falcon-dp2-mp2-pp2": (["tiny-falcon", str(S / "tiny-dp2-mp2-pp2.yaml"), "train.micro_batch_size=2"], 8),
     "pangu-200b-scaled": (["pangu-alpha-200b", str(S / "pangu-alpha-200b-2048p.yaml"), "--scale-down"], 8),
     "naohai-200b-scaled": (["pengcheng-mind-200b", str(S / "naohai-200b-3456p.yaml"), "--scale-down"], 8),
     "pangu-13b-16p-scaled": (["pangu-alpha-13b", str(S / "pangu-alpha-13b-16p.yaml"), "--scale-down"], 8),

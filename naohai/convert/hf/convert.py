@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -33,14 +33,25 @@ def model_fields(src: str) -> Tuple[Architecture, Dict[str, Any]]:
     return arch, dict(arch.read(config), family=arch.family)
 
 
-def read_hf(src: str, overrides: Optional[Dict[str, Any]] = None) -> Tuple[ModelConfig, Dict[str, np.ndarray]]:
-    """The ModelConfig and naohai-named float32 weights of a Hugging Face folder (``overrides``: extra
-    model fields, e.g. ``seq_length``)."""
+def open_hf(src: str, overrides: Optional[Dict[str, Any]] = None
+            ) -> Tuple[Recipe, Callable[[], Dict[str, np.ndarray]]]:
+    """(recipe, reader) of a Hugging Face folder: the recipe's model from ``config.json`` (``overrides``:
+    extra model fields, e.g. ``seq_length``), its ``data.tokenizer`` the folder's ``tokenizer.json`` if
+    any; ``reader()`` reads and checks the weights (naohai names, float32)."""
     arch, fields = model_fields(src)
     fields.update(overrides or {})
     where = os.path.join(src, folder.CONFIG)
     cfg = recipe_from_dict({"name": os.path.basename(os.path.abspath(src)), "model": fields}, where=where).model
-    return cfg, to_naohai(folder.read_weights(src), cfg, arch, src)
+    tokenizer = os.path.join(os.path.abspath(src), "tokenizer.json")
+    recipe = import_recipe(cfg, os.path.basename(os.path.abspath(src)),
+                           tokenizer if os.path.isfile(tokenizer) else None)
+    return recipe, lambda: to_naohai(folder.read_weights(src), cfg, arch, src)
+
+
+def read_hf(src: str, overrides: Optional[Dict[str, Any]] = None) -> Tuple[ModelConfig, Dict[str, np.ndarray]]:
+    """The ModelConfig and naohai-named float32 weights of a Hugging Face folder (see :func:`open_hf`)."""
+    recipe, read = open_hf(src, overrides)
+    return recipe.model, read()
 
 
 def _stored_name(tensors: Dict[str, np.ndarray], name: str, arch: Architecture) -> Optional[str]:
