@@ -66,16 +66,18 @@ def register(subparsers) -> None:
     m.add_argument("--text-key", default="text", help="key of the text in the sources (default 'text')")
     m.set_defaults(run=run_mix)
 
-    t = sub.add_parser("tokenizer", help="train a sentencepiece BPE tokenizer")
+    t = sub.add_parser("tokenizer", help="train a sentencepiece BPE or a byte-level BPE (tokenizer.json) tokenizer")
     t.add_argument("recipe", nargs="?", help="recipe file or name (corpus, vocab size, jieba, output_dir)")
     t.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. model.vocab_size=1024")
     t.add_argument("--corpus", nargs="+", metavar="SOURCE", help="corpus sources (instead of the recipe's)")
     t.add_argument("--jsonl-key", default=None, help="key of the text in .jsonl files (default 'text')")
     t.add_argument("--vocab-size", type=int, default=None, help="number of pieces (default model.vocab_size)")
-    t.add_argument("--out", default=None, help="output prefix; writes PREFIX.model "
+    t.add_argument("--out", default=None, help="output prefix; writes PREFIX.model, or PREFIX.json for byte_bpe "
                                               "(default <train.output_dir>/tokenizer)")
+    t.add_argument("--type", dest="tokenizer_type", choices=("sentencepiece", "byte_bpe"), default=None,
+                   help="what to train (default data.tokenizer_type, else sentencepiece)")
     t.add_argument("--jieba", action="store_true", default=None, help="PanGu-style jieba pre-splitting")
-    t.add_argument("--force", action="store_true", help="replace an existing PREFIX.model")
+    t.add_argument("--force", action="store_true", help="replace an existing PREFIX.model / PREFIX.json")
     t.set_defaults(run=run_tokenizer)
 
     q = sub.add_parser("prepare", help="tokenize the recipe's corpus into packed train/valid shards")
@@ -229,11 +231,19 @@ def run_tokenizer(args) -> int:
     missing = [flag for flag, v in (("--corpus", corpus), ("--vocab-size", vocab), ("--out", out)) if not v]
     if missing:
         raise UserError(f"without a recipe, give {', '.join(missing)}", where="command line")
-    path = out if out.endswith(".model") else out + ".model"
+    kind = args.tokenizer_type or (recipe.data.tokenizer_type if recipe else "sentencepiece")
+    suffix = ".json" if kind == "byte_bpe" else ".model"
+    path = out if out.endswith(suffix) else out + suffix
     if os.path.exists(path) and not args.force:
         raise UserError("exists; pass --force to replace it (shards prepared with it would need "
                         "preparing again)", where=path)
-    tok = train_tokenizer(iter_documents(corpus, key), vocab, path, jieba=jieba)
+    if kind == "byte_bpe":
+        if jieba:
+            raise UserError("jieba pre-splitting is for sentencepiece tokenizers", where="command line", key="--jieba")
+        from naohai.data.hf_tokenizer import train_byte_bpe
+        tok = train_byte_bpe(iter_documents(corpus, key), vocab, path, key="--vocab-size")
+    else:
+        tok = train_tokenizer(iter_documents(corpus, key), vocab, path, jieba=jieba)
     print(f"wrote {tok.path}: {tok.vocab_size} pieces, scheme {tok.scheme}, eod id {tok.eod_id}, "
           f"pad id {tok.pad_id}")
     return 0

@@ -107,3 +107,19 @@ def test_bad_tokenizer_files_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="jieba"):
         from naohai.config import recipe_from_dict
         recipe_from_dict({"data": {"tokenizer_type": "byte_bpe", "jieba": True}})
+
+
+def test_data_tokenizer_command_trains_a_byte_bpe(tmp_path, mixed_docs, capsys):
+    from transformers import AutoTokenizer
+    from naohai.cli import main
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(mixed_docs[:60]), encoding="utf-8")
+    out = tmp_path / "tok" / "tokenizer"
+    assert main(["data", "tokenizer", "--corpus", str(corpus), "--vocab-size", "500", "--out", str(out),
+                 "--type", "byte_bpe"]) == 0
+    assert "scheme hf" in capsys.readouterr().out
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    ours = Tokenizer.load(str(out) + ".json")
+    assert ours.encode(MIXED) == theirs(MIXED, add_special_tokens=False)["input_ids"] and len(theirs) == 500
+    assert main(["data", "tokenizer", "--corpus", str(corpus), "--vocab-size", "500", "--out", str(out),
+                 "--type", "byte_bpe"]) == 2
