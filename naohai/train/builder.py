@@ -74,6 +74,19 @@ def _split(batch: np.ndarray) -> Tuple[Tensor, Tensor]:
     return Tensor(batch[:, :-1]), Tensor(batch[:, 1:])
 
 
+def _masked_split(batch, token_weight, micro: int) -> Tuple[Tensor, Tensor]:
+    """Inputs and labels of an SFT batch ``(tokens, mask)``; sets ``token_weight`` to ``micro / N``,
+    N the learned tokens of the batch (0 when there are none: the step then learns nothing)."""
+    from naohai.data.sft import IGNORE, masked_labels
+
+    if token_weight is None:
+        raise ValueError("an SFT batch (tokens, mask) needs steps built with masked_loss=True")
+    ids, labels = masked_labels(batch)
+    learned = int(np.count_nonzero(labels != IGNORE))
+    token_weight.set_data(Tensor(np.float32(micro / learned if learned else 0.0)))
+    return Tensor(ids), Tensor(labels)
+
+
 @dataclass
 class Steps:
     """The compiled steps of one rank and how the loop calls them."""
@@ -87,9 +100,16 @@ class Steps:
     micro_batch: int = 0
     eval_step: Any = None
     notes: List[str] = field(default_factory=list)
+    token_weight: Any = None           # masked loss: the Parameter the host sets per step (see step.py)
 
-    def train(self, batch: np.ndarray) -> StepResult:
-        ids, labels = _split(batch)
+    def train(self, batch) -> StepResult:
+        """One optimizer step on ``batch``: ``[rows, seq + 1]`` token windows, or an SFT batch
+        ``(tokens, mask)`` (steps built with ``masked_loss``)."""
+        if isinstance(batch, tuple):
+            ids, labels = _masked_split(batch, self.token_weight, 1 if self.train_step is not None
+                                        else self.rows // self.micro_batch)
+        else:
+            ids, labels = _split(batch)
         if self.train_step is not None:
             loss, norm, applied, scale = self.train_step(ids, labels)
             loss = float(loss.asnumpy())
@@ -103,8 +123,9 @@ class Steps:
             norm, applied, scale = self.apply_step()
         return StepResult(loss, float(norm.asnumpy()), bool(applied.asnumpy()), float(scale.asnumpy()))
 
-    def evaluate(self, batch: np.ndarray) -> float:
-        ids, labels = _split(batch)
+    def evaluate(self, batch) -> float:
+        """Held-out loss of ``batch`` (an SFT batch: the mean NLL of its learned tokens)."""
+        ids, labels = _masked_split(batch, self.token_weight, 1) if isinstance(batch, tuple) else _split(batch)
         return float(self.eval_step(ids, labels).asnumpy())
 
     def compile(self) -> None:
@@ -203,13 +224,22 @@ def layer_loop(recipe: Recipe, resolved, runtime: strategy_apply.Runtime) -> Tup
 
 
 def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtime] = None,
-          strategy_file: Optional[str] = None) -> Built:
+          strategy_file: Optional[str] = None, masked_loss: bool = False) -> Built:
     """Build model, optimizer and the steps for this rank.  ``runtime`` comes from ``init_runtime``;
-    under semi-auto MindSpore writes the step's parameter strategy file to ``strategy_file``."""
+    under semi-auto MindSpore writes the step's parameter strategy file to ``strategy_file``.
+    ``masked_loss``: the steps take SFT batches and normalise by the global batch's learned tokens
+    (one device for now)."""
     runtime = runtime or strategy_apply.Runtime("standalone", 0, 1, 0, 1)
     t = recipe.train
+    token_weight = None
+    if masked_loss:
+        if runtime.mode == "semi_auto" or runtime.dp_size > 1:
+            raise UserError("fine-tuning on SFT data (the masked loss) runs on one device so far; a layout with "
+                            f"{runtime.dp_size} data-parallel rank(s) in mode {runtime.mode} is not supported yet",
+                            where=recipe.source, key="data.prepared_dir")
+        token_weight = ms.Parameter(Tensor(1.0, ms.float32), name="sft.token_weight", requires_grad=False)
     loop, loop_note = layer_loop(recipe, resolved, runtime)
-    model = NaohaiLM(recipe.model, seed=t.seed, layer_loop=loop)
+    model = NaohaiLM(recipe.model, seed=t.seed, layer_loop=loop, masked_loss=masked_loss)
     strategy_apply.apply_strategy(model, resolved, t.reuse_layer_graphs)
     optimizer = make_optimizer(model, recipe)
     guard = StepGuard(t)
@@ -217,21 +247,23 @@ def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtim
     rows = t.global_batch_size // runtime.dp_size
     seq = recipe.model.seq_length
     eval_rows = rows if runtime.mode == "semi_auto" else t.micro_batch_size
-    steps = Steps(rows, eval_rows, seq, notes=list(parts.notes) + ([loop_note] if loop_note else []))
+    steps = Steps(rows, eval_rows, seq, notes=list(parts.notes) + ([loop_note] if loop_note else []),
+                  token_weight=token_weight)
     k = host_accumulation(recipe, runtime)
     if k == 1:
-        step = TrainStep(parts.network, optimizer, guard, t.grad_clip, parts.micro, parts.collect, parts.reduce_loss)
+        step = TrainStep(parts.network, optimizer, guard, t.grad_clip, parts.micro, parts.collect, parts.reduce_loss,
+                         token_weight)
         step.set_train()
         steps.train_step = strategy_apply.compile_parallel(step, resolved, runtime, train=True)
         if strategy_file and runtime.mode == "semi_auto":
             steps.train_step.save_param_strategy_file(strategy_file)
     else:
         buffers = make_buffers(optimizer.parameters)
-        steps.accumulate_step = AccumulateStep(parts.network, optimizer.parameters, buffers, guard)
+        steps.accumulate_step = AccumulateStep(parts.network, optimizer.parameters, buffers, guard, token_weight)
         steps.accumulate_step.set_train()
         steps.apply_step = ApplyStep(optimizer, buffers, guard, t.grad_clip, k, parts.collect)
         steps.micro_batch = t.micro_batch_size
-    evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss)
+    evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss, token_weight)
     evaluator.set_train(False)
     steps.eval_step = strategy_apply.compile_parallel(evaluator, resolved, runtime, train=False)
     return Built(model, optimizer, guard, runtime, steps, strategy_apply.HostComm(runtime))

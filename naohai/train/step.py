@@ -24,6 +24,14 @@ split in two graphs driven by the host: :class:`AccumulateStep` adds the scaled
 gradients of one micro-batch into buffers, :class:`ApplyStep` does 2-5.  Skipped
 steps leave the optimizer (and so its step counter and learning-rate table) alone.
 The guard's parameters are ordinary Parameters, so checkpoints carry them.
+
+Masked (fine-tuning) loss.  With ``token_weight`` (a Parameter the host sets before each step)
+the network returns the SUM of the NLL of its learned tokens and the steps use ``loss *
+token_weight`` and its gradients.  The host sets ``token_weight = micro / N`` where ``N`` is the
+number of learned tokens of the whole global batch and ``micro`` what the step later divides by
+(host micro-batches), so the step's loss and gradients are ``sum of all learned NLL / N`` however
+the batch is split: one batch, accumulation of 4, 4 micro-batches give the same result.
+Pretraining passes no ``token_weight`` and is unchanged.
 """
 from __future__ import annotations
 
@@ -171,7 +179,7 @@ class TrainStep(_Finish):
     """One optimizer step in one graph (see the module docstring)."""
 
     def __init__(self, network, optimizer, guard: StepGuard, grad_clip: float, micro: int = 1,
-                 collect=None, reduce_loss=None):
+                 collect=None, reduce_loss=None, token_weight=None):
         super().__init__(auto_prefix=False)
         self.network = network
         self._init_finish(optimizer, guard, grad_clip)
@@ -179,11 +187,17 @@ class TrainStep(_Finish):
         self.collect = collect if collect is not None else Unscale()
         self.reduce_loss = reduce_loss
         self.grad = C.GradOperation(get_by_list=True, sens_param=True)
+        self.weighted = token_weight is not None
+        self.token_weight = token_weight
 
     def construct(self, input_ids, labels):
         scale = self.guard.loss_scale.value()
         loss = self.network(input_ids, labels)
         sens = F.ones_like(loss) * F.cast(scale / self.micro, F.dtype(loss))
+        if self.weighted:
+            weight = F.cast(self.token_weight.value(), F.dtype(loss))
+            loss = loss * weight
+            sens = sens * weight
         grads = self.grad(self.network, self.weights)(input_ids, labels, sens)
         grads = self.collect(grads, 1.0 / scale)
         norm, applied = self._finish(grads)
@@ -195,7 +209,7 @@ class TrainStep(_Finish):
 class AccumulateStep(nn.Cell):
     """Adds the gradients of ``loss * loss_scale`` of one micro-batch into ``buffers``."""
 
-    def __init__(self, network, weights, buffers, guard: StepGuard):
+    def __init__(self, network, weights, buffers, guard: StepGuard, token_weight=None):
         super().__init__(auto_prefix=False)
         self.network = network
         self.weights = weights
@@ -203,10 +217,16 @@ class AccumulateStep(nn.Cell):
         self.guard = guard
         self.grad = C.GradOperation(get_by_list=True, sens_param=True)
         self.hyper_map = C.HyperMap()
+        self.weighted = token_weight is not None
+        self.token_weight = token_weight
 
     def construct(self, input_ids, labels):
         loss = self.network(input_ids, labels)
         sens = F.ones_like(loss) * F.cast(self.guard.loss_scale.value(), F.dtype(loss))
+        if self.weighted:
+            weight = F.cast(self.token_weight.value(), F.dtype(loss))
+            loss = loss * weight
+            sens = sens * weight
         grads = self.grad(self.network, self.weights)(input_ids, labels, sens)
         return F.depend(loss, self.hyper_map(_add_into, self.buffers, grads))
 
@@ -240,15 +260,19 @@ def make_buffers(weights) -> ms.ParameterTuple:
 
 
 class EvalStep(nn.Cell):
-    """Forward loss only; ``reduce_loss`` as in :class:`TrainStep`."""
+    """Forward loss only; ``reduce_loss`` and ``token_weight`` as in :class:`TrainStep`."""
 
-    def __init__(self, network, reduce_loss=None):
+    def __init__(self, network, reduce_loss=None, token_weight=None):
         super().__init__(auto_prefix=False)
         self.network = network
         self.reduce_loss = reduce_loss
+        self.weighted = token_weight is not None
+        self.token_weight = token_weight
 
     def construct(self, input_ids, labels):
         loss = self.network(input_ids, labels)
+        if self.weighted:
+            loss = loss * F.cast(self.token_weight.value(), F.dtype(loss))
         if self.reduce_loss is not None:
             loss = self.reduce_loss(loss)
         return loss
