@@ -164,6 +164,34 @@ class TrainConfig:
                               f"window={ls.window} factor={ls.factor} min_scale={ls.min_scale} init={ls.init}")
 
 
+# --------------------------------------------------------------------------- finetune
+FINETUNE_METHODS = ("lora",)
+
+
+@dataclass
+class FinetuneConfig:
+    """The recipe's ``finetune`` section: a parameter-efficient method on a frozen base
+    (:mod:`naohai.model.lora`).  ``targets`` is a regular expression searched in the catalog names
+    of the decoder layers' linear ops (e.g. ``attention\\.(q|v)$``)."""
+    method: str = "lora"
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: str = r"attention\.(q|k|v|out)$"
+
+    def validate(self, where: str = "recipe") -> None:
+        if self.method not in FINETUNE_METHODS:
+            raise UserError(f"'{self.method}' is not one of {', '.join(FINETUNE_METHODS)} (the other methods of "
+                            f"issue 26 are not built yet).{did_you_mean(self.method, FINETUNE_METHODS)}",
+                            where=where, key="finetune.method")
+        if int(self.rank) < 1:
+            raise UserError(f"must be a positive integer, got {self.rank}", where=where, key="finetune.rank")
+        if not self.alpha > 0:
+            raise UserError(f"must be positive, got {self.alpha}", where=where, key="finetune.alpha")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"must be in [0, 1), got {self.dropout}", where=where, key="finetune.dropout")
+
+
 # --------------------------------------------------------------------------- recipe
 @dataclass
 class Recipe:
@@ -171,6 +199,7 @@ class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    finetune: Optional[FinetuneConfig] = None   # None = every parameter trains
     source: Optional[str] = None      # file it was read from (not a YAML key)
     # dotted keys the recipe file or its overrides wrote (e.g. "train.global_batch_size"); the rest are
     # defaults.  naohai.strategy.batch adopts a strategy file's batch only where the recipe is silent.
@@ -181,12 +210,16 @@ class Recipe:
         self.model.validate(where)
         self.data.validate(where)
         self.train.validate(where)
+        if self.finetune is not None:
+            self.finetune.validate(where)
         return self
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("source", None)
         d.pop("stated", None)
+        if d.get("finetune") is None:
+            d.pop("finetune", None)
         return d
 
 
@@ -322,7 +355,7 @@ def resolve_recipe_path(name_or_path: str) -> str:
 
 def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
     raw = dict(raw)
-    top = ("name", "model", "data", "train")
+    top = ("name", "model", "data", "train", "finetune")
     for key in raw:
         if key not in top:
             raise UserError(f"unknown section '{key}'.{did_you_mean(key, top)} Sections: {', '.join(top)}.",
@@ -332,7 +365,7 @@ def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
         raise UserError("must be a mapping", where=where, key="model")
     model_raw = dict(model_raw)
     model_raw = model_fields(model_raw, where)
-    for section in ("data", "train"):
+    for section in ("data", "train", "finetune"):
         if raw.get(section) is not None and not isinstance(raw[section], dict):
             raise UserError("must be a mapping", where=where, key=section)
     recipe = Recipe(
@@ -340,6 +373,7 @@ def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
         model=_build(ModelConfig, model_raw, where, "model"),
         data=_build(DataConfig, raw.get("data") or {}, where, "data"),
         train=_build(TrainConfig, raw.get("train") or {}, where, "train"),
+        finetune=None if raw.get("finetune") is None else _build(FinetuneConfig, raw["finetune"], where, "finetune"),
         source=where,
         stated=frozenset(f"{section}.{key}" for section in ("data", "train") for key in (raw.get(section) or {})),
     )

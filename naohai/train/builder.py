@@ -20,6 +20,7 @@ from mindspore import Tensor, nn
 
 from naohai.config import Recipe
 from naohai.errors import UserError
+from naohai.model.lora import apply_lora
 from naohai.model.params import param_shapes
 from naohai.model.stack import per_layer_names, stacked_count
 from naohai.model.transformer import NaohaiLM
@@ -239,8 +240,17 @@ def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtim
                             where=recipe.source, key="data.prepared_dir")
         token_weight = ms.Parameter(Tensor(1.0, ms.float32), name="sft.token_weight", requires_grad=False)
     loop, loop_note = layer_loop(recipe, resolved, runtime)
+    if recipe.finetune is not None and t.layer_loop == "auto":
+        loop, loop_note = False, None          # LoRA wraps the ops of each layer's own cell
     model = NaohaiLM(recipe.model, seed=t.seed, layer_loop=loop, masked_loss=masked_loss)
-    strategy_apply.apply_strategy(model, resolved, t.reuse_layer_graphs)
+    reuse = t.reuse_layer_graphs
+    if recipe.finetune is not None:
+        if resolved is not None or runtime.world > 1:
+            raise UserError("finetune runs on one device so far (the adapters have no sharding rules yet); "
+                            "drop the strategy file", where=recipe.source, key="finetune")
+        apply_lora(model, recipe.finetune, t.seed, recipe.source or "recipe")
+        reuse = False        # adapted and plain layers differ: one graph per layer
+    strategy_apply.apply_strategy(model, resolved, reuse)
     optimizer = make_optimizer(model, recipe)
     guard = StepGuard(t)
     parts = strategy_apply.step_parts(model, optimizer.parameters, resolved, runtime)

@@ -1,0 +1,117 @@
+"""LoRA: low-rank adapters on the model's linear ops, the base weights frozen.
+
+A targeted linear op ``y = x W^T`` (``W`` [out, in], a catalog ``MatMul`` of a decoder layer such as
+``layers.3.attention.q``) becomes ``y = x W^T + (alpha / rank) * dropout(x) A^T B^T`` with
+``A`` [rank, in] and ``B`` [out, rank], named ``<op>.lora_a`` / ``<op>.lora_b`` (Hu et al. 2021,
+as Hugging Face PEFT's ``lora.Linear``).  ``B`` starts at zero, so the adapted model starts equal
+to the base one; ``A`` is drawn uniform in ``[-1/sqrt(in), 1/sqrt(in)]`` from
+``numpy.random.default_rng([seed, crc32(op name)])`` at its full shape: the same values whatever
+the layout or the order the ops are visited in.
+
+:func:`apply_lora` wraps the ops of a built :class:`~naohai.model.transformer.NaohaiLM` and marks
+every other parameter ``requires_grad=False``, so the optimizer (built from the trainable
+parameters) holds moments for the adapters only and no base gradient is computed.  The recipe
+declares it::
+
+    finetune: {method: lora, rank: 8, alpha: 16, dropout: 0.0, targets: 'attention\\.(q|v)$'}
+
+``targets`` is a regular expression searched in the catalog names of the decoder layers' linear
+ops (:func:`lora_ops` lists them).  One device so far: the adapters have no sharding rules yet.
+"""
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Dict, List, Tuple
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from naohai.model.config import ModelConfig
+from naohai.model.spec import op_catalog
+from naohai.errors import UserError
+
+
+def lora_ops(cfg: ModelConfig) -> Dict[str, Tuple[int, int]]:
+    """Catalog name -> (out, in) of every linear op LoRA may adapt (the decoder layers' MatMuls
+    against a weight)."""
+    out = {}
+    for name, spec in op_catalog(cfg).items():
+        if name.startswith("layers.") and spec.kind == "MatMul" and spec.weight_inputs == (1,) and spec.params \
+                and spec.params[0] is not None:
+            o, i = spec.shapes[1]
+            out[name] = (int(o), int(i))
+    return out
+
+
+def select_targets(cfg: ModelConfig, ft, where: str = "recipe") -> Dict[str, Tuple[int, int]]:
+    """The ops ``ft`` (a :class:`naohai.config.FinetuneConfig`) adapts, checked: exit 2 naming the key."""
+    linear = lora_ops(cfg)
+    try:
+        pattern = re.compile(ft.targets)
+    except re.error as exc:
+        raise UserError(f"{ft.targets!r} is not a regular expression ({exc})", where=where,
+                        key="finetune.targets") from None
+    chosen = {n: shape for n, shape in linear.items() if pattern.search(n)}
+    if not chosen:
+        kinds = sorted({n.split(".", 2)[2] for n in linear})
+        raise UserError(f"{ft.targets!r} matches no linear op of the model; the ops LoRA adapts are "
+                        f"layers.<i>.{{{', '.join(kinds)}}}", where=where, key="finetune.targets")
+    smallest = min(min(shape) for shape in chosen.values())
+    if not 1 <= int(ft.rank) <= smallest:
+        raise UserError(f"is {ft.rank}; it must be between 1 and {smallest}, the smallest dimension of the "
+                        f"targeted ops' weights", where=where, key="finetune.rank",
+                        rule="1 <= rank <= min(out, in) of every target")
+    return chosen
+
+
+def init_a(name: str, rank: int, fan_in: int, seed: int) -> np.ndarray:
+    """``A`` of op ``name``: uniform in +-1/sqrt(fan_in), drawn from (seed, crc32(name)) at full shape."""
+    rng = np.random.default_rng([int(seed), zlib.crc32(name.encode("utf-8"))])
+    bound = 1.0 / np.sqrt(fan_in)
+    return rng.uniform(-bound, bound, size=(rank, fan_in)).astype(np.float32)
+
+
+class LoRAMatMul(nn.Cell):
+    """``construct(x, w) = base(x, w) + scale * dropout(x) A^T B^T`` (``base`` a MatMul(transpose_b))."""
+
+    def __init__(self, base, name: str, out: int, inn: int, rank: int, alpha: float, dropout: float, seed: int):
+        super().__init__(auto_prefix=False)
+        from naohai.model.layers import Dropout
+
+        self.base = base
+        self.lora_a = Parameter(Tensor(init_a(name, rank, inn, seed)), name=f"{name}.lora_a")
+        self.lora_b = Parameter(Tensor(np.zeros((out, rank), np.float32)), name=f"{name}.lora_b")
+        self.scale = float(alpha) / float(rank)
+        self.drop = Dropout(dropout)
+        self.mm_a = ops.MatMul(transpose_b=True)
+        self.mm_b = ops.MatMul(transpose_b=True)
+        self.cast = ops.Cast()
+
+    def construct(self, x, w):
+        low = self.mm_a(self.drop(x), self.cast(self.lora_a, x.dtype))
+        return self.base(x, w) + self.mm_b(low, self.cast(self.lora_b, x.dtype)) * self.scale
+
+
+def apply_lora(model, ft, seed: int, where: str = "recipe") -> List[str]:
+    """Wrap the targeted ops of ``model`` (per-layer form) and freeze the rest; returns the op names."""
+    if getattr(model, "layer_loop", False):
+        raise UserError("LoRA needs one cell per layer; set train.layer_loop: never", where=where,
+                        key="train.layer_loop")
+    targets = select_targets(model.cfg, ft, where)
+    for p in model.get_parameters():
+        p.requires_grad = False
+    for name, (out, inn) in targets.items():
+        _, index, part, op = name.split(".")
+        owner = getattr(model.layers[int(index)], part)
+        cell = LoRAMatMul(getattr(owner, op), name, out, inn, int(ft.rank), float(ft.alpha), float(ft.dropout),
+                          seed)
+        setattr(owner, op, cell)
+        cell.lora_a.name, cell.lora_b.name = f"{name}.lora_a", f"{name}.lora_b"   # full names, not prefixed
+    return list(targets)
+
+
+def adapter_params(model) -> List[Parameter]:
+    """The LoRA parameters of ``model``, in model order."""
+    return [p for p in model.get_parameters() if p.name.endswith((".lora_a", ".lora_b"))]
+
