@@ -27,8 +27,13 @@ REPORT = "report.json"
 def atomic_write(path: str, write: Callable[[str], Any]) -> None:
     """``write(tmp)`` a temporary name, then rename it to ``path``: the file is complete or absent."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def atomic_write_text(path: str, text: str) -> None:

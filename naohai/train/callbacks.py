@@ -93,6 +93,11 @@ class LossPlot:
     def on_end(self, trainer) -> None:
         if trainer.writer:
             from naohai.train.plots import plot_run
-            png = plot_run(self.output_dir)
+            try:
+                png = plot_run(self.output_dir)
+            except OSError as exc:  # a figure must never fail a run whose checkpoints are saved
+                self.log(f"WARNING: could not write the plots into {self.output_dir} ({exc}); "
+                         f"checkpoints and metrics.jsonl are unaffected (naohai plot {self.output_dir} redraws them)")
+                return
             if png:
                 self.log(f"plots (loss, learning rate, throughput, gradient norm): {png}")

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from naohai.data.rundir import atomic_write
 from naohai.errors import UserError
 from naohai.train.metrics import read_metrics
 
@@ -119,7 +120,7 @@ def save_metrics_png(run_dirs: Sequence[str], out_file: str, labels: Optional[Se
     fig = metrics_figure(runs, title)
     folder = os.path.dirname(os.path.abspath(out_file))
     os.makedirs(folder, exist_ok=True)
-    fig.savefig(out_file, format="png")
+    atomic_write(out_file, lambda tmp: fig.savefig(tmp, format="png"))
     return out_file
 
 

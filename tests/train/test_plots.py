@@ -77,12 +77,16 @@ def test_plot_command_overlays_runs(two_runs, tmp_path, capsys):
     assert (a / "loss.png").stat().st_size > 10_000
 
 
+def _err(capsys):
+    return " ".join(capsys.readouterr().err.split())   # the message is wrapped to the terminal
+
+
 def test_plot_command_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["plot", str(empty)]) == 2
-    assert "holds no metrics.jsonl" in capsys.readouterr().err
+    assert "holds no metrics.jsonl" in _err(capsys)
     assert main(["plot", str(tmp_path / "nope")]) == 2
-    assert "is not a folder" in capsys.readouterr().err
+    assert "is not a folder" in _err(capsys)
     assert main(["plot", str(empty), "--label", "x", "--label", "y"]) == 2
-    assert "2 --label for 1 runs" in capsys.readouterr().err
+    assert "2 --label for 1 runs" in _err(capsys)
