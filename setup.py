@@ -31,9 +31,10 @@ setup(
     extras_require={
         "modelarts": ["huaweicloudsdkmodelarts==3.1.219", "huaweicloudsdkcore==3.1.219",
                       "esdk-obs-python==3.26.6"],
-        # transformers and torch are oracles for the Hugging Face import / export / tokenizer tests only;
-        # pyspark runs the Spark engine's tests (they need a Java 17+ runtime from the OS)
-        "test": ["pytest>=8", "hypothesis>=6.100", "torch==2.13.0", "transformers==5.24.0", "pyspark>=4.0,<5"],
+        # transformers and torch are oracles for the Hugging Face import / export / tokenizer tests only,
+        # peft for the LoRA adapter export (tests/convert/test_peft.py); pyspark runs the Spark engine's tests (they need a Java 17+ runtime from the OS)
+        "test": ["pytest>=8", "hypothesis>=6.100", "torch==2.13.0", "transformers==5.24.0", "peft==0.21.2",
+                 "pyspark>=4.0,<5"],
         # naohai data clean --engine spark (needs a Java 17+ runtime from the OS)
         "spark": ["pyspark>=4.0,<5"],
         # naohai bench: the PyTorch peer (run/bench/torch_peer.py); never imported by training code
