@@ -32,7 +32,8 @@ setup(
         "modelarts": ["huaweicloudsdkmodelarts==3.1.219", "huaweicloudsdkcore==3.1.219",
                       "esdk-obs-python==3.26.6"],
         # transformers and torch are oracles for the Hugging Face import / export / tokenizer tests only,
-        # peft for the LoRA adapter export (tests/convert/test_peft.py); pyspark runs the Spark engine's tests (they need a Java 17+ runtime from the OS)
+        # peft for the LoRA adapter export (tests/convert/test_peft.py); pyspark runs the Spark engine's tests
+        # (they need a Java 17+ runtime from the OS)
         "test": ["pytest>=8", "hypothesis>=6.100", "torch==2.13.0", "transformers==5.24.0", "peft==0.21.2",
                  "pyspark>=4.0,<5"],
         # naohai data clean --engine spark (needs a Java 17+ runtime from the OS)
