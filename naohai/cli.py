@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import textwrap
 
 from naohai.errors import UserError
+from naohai.interrupt import Interrupted
 
 # Subcommands in the order `naohai --help` lists them.
 COMMANDS = ("train", "generate", "eval", "plot", "ckpt", "data", "plan", "check", "launch", "submit", "bench")
@@ -71,7 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stopped(code: int, as_program: bool) -> int:
+    """The exit of a run stopped by a signal.  As the program, exit at once: MindSpore's threads may be
+    mid-operation and the interpreter's shutdown can abort on them (measured: SIGABRT instead of 143)."""
+    if as_program:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 def main(argv=None) -> int:
+    as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser()
@@ -85,9 +98,14 @@ def main(argv=None) -> int:
                              break_on_hyphens=False)
         print(text, file=sys.stderr)
         return err.exit_code
+    except Interrupted as stop:
+        print(f"naohai: {stop}", file=sys.stderr)
+        return _stopped(stop.exit_code, as_program)
     except KeyboardInterrupt:
-        print("naohai: interrupted", file=sys.stderr)
-        return 130
+        from naohai import interrupt
+        req = interrupt.current()
+        print(f"naohai: {req.stopped_now_message() if req.requested else 'interrupted'}", file=sys.stderr)
+        return _stopped(128 + int(req.signum) if req.requested else 130, as_program)
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         sys.stderr.close()
         return 0

@@ -21,6 +21,27 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    """Stop signals are taken by naohai (blocked before MindSpore starts a thread, see
+    :mod:`naohai.interrupt`) for the whole command, and given back at its end."""
+    import os
+    import signal
+    import threading
+    from naohai import interrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return _run(args)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    interrupt.block_stop_signals()
+    interrupt.current().watch()
+    if os.environ.get("MS_ROLE"):        # a worker or the scheduler under msrun: end with msrun
+        interrupt.die_with_parent(signal.SIGTERM)
+    try:
+        return _run(args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _run(args) -> int:
     from naohai.config import load_recipe
     from naohai.errors import UserError
     from naohai.strategy.compat import validated_run

@@ -40,6 +40,7 @@ import glob
 import json
 import multiprocessing
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -277,7 +278,9 @@ def _stage1(files, cfg: CleanConfig, work: str, workers: int, progress: bool):
     units = 0
     pool = None
     if workers > 1:
-        pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        from naohai.interrupt import die_with_parent     # workers end with this process, however it ends
+        pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                      initializer=die_with_parent, initargs=(signal.SIGTERM, os.getpid()))
     pending: collections.deque = collections.deque()
 
     def submit(unit, batch):

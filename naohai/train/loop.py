@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from naohai import interrupt
 from naohai.checkpoint import store as ckpt_store
 from naohai.config import Recipe
 from naohai.errors import UserError
@@ -38,6 +39,12 @@ class TrainingStopped(UserError):
     """The run stopped itself (too many skipped steps); a checkpoint was written first."""
 
     exit_code = 3
+
+
+class FinalSaveFailed(UserError):
+    """The checkpoint at the last step could not be written: the run must not look successful."""
+
+    exit_code = 1
 
 
 @dataclass
@@ -83,6 +90,8 @@ class Trainer:
         self.peak = float(peak_tflops)
         self.skip_streak = 0
         self.pending = None       # a checkpoint save in flight (train.async_save)
+        self.last_save_s: Optional[float] = None    # wall time of the last synchronous save
+        self.failed_saves: List[int] = []           # steps whose checkpoint could not be written
 
     # ------------------------------------------------------------------ hooks
     def _emit(self, event: str, *args) -> None:
@@ -160,10 +169,12 @@ class Trainer:
         man["data"] = {"loader": self.loader.state_dict()}
         man["loss_scale"] = self.built.loss_scale()
         background = bool(self.recipe.train.async_save) and not wait
+        t0 = time.time()
         self.pending = self.store.save_async(self.step, self.built.saved_params(), man, self.strategy_file,
                                              background=background)
         if not background:
             published = self.finish_save()
+            self.last_save_s = time.time() - t0
         return published
 
     def finish_save(self) -> Optional[str]:
@@ -173,6 +184,7 @@ class Trainer:
             return None
         outcome = pending.finish()
         if outcome.path is None:
+            self.failed_saves.append(pending.step)
             previous = ckpt_store.list_checkpoints(self.out)
             self.log(f"WARNING: checkpoint at step {pending.step} FAILED ({outcome.error}); the previous checkpoint "
                      f"{previous[-1] if previous else '(none)'} is intact; training continues")
@@ -221,6 +233,61 @@ class Trainer:
             result.evals[0] = ev
             self._emit("on_eval", 0, ev)
         window_t, window_steps, t_start, start_step = time.time(), 0, time.time(), self.step
+        stop = interrupt.current().watch()
+        stop.deferring = True
+        try:
+            self._steps(result, stop, end, tokens_step, window_t, window_steps, t_start, start_step)
+        finally:
+            stop.deferring = False
+        result.checkpoint = self.finish_save() or result.checkpoint
+        result.steps_done = self.step
+        self._emit("on_end")
+        if self.step in self.failed_saves:
+            newest = ckpt_store.list_checkpoints(self.out)
+            raise FinalSaveFailed(
+                f"the checkpoint of the last step ({self.step}) could not be written (see the WARNING above); the "
+                f"newest good checkpoint is " + (f"step {int(ckpt_store.read_manifest(newest[-1])['step'])} "
+                                                 f"({newest[-1]})" if newest else "none: no checkpoint was saved") +
+                ". Free space (or fix the folder) and run the same command to resume from it",
+                where=self.out, key="train.output_dir")
+        return result
+
+    def _stop_agreed(self, stop) -> bool:
+        """Whether any rank received a stop signal (every rank gets the same answer, at the same step)."""
+        if self.runtime.world == 1:
+            return stop.requested
+        return not self.comm.all_ok(not stop.requested)
+
+    def _stop(self, stop, saved_this_step: bool) -> None:
+        """One final checkpoint (if it fits the grace time under SIGTERM), the end hooks, then
+        :class:`naohai.interrupt.Interrupted` naming the step the run resumes from."""
+        import signal as _signal
+        signum = stop.signum or _signal.SIGTERM
+        note = f"step {self.step} was just checkpointed" if saved_this_step and self.step not in self.failed_saves \
+            else ""
+        if not saved_this_step:
+            left = stop.seconds_left(interrupt.grace_seconds())
+            need = None if self.last_save_s is None else 1.5 * self.last_save_s + 1.0
+            if self.comm.all_ok(need is None or need <= left):
+                path = self.save(wait=True)
+                note = f"checkpoint of step {self.step} saved" if path else f"the checkpoint of step {self.step} " \
+                                                                           f"FAILED"
+            else:
+                note = (f"no final checkpoint: a save takes ~{need:.0f} s, {max(0.0, left):.0f} s of the "
+                        f"{interrupt.grace_seconds():.0f} s grace (NAOHAI_STOP_GRACE) were left")
+        self.finish_save()
+        self._emit("on_end")
+        self.comm.barrier()       # every rank has written what it writes before any exits
+        newest = ckpt_store.list_checkpoints(self.out)
+        resume = (f"run the same command to resume from step {int(ckpt_store.read_manifest(newest[-1])['step'])}"
+                  if newest else "no checkpoint yet: the same command starts from step 0")
+        raise interrupt.Interrupted(signum, f"stopped by {interrupt.signal_name(signum)} after step {self.step}"
+                                    + (f"; {note}" if note else "") + f"; {resume}")
+
+    def _steps(self, result, stop, end, tokens_step, window_t, window_steps, t_start, start_step) -> None:
+        t = self.recipe.train
+        if self._stop_agreed(stop):
+            self._stop(stop, saved_this_step=True)
         while self.step < end:
             self._emit("on_step_begin")
             lr = self.built.learning_rate(self.recipe)
@@ -257,10 +324,10 @@ class Trainer:
                 result.evals[self.step] = ev
                 self._emit("on_eval", self.step, ev)
                 window_t = time.time()
-            if self.step % t.save_every == 0 or self.step == end:
+            saved = self.step % t.save_every == 0 or self.step == end
+            if saved:
                 result.checkpoint = self.save(wait=self.step == end) or result.checkpoint
                 window_t = time.time()
-        result.checkpoint = self.finish_save() or result.checkpoint
-        result.steps_done = self.step
-        self._emit("on_end")
-        return result
+            stop.rearm()
+            if self._stop_agreed(stop):
+                self._stop(stop, saved_this_step=saved and not self.recipe.train.async_save)
