@@ -14,8 +14,9 @@ every graph run (``SignalGuard`` in its graph scheduler) that sends SIGTERM to i
 process, so a Python SIGINT handler never sees a Ctrl-C during a step.  ``naohai train``
 therefore blocks SIGINT and SIGTERM before MindSpore is imported (:func:`block_stop_signals`;
 every thread started later inherits the mask) and a watcher thread takes them with
-``sigwaitinfo``, which also tells a SIGTERM MindSpore sent to itself (a converted Ctrl-C)
-from one sent by another process.  Where the signals are not blocked (naohai used as a
+``sigwaitinfo``.  A SIGTERM the process sent itself is MindSpore ending a rank whose cluster
+failed (a peer died, a collective timed out): no checkpoint can be agreed on then, and the
+process exits 1 (not 143) after its main thread had 10 s to report the error.  Where the signals are not blocked (naohai used as a
 library), Python handlers are installed instead and re-armed after every step.
 
 :func:`die_with_parent` asks the kernel to send SIGTERM to this process when its parent
@@ -118,10 +119,20 @@ class StopRequest:
     def _wait_loop(self) -> None:
         while True:
             info = signal.sigwaitinfo(STOP_SIGNALS)
-            signum = info.si_signo
-            if signum == signal.SIGTERM and info.si_pid == os.getpid():
-                signum = signal.SIGINT        # MindSpore's SIGINT handler re-sent a Ctrl-C as SIGTERM
-            self._receive(signum, in_main=False)
+            if info.si_signo == signal.SIGTERM and info.si_pid == os.getpid():
+                self._mindspore_ended_us()
+                continue
+            self._receive(info.si_signo, in_main=False)
+
+    def _mindspore_ended_us(self) -> None:
+        """A SIGTERM this process sent itself: MindSpore's cluster code ends a rank this way when a peer
+        or a collective failed ("Callback on exception is called. Kill this process with SIGTERM").
+        No checkpoint can be agreed on any more: give the main thread its error, then exit 1."""
+        self.log("naohai: MindSpore ended this process (its cluster reported a failure: a rank died or a "
+                 "collective timed out; see the lines above); no final checkpoint")
+        timer = threading.Timer(HARD_EXIT_AFTER_S, lambda: os._exit(1))
+        timer.daemon = True
+        timer.start()
 
     def _python_handler(self, signum, _frame) -> None:
         self._receive(signum, in_main=True)

@@ -1,16 +1,22 @@
-"""Fault-recovery check (not a unit test): SIGKILL a training run at random moments, resume it each
-time, and compare every logged step loss with an uninterrupted run of the same recipe.
+"""Fault-recovery check (not a unit test): SIGKILL (or SIGTERM) a training run at random moments, resume
+it each time, and compare every logged step loss with an uninterrupted run of the same recipe.
 
 Usage:
-  python run/kill_resume.py [--kills 20] [--layout standalone|dp2] [--seed 0] [--workdir DIR]
-                            [--prepared DIR --tokenizer FILE]
+  python run/kill_resume.py [--kills 20] [--layout standalone|dp2] [--signal KILL|TERM] [--seed 0]
+                            [--workdir DIR] [--prepared DIR --tokenizer FILE]
+
+With ``--signal TERM`` only the command (``naohai train``, or ``naohai launch`` for dp2) gets SIGTERM,
+as a scheduler sends it: it must exit 143 (after its final checkpoint) and leave no process of its
+process groups (nor any process carrying the run's marker) behind; the JSON adds the exit codes,
+the longest stop and the orphans found.
 
 The recipe is the micro model the tests use (2 layers, hidden 32) with a checkpoint every 2
 steps and a loss logged every step.  Each kill moment is random: after a random number (0-4)
 of newly logged steps, plus a random 0-0.5 s, so kills land in start-up, compile, steps and
 checkpoint saves alike.  Every
-row of the interrupted run's ``metrics.jsonl`` (steps re-run after a kill appear again) must
-equal the uninterrupted loss of its step exactly.  ``dp2`` runs 2 data-parallel workers through
+row of the interrupted run's ``metrics.jsonl`` must equal the uninterrupted loss of its step
+exactly; a resumed run drops the rows past its checkpoint, so each step is logged once
+(``reexecuted_rows`` counts rows logged twice: 0 expected).  ``dp2`` runs 2 data-parallel workers through
 ``naohai launch`` (msrun) and kills every process of the job.  A pass runs from scratch to the
 last step (killed and resumed as often as the kill budget allows); passes repeat until all
 kills are spent.  Prints one JSON line; exit 0 when all losses match and every pass logged
@@ -78,8 +84,32 @@ def _marked(marker: str):
                 continue
 
 
-def run_once(cmd, env, timeout: float, kill_when=None):
-    """Run ``cmd``; once ``kill_when()`` is true, SIGKILL it and every process it started.
+def _pgrp(pid: int):
+    try:
+        with open(f"/proc/{pid}/stat", "r") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _in_groups(groups):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "r") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) in groups:
+                found.append(int(entry))
+    return found
+
+
+def run_once(cmd, env, timeout: float, kill_when=None, sig: str = "KILL", stats=None):
+    """Run ``cmd``; once ``kill_when()`` is true, stop it: SIGKILL it and every process it started
+    (``sig`` KILL), or SIGTERM to the command alone (``sig`` TERM: it must save, exit 143 and leave no
+    process of its process groups behind; ``stats`` collects exit codes, stop times and orphans).
     Returns (finished normally, exit code, seconds, stderr tail)."""
     marker = uuid.uuid4().hex
     env = dict(env, **{MARK: marker})
@@ -94,6 +124,8 @@ def run_once(cmd, env, timeout: float, kill_when=None):
         proc.wait(timeout=max(1.0, timeout - (time.time() - t0)))
         return True, proc.returncode, time.time() - t0, proc.stderr.read().decode(errors="replace")[-2000:]
     except subprocess.TimeoutExpired:
+        if sig == "TERM":
+            return _terminate(proc, marker, t0, stats)
         for pid in [proc.pid, *_marked(marker)]:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -106,6 +138,34 @@ def run_once(cmd, env, timeout: float, kill_when=None):
             except (ProcessLookupError, PermissionError):
                 pass
         return False, None, time.time() - t0, ""
+
+
+def _terminate(proc, marker, t0, stats):
+    groups = {g for g in (_pgrp(p) for p in [proc.pid, *_marked(marker)]) if g is not None}
+    t_sig = time.time()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    stop_s = time.time() - t_sig
+    time.sleep(0.5)
+    orphans = sorted(set(_marked(marker)) | set(_in_groups(groups)))
+    for pid in orphans:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    err = proc.stderr.read().decode(errors="replace")
+    if stats is not None:
+        stats.setdefault("codes", []).append(proc.returncode)
+        stats.setdefault("stop_s", []).append(round(stop_s, 2))
+        stats.setdefault("orphans", []).extend(orphans)
+        last = [ln for ln in err.splitlines() if "stopped by" in ln]
+        stats.setdefault("last_lines", []).append(last[-1][-160:] if last else err[-160:])
+    # exit 0: the run finished before the signal landed; anything else than 143 is a failure
+    return proc.returncode == 0, proc.returncode, time.time() - t0, err[-2000:]
 
 
 def losses(out: Path):
@@ -133,6 +193,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir")
     ap.add_argument("--prepared", help="prepared data folder (default: prepare the builtin corpus here)")
     ap.add_argument("--tokenizer")
+    ap.add_argument("--signal", choices=("KILL", "TERM"), default="KILL",
+                    help="KILL: SIGKILL every process of the job; TERM: SIGTERM to the command alone, which must "
+                         "save, exit 143 and leave no process behind (default KILL)")
     args = ap.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="naohai-kill-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -152,6 +215,7 @@ def main(argv=None) -> int:
         return 1
     reference = dict(losses(work / "reference"))
     rng = random.Random(args.seed)
+    stats = {}
     kills, runs, passes, rows_checked, reexecuted, mismatches, gaps = 0, 0, 0, 0, 0, [], []
     while kills < args.kills:
         # one pass: from scratch to the last step, killed at random moments and resumed each time
@@ -169,9 +233,12 @@ def main(argv=None) -> int:
                         reached.append(time.time())
                     return bool(reached) and time.time() - reached[0] >= delay
             ok, code, _, err = run_once(command(cut_recipe, args.layout, work / f"logs-{runs}"), env, timeout,
-                                        kill_when)
+                                        kill_when, args.signal, stats)
             if not ok:
                 kills += 1
+                if args.signal == "TERM" and code != 143:
+                    print(json.dumps({"error": f"run {runs} exited {code} after SIGTERM, not 143", "stderr": err}))
+                    return 1
                 continue
             if code != 0:
                 print(json.dumps({"error": f"run {runs} exited {code}", "stderr": err}))
@@ -184,9 +251,13 @@ def main(argv=None) -> int:
         mismatches += [(passes, s, v, reference.get(s)) for s, v in rows if reference.get(s) != v]
         if covered != list(range(1, args.steps + 1)):
             gaps.append((passes, covered))
-    result = {"layout": args.layout, "kills": kills, "runs": runs, "passes": passes,
+    result = {"layout": args.layout, "signal": args.signal, "kills": kills, "runs": runs, "passes": passes,
               "reference_wall_s": round(ref_s, 1), "rows_checked": rows_checked, "reexecuted_rows": reexecuted,
-              "steps_covered": not gaps, "mismatches": mismatches[:5], "ok": not mismatches and not gaps}
+              "steps_covered": not gaps, "mismatches": mismatches[:5],
+              "ok": not mismatches and not gaps and not stats.get("orphans")}
+    if args.signal == "TERM":
+        result.update({"exit_codes": sorted(set(stats.get("codes", []))), "stop_s_max": max(stats.get("stop_s", [0])),
+                       "orphans": stats.get("orphans", []), "last_lines": stats.get("last_lines", [])[:3]})
     print(json.dumps(result))
     return 0 if result["ok"] else 1
 

@@ -33,8 +33,8 @@ def run(args) -> int:
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     interrupt.block_stop_signals()
     interrupt.current().watch()
-    if os.environ.get("MS_ROLE"):        # a worker or the scheduler under msrun: end with msrun
-        interrupt.die_with_parent(signal.SIGTERM)
+    if os.environ.get("MS_ROLE") and os.environ.get("NAOHAI_END_WITH_LAUNCH"):
+        interrupt.die_with_parent(signal.SIGTERM)   # a worker or the scheduler under naohai launch: end with msrun
     try:
         return _run(args)
     finally:
@@ -42,10 +42,10 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
+    import os
     from naohai.config import load_recipe
     from naohai.errors import UserError
-    from naohai.strategy.compat import validated_run
-    from naohai.train.job import train
+    from naohai.runfiles import lock_folder
 
     if args.no_resume and args.resume_from:
         raise UserError("--no-resume and --resume-from contradict each other", where="command line",
@@ -54,6 +54,12 @@ def _run(args) -> int:
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
     recipe = load_recipe(args.recipe, overrides)
+    if not os.environ.get("MS_ROLE"):
+        # one process: lock the run folder before MindSpore is even imported, so a second job on it
+        # is told at once (under msrun rank 0 locks it once the ranks are known, in naohai.train.job)
+        lock_folder(recipe.train.output_dir, "training run", key="train.output_dir")
+    from naohai.strategy.compat import validated_run
+    from naohai.train.job import train
     resolved = None
     if args.strategy:
         recipe, resolved = validated_run(recipe, args.strategy)

@@ -35,6 +35,7 @@ that need it but still builds the cluster dynamically).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import os
@@ -368,9 +369,12 @@ def run_msrun(plan: MsrunPlan, dry_run: bool = False, out: Optional[TextIO] = No
     env = {**os.environ, **extra}
     env.setdefault("PYTHONUNBUFFERED", "1")
     started = time.monotonic()
+    from naohai.launch.stopping import END_WITH_LAUNCH, JobStopper, start_options
+    if p.join:       # the job lives and ends with this process (naohai.launch.stopping)
+        env[END_WITH_LAUNCH] = "1"
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                text=True, errors="replace", bufsize=1)
+                                text=True, errors="replace", bufsize=1, **(start_options() if p.join else {}))
     except FileNotFoundError:
         raise UserError("'msrun' was not found on PATH (it ships with mindspore>=2.3)",
                         where=WHERE, key="msrun") from None
@@ -390,10 +394,11 @@ def run_msrun(plan: MsrunPlan, dry_run: bool = False, out: Optional[TextIO] = No
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     follower = WorkerLogFollower(p.log_dir, lambda line: (out.write(line), out.flush()))
-    while proc.poll() is None:
-        if not verbose:
-            follower.poll()
-        time.sleep(poll_s)
+    with JobStopper(proc, p.log_dir, LOG_NAME) if p.join else contextlib.nullcontext():
+        while proc.poll() is None:
+            if not verbose:
+                follower.poll()
+            time.sleep(poll_s)
     reader.join(timeout=10)
     if not verbose:
         follower.poll(final=True)

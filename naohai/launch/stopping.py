@@ -26,6 +26,9 @@ from typing import List, Optional
 
 from naohai import interrupt
 
+#: set in the workers' environment by a joined ``naohai launch``: the job ends with it
+END_WITH_LAUNCH = "NAOHAI_END_WITH_LAUNCH"
+
 
 def _stat(pid: int):
     try:
