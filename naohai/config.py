@@ -302,7 +302,7 @@ def parse_overrides(items: Sequence[str], where: str = "command line") -> Dict[s
             raise UserError(f"override '{item}' is not of the form section.key=value", where=where)
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = validate.load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         _set_dotted(tree, key.strip(), value, where)

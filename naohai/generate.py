@@ -157,7 +157,10 @@ class CachedDecoder:
         logits, cache = self._run(ids, positions, step_bias(self.cfg, pads, 0, longest), None)
         last = logits[:, -1]
         bucket = self.CACHE_BUCKET
-        keys, values = self._fixed_cache(cache, -(-(longest + cfg.max_new_tokens) // bucket) * bucket)
+        # the cache holds what can be generated: the request, but never past the model's window (generation
+        # stops there), so a huge --max-new-tokens cannot allocate more than one window of keys and values
+        needed = min(longest + cfg.max_new_tokens, limit + min(pads) + 1)
+        keys, values = self._fixed_cache(cache, -(-needed // bucket) * bucket)
         rng = np.random.default_rng(cfg.seed)
         counts = np.zeros((b, vocab), np.int64)
         out: List[List[int]] = [[] for _ in range(b)]

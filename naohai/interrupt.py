@@ -96,6 +96,7 @@ class StopRequest:
         self.log = log
         self._watcher: Optional[threading.Thread] = None
         self._python_handlers = False
+        self._previous: dict = {}
 
     # ---- receiving
     def watch(self) -> "StopRequest":
@@ -114,7 +115,20 @@ class StopRequest:
         """Re-install the Python handlers (MindSpore replaces the SIGINT one around each graph run)."""
         if self._python_handlers:
             for sig in STOP_SIGNALS:
-                signal.signal(sig, self._python_handler)
+                previous = signal.signal(sig, self._python_handler)
+                if sig not in self._previous:
+                    self._previous[sig] = previous
+
+    def release(self) -> None:
+        """Give the Python handlers :meth:`watch` installed back (SIGINT: Python's KeyboardInterrupt)."""
+        if self._python_handlers:
+            for sig in STOP_SIGNALS:
+                old = self._previous.get(sig)
+                signal.signal(sig, old if callable(old) or old in (signal.SIG_DFL, signal.SIG_IGN) else
+                              (signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL))
+            self._python_handlers = False
+            self._previous = {}
+            self.signum = self.at = None       # naohai as a library: the next run starts unstopped
 
     def _wait_loop(self) -> None:
         while True:

@@ -6,7 +6,8 @@ these functions, so the same mistake gets the same answer everywhere: a
 the rule, which the CLI prints as one paragraph with exit code 2.
 
 * YAML is read with :func:`load_yaml`, which refuses duplicate keys (plain
-  PyYAML keeps the last one and silently drops the first).
+  PyYAML keeps the last one and silently drops the first) and documents whose aliases
+  expand beyond :data:`MAX_YAML_NODES` values (an alias bomb), before expanding them.
 * :func:`integer` and :func:`number` refuse booleans, strings, ``.nan`` and
   ``.inf``, fractions where an integer is meant, and values outside the range
   (every integer has an upper bound, so ``1e21`` devices is an error, not a plan).
@@ -56,9 +57,47 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+#: most nodes a YAML document may stand for once its aliases are expanded (recipes and strategy files
+#: have hundreds; an alias bomb of a few lines has billions)
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_nodes(node, memo: Dict[int, int], active: set) -> int:
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in active:
+        raise yaml.composer.ComposerError(None, None, "an alias refers to the node that contains it "
+                                          "(a recursive document)", node.start_mark)
+    active.add(key)
+    if isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded_nodes(c, memo, active) for c in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        n = 1 + sum(_expanded_nodes(k, memo, active) + _expanded_nodes(v, memo, active) for k, v in node.value)
+    else:
+        n = 1
+    active.discard(key)
+    if n > MAX_YAML_NODES:
+        raise yaml.composer.ComposerError(None, None, f"the document's aliases expand to more than "
+                                          f"{MAX_YAML_NODES:,} values (an alias bomb?); refused before "
+                                          f"expanding it", node.start_mark)
+    memo[key] = n
+    return n
+
+
 def load_yaml(stream) -> Any:
-    """``yaml.safe_load`` that raises ``yaml.YAMLError`` on duplicate keys."""
-    return yaml.load(stream, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    """``yaml.safe_load`` that raises ``yaml.YAMLError`` on duplicate keys and on a document whose
+    aliases would expand to more than :data:`MAX_YAML_NODES` values (checked on the composed node
+    graph, where an alias is one shared node, before anything is constructed)."""
+    loader = _UniqueKeyLoader(stream)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_nodes(node, {}, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 # --------------------------------------------------------------------------- values

@@ -67,6 +67,20 @@ def test_generate_from_checkpoint(tmp_path, micro_data, capsys):
     first, second = out.split("\n\n=== prompt 2 of 2: 'A ' ===\n")
     assert first.startswith("=== prompt 1 of 2: 'The ' ===\nThe ") and second.startswith("A ")
     assert first.endswith(greedy)
+    # a billion new tokens: the cache is one window (main 10b9408 tried to allocate 477 GiB); generation
+    # stops at the window, as with any length past it
+    huge = gen.decoder.generate_ids([[5, 6, 7]], SamplingConfig(max_new_tokens=10 ** 9, temperature=0),
+                                    gen.tokenizer.vocab_size)
+    assert len(huge[0]) == recipe.model.seq_length - 3 + 1
+    # a prompt that is not UTF-8 (bytes the locale could not decode reach argv as surrogates)
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "ok", "--prompt", "caf\udce9"]) == 2
+
+
+def test_a_prompt_that_is_not_utf8_is_one_paragraph(capsys):
+    from naohai.cli import main
+    assert main(["generate", "/nonexistent", "--prompt", "\udcff\udcfe"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "prompt 1 is not valid UTF-8 text (byte 0xff at character 0)" in err and "Traceback" not in err
 
 
 # ------------------------------------------------------------------------------ key/value cache

@@ -49,3 +49,29 @@ def test_cli_int_converter():
     for bad in ("0", "-1", "11", "1e3", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             conv(bad)
+
+
+def _alias_bomb(levels=9):
+    lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    names = "abcdefghijklmnop"
+    for p, c in zip(names[:levels - 1], names[1:levels]):
+        lines.append(f"{c}: &{c} [" + ", ".join([f"*{p}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_before_it_expands(tmp_path, capsys):
+    import io
+    import yaml
+    from naohai.cli import main
+    from naohai.validate import MAX_YAML_NODES, load_yaml
+    bomb = _alias_bomb()                               # 9**9 = 387 million strings once expanded
+    with pytest.raises(yaml.YAMLError, match="alias bomb"):
+        load_yaml(io.StringIO(bomb))
+    recipe = tmp_path / "bomb.yaml"
+    recipe.write_text("model: {preset: tiny}\n" + bomb.replace("i: &i", "name: &i"), encoding="utf-8")
+    assert main(["plan", str(recipe)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "alias bomb" in err and str(recipe) in err and "Traceback" not in err
+    # ordinary anchors (a shared block) still work
+    assert load_yaml(io.StringIO("d: &d {a: 1}\ne: *d\n")) == {"d": {"a": 1}, "e": {"a": 1}}
+    assert MAX_YAML_NODES >= 10_000

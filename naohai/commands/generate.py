@@ -29,6 +29,13 @@ def run(args) -> int:
     from naohai.generate import Generator, SamplingConfig
 
     prompts = args.prompt or [""]
+    for i, prompt in enumerate(prompts):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:       # bytes the locale could not decode arrive as surrogates
+            bad = prompt[exc.start].encode("utf-8", "surrogateescape")
+            raise UserError(f"prompt {i + 1} is not valid UTF-8 text (byte 0x{bad.hex()} at character "
+                            f"{exc.start}); pass UTF-8 text", where="command line", key="--prompt") from None
     if args.stream and len(prompts) > 1:
         raise UserError("--stream prints one prompt's tokens; give one --prompt", where="command line",
                         key="--stream")

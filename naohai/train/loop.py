@@ -239,9 +239,18 @@ class Trainer:
             self._steps(result, stop, end, tokens_step, window_t, window_steps, t_start, start_step)
         finally:
             stop.deferring = False
+            stop.release()
         result.checkpoint = self.finish_save() or result.checkpoint
         result.steps_done = self.step
-        self._emit("on_end")
+        try:
+            self._emit("on_end")
+        finally:
+            self._check_final_save()
+        return result
+
+    def _check_final_save(self) -> None:
+        """Raise :class:`FinalSaveFailed` when the last step's checkpoint was not written (whatever else failed
+        at the end, e.g. the plot on the same full disk)."""
         if self.step in self.failed_saves:
             newest = ckpt_store.list_checkpoints(self.out)
             raise FinalSaveFailed(
@@ -250,7 +259,6 @@ class Trainer:
                                                  f"({newest[-1]})" if newest else "none: no checkpoint was saved") +
                 ". Free space (or fix the folder) and run the same command to resume from it",
                 where=self.out, key="train.output_dir")
-        return result
 
     def _stop_agreed(self, stop) -> bool:
         """Whether any rank received a stop signal (every rank gets the same answer, at the same step)."""

@@ -105,3 +105,16 @@ def test_resume_drops_metrics_rows_past_the_checkpoint(tmp_path, micro_data):
     assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, 9))
     assert [r["step"] for r in rows if r["split"] == "valid"] == [0, 4, 8]
     assert any("2 rows after step 4 dropped" in ln for ln in lines), lines
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "read-only"])
+def test_an_output_folder_that_cannot_be_written_is_one_paragraph(tmp_path, micro_data, capsys, where):
+    (tmp_path / "afile").write_text("keep")
+    out = {"a file": tmp_path / "afile", "under a file": tmp_path / "afile" / "run",
+           "read-only": Path("/sys/naohai-test-run")}[where]       # sysfs refuses new entries, even to root
+    recipe = _recipe_file(tmp_path, out, micro_data)
+    assert main(["train", recipe]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "train.output_dir" in err and "Traceback" not in err
+    assert ("is a file" in err) if where != "read-only" else ("cannot write the output folder" in err)
+    assert (tmp_path / "afile").read_text() == "keep"
