@@ -82,16 +82,11 @@ class HFTokenizer:
 
     def save(self, path: str) -> str:
         """Write tokenizer.json (and tokenizer_config.json beside it); returns the absolute path."""
-        path = os.path.abspath(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(self._json)
-        os.replace(tmp, path)
-        with open(os.path.join(os.path.dirname(path), CONFIG), "w", encoding="utf-8") as fh:
-            json.dump(self.config, fh, indent=2, ensure_ascii=False)
-        self.path = path
-        return path
+        from naohai.data.tokenizer import write_atomically
+        self.path = write_atomically(path, self._json)
+        write_atomically(os.path.join(os.path.dirname(self.path), CONFIG),
+                         json.dumps(self.config, indent=2, ensure_ascii=False).encode("utf-8"))
+        return self.path
 
     @property
     def sha256(self) -> str:

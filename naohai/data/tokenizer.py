@@ -145,6 +145,18 @@ def pangu_text(decoded: str) -> str:
 
 
 # --------------------------------------------------------------------------- tokenizer
+def write_atomically(path: str, data: bytes) -> str:
+    """Write ``data`` to ``path`` through a temporary file and a rename (parents created); returns the
+    absolute path."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+    return path
+
+
 class Tokenizer:
     """A sentencepiece model plus its text mapping (``scheme``, detected from the model's pieces)."""
 
@@ -186,14 +198,8 @@ class Tokenizer:
 
     def save(self, path: str) -> str:
         """Write the model file atomically; returns the absolute path."""
-        path = os.path.abspath(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(self._proto)
-        os.replace(tmp, path)
-        self.path = path
-        return path
+        self.path = write_atomically(path, self._proto)
+        return self.path
 
     @property
     def model_proto(self) -> bytes:

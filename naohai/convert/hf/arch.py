@@ -242,6 +242,12 @@ def stacked(hf: str, ours: Sequence[str], axis: int = 0) -> Link:
                 lambda w: tuple(np.ascontiguousarray(x) for x in np.split(w, n, axis=axis)))
 
 
+def head_links(cfg: ModelConfig, final_norm: str, head: str = "lm_head.weight") -> List[Link]:
+    """The final LayerNorm (``<final_norm>.weight`` / ``.bias``) and, when untied, the output head."""
+    out = [link(final_norm + ".weight", "head.final_norm.gamma"), link(final_norm + ".bias", "head.final_norm.beta")]
+    return out if cfg.tie_embeddings else out + [link(head, "head.weight")]
+
+
 def activation_of(c: HFConfig, key: str, default: str) -> str:
     """naohai's activation for a transformers ``hidden_act`` name (exact GeLU, tanh GeLU)."""
     names = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}

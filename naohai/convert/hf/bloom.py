@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from naohai.model.config import ModelConfig
-from naohai.convert.hf.arch import (Architecture, HFConfig, common_fields, common_fits, grouped_qkv, link,
+from naohai.convert.hf.arch import (Architecture, HFConfig, common_fields, common_fits, grouped_qkv, head_links, link,
                                     register, shape_keys)
 
 
@@ -66,10 +66,7 @@ def links(cfg: ModelConfig):
                 link(p + "mlp.dense_h_to_4h.bias", o + "mlp.up_bias"),
                 link(p + "mlp.dense_4h_to_h.weight", o + "mlp.down_weight"),
                 link(p + "mlp.dense_4h_to_h.bias", o + "mlp.down_bias")]
-    out += [link(t + "ln_f.weight", "head.final_norm.gamma"), link(t + "ln_f.bias", "head.final_norm.beta")]
-    if not cfg.tie_embeddings:
-        out.append(link("lm_head.weight", "head.weight"))
-    return out
+    return out + head_links(cfg, t + "ln_f")
 
 
 ARCH = register(Architecture("bloom", "bloom", "BloomForCausalLM", read, write, links, fits, prefix="transformer."))

@@ -8,8 +8,8 @@ from typing import Any, Dict, List
 import numpy as np
 
 from naohai.model.config import ModelConfig
-from naohai.convert.hf.arch import (Architecture, HFConfig, activation_of, common_fields, common_fits, hf_activation,
-                                    link, register, shape_keys, transposed)
+from naohai.convert.hf.arch import (Architecture, HFConfig, activation_of, common_fields, common_fits, head_links,
+                                    hf_activation, link, register, shape_keys, transposed)
 from naohai.convert.names import Link
 
 
@@ -73,10 +73,7 @@ def links(cfg: ModelConfig):
                 transposed(p + "mlp.c_fc.weight", o + "mlp.up_weight"), link(p + "mlp.c_fc.bias", o + "mlp.up_bias"),
                 transposed(p + "mlp.c_proj.weight", o + "mlp.down_weight"),
                 link(p + "mlp.c_proj.bias", o + "mlp.down_bias")]
-    out += [link(t + "ln_f.weight", "head.final_norm.gamma"), link(t + "ln_f.bias", "head.final_norm.beta")]
-    if not cfg.tie_embeddings:
-        out.append(link("lm_head.weight", "head.weight"))
-    return out
+    return out + head_links(cfg, t + "ln_f")
 
 
 ARCH = register(Architecture("gpt2", "gpt2", "GPT2LMHeadModel", read, write, links, fits, prefix="transformer.",

@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 
 from naohai.model.config import ModelConfig
 from naohai.convert.hf.arch import (Architecture, HFConfig, activation_of, common_fields, common_fits, grouped_qkv,
-                                    hf_activation, link, register, rope_keys, shape_keys)
+                                    head_links, hf_activation, link, register, rope_keys, shape_keys)
 
 
 def read(c: HFConfig) -> Dict[str, Any]:
@@ -67,11 +67,7 @@ def links(cfg: ModelConfig):
         if cfg.has_qkv_bias:
             out += [grouped_qkv(p + "attention.query_key_value.bias", o + "attention.", cfg.num_heads, 1, hd, "bias"),
                     link(p + "attention.dense.bias", o + "attention.out_bias")]
-    out += [link(t + "final_layer_norm.weight", "head.final_norm.gamma"),
-            link(t + "final_layer_norm.bias", "head.final_norm.beta")]
-    if not cfg.tie_embeddings:
-        out.append(link("embed_out.weight", "head.weight"))
-    return out
+    return out + head_links(cfg, t + "final_layer_norm", "embed_out.weight")
 
 
 ARCH = register(Architecture("gpt_neox", "gpt_neox", "GPTNeoXForCausalLM", read, write, links, fits,
