@@ -17,7 +17,7 @@ from naohai.errors import UserError
 from naohai.interrupt import Interrupted
 
 # Subcommands in the order `naohai --help` lists them.
-COMMANDS = ("train", "generate", "eval", "plot", "ckpt", "data", "plan", "check", "launch", "submit", "bench")
+COMMANDS = ("train", "generate", "eval", "harness", "plot", "ckpt", "data", "plan", "check", "launch", "submit", "bench")
 
 
 def version_text() -> str:

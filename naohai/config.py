@@ -77,6 +77,32 @@ SCHEDULES = ("naohai", "pangu")
 
 
 @dataclass
+class DownstreamEvalConfig:
+    """``train.eval``: lm-eval tasks scored on the live weights during training (naohai/train/downstream.py)."""
+    tasks: List[str] = field(default_factory=list)   # task names (shipped: naohai_pydoc_cont, ...); empty = off
+    every: int = 500                 # evaluate every this many steps (and before step 1 and at the end)
+    num_fewshot: Optional[int] = None  # None = each task's own default
+    limit: Optional[int] = None      # at most this many examples per task
+    include_path: List[str] = field(default_factory=list)   # folders of task YAML files of your own
+    batch: int = 16                  # rows of the one compiled scoring graph
+
+    def validate(self, where: str, prefix: str) -> None:
+        def bad(key, msg):
+            raise UserError(msg, where=where, key=f"{prefix}.{key}")
+        if self.every <= 0:
+            bad("every", f"must be a positive integer, got {self.every}")
+        if self.batch <= 0:
+            bad("batch", f"must be a positive integer, got {self.batch}")
+        if self.num_fewshot is not None and self.num_fewshot < 0:
+            bad("num_fewshot", f"must be >= 0, got {self.num_fewshot}")
+        if self.limit is not None and self.limit <= 0:
+            bad("limit", f"must be a positive number of examples, got {self.limit}")
+        names = [str(t).strip() for t in self.tasks]
+        if any(not n for n in names) or len(set(names)) != len(names):
+            bad("tasks", f"needs distinct, non-empty task names, got {self.tasks}")
+
+
+@dataclass
 class TrainConfig:
     steps: int = 300
     global_batch_size: int = 16      # sequences per optimizer step, across all data-parallel ranks
@@ -114,6 +140,7 @@ class TrainConfig:
     device: str = "auto"             # auto | CPU | GPU | Ascend (auto: Ascend, else GPU, else CPU)
     device_profile: Optional[str] = None  # planner profile for the MFU peak; None = detect on Ascend
     device_peak_tflops: Optional[float] = None  # MFU denominator per device; None = profile / measured on CPU
+    eval: DownstreamEvalConfig = field(default_factory=DownstreamEvalConfig)  # downstream tasks in the loop
 
     def validate(self, where: str = "recipe", prefix: str = "train") -> None:
         def bad(key, msg, rule=None):
@@ -158,6 +185,7 @@ class TrainConfig:
                 bad(key, f"must be a positive integer, got {getattr(self, key)}")
         if self.device_peak_tflops is not None and not 0 < self.device_peak_tflops < 1e6:
             bad("device_peak_tflops", f"must be a positive number of TFLOP/s, got {self.device_peak_tflops}")
+        self.eval.validate(where, f"{prefix}.eval")
         ls = self.loss_scale
         if ls.window < 1 or ls.factor <= 1 or ls.min_scale <= 0 or ls.init < ls.min_scale:
             bad("loss_scale", f"need window >= 1, factor > 1, min_scale > 0 and init >= min_scale, got "

@@ -143,8 +143,10 @@ class CachedDecoder:
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], cfg: SamplingConfig, vocab: int,
                      stop_id: Optional[int] = None,
-                     on_token: Optional[Callable[[int, int], None]] = None) -> List[List[int]]:
-        """New ids per prompt (stopping at ``stop_id``); ``on_token(row, id)`` streams each one."""
+                     on_token: Optional[Callable[[int, int], None]] = None,
+                     stop: Optional[Callable[[int, List[int]], bool]] = None) -> List[List[int]]:
+        """New ids per prompt (stopping at ``stop_id``, or once ``stop(row, its new ids)`` is true);
+        ``on_token(row, id)`` streams each one."""
         cfg.validate()
         limit = self.cfg.positions
         prompts = [list(p)[-(limit - 1):] or [self.pad_id] for p in prompts]
@@ -182,6 +184,8 @@ class CachedDecoder:
                 nxt[r, 0] = tok
                 if on_token is not None:
                     on_token(r, tok)
+                if stop is not None and stop(r, out[r]):
+                    done[r] = True
             if all(done) or length - min(pads) >= limit:
                 break
             positions = (length - np.asarray(pads))[:, None]

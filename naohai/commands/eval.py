@@ -1,20 +1,34 @@
-"""`naohai eval RUN_OR_CHECKPOINT [--ids FILE.npy | --text FILE] [--json]`: mean loss and perplexity.
+"""`naohai eval MODEL (--ids FILE.npy | --text FILE | --tasks T1,T2) ...`: loss / perplexity, or downstream tasks.
 
 The model is read by :func:`naohai.generate.load_model`: a run folder (its newest
 checkpoint), one checkpoint folder of a run, or an imported model folder
-(``naohai ckpt import``).
+(``naohai ckpt import``).  ``--tasks`` runs lm-evaluation-harness tasks through naohai's
+backend (:mod:`naohai.downstream`): ``--num-fewshot``, ``--limit``, ``--include-path`` (folders
+of task YAML files; the shipped tasks are always there), a printed table and the results as
+JSON in ``<run>/downstream/`` (or ``--out``).
 """
 from __future__ import annotations
 
 
 def register(sub) -> None:
-    p = sub.add_parser("eval", help="mean loss / perplexity of a model on token ids or text")
+    p = sub.add_parser("eval", help="mean loss / perplexity on token ids or text, or lm-eval downstream tasks")
     p.add_argument("model", help="a run folder (its latest checkpoint), a checkpoint folder, or an imported "
                                  "model folder (see `naohai ckpt import`)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--ids", help=".npy of token ids: a 1-D stream or [n, seq_length + 1] windows")
     src.add_argument("--text", help="UTF-8 text file, encoded with the model's tokenizer")
-    p.add_argument("--batch", type=int, default=8)
+    src.add_argument("--tasks", help="comma-separated lm-eval task names (shipped: naohai_pydoc_cont, "
+                                     "naohai_fortunes_zh_cont, naohai_chid_idiom, naohai_pydoc_word; needs "
+                                     "pip install -e \".[eval]\")")
+    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples per prompt (--tasks)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many examples per task (--tasks)")
+    p.add_argument("--include-path", action="append", default=[], metavar="DIR",
+                   help="a folder of your own task YAML files (--tasks; repeatable)")
+    p.add_argument("--log-samples", action="store_true", help="keep every example's requests and answers in the "
+                                                              "results JSON (--tasks)")
+    p.add_argument("--out", help="results JSON (--tasks; default <run>/downstream/step_N.json)")
+    p.add_argument("--batch", type=int, default=None, help="rows per forward (default 8; --tasks: rows of the one "
+                                                           "compiled scoring graph, default 16)")
     p.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"), default="auto",
                    help="device (default auto = Ascend, else GPU, else CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -61,8 +75,10 @@ def run(args) -> int:
     from naohai.generate import load_model, tokenizer_path
     from naohai.train.device import resolve_device
 
-    if args.batch <= 0:
+    if args.batch is not None and args.batch <= 0:
         raise UserError("must be a positive integer", where="command line", key="--batch")
+    if args.tasks is not None:
+        return run_tasks(args)
     ids = _read_ids(args.ids) if args.ids else None
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(resolve_device(args.device, where="command line", key="--device"))
@@ -71,10 +87,46 @@ def run(args) -> int:
         ids = _ids_from_text(args.text, tokenizer_path(recipe, args.model, path))
     windows = windows_of(ids, recipe.model, args.ids or args.text)
     model.set_train(False)
-    result = evaluate(model, recipe.model, windows, args.batch)
+    result = evaluate(model, recipe.model, windows, args.batch or 8)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
         print(f"loss {result.loss:.6f}  perplexity {result.perplexity:.4f}  "
               f"({result.tokens} tokens in {result.windows} windows)")
     return 0
+
+
+def run_tasks(args) -> int:
+    """``--tasks``: check and load the tasks first (errors before the model is read), then score."""
+    import json
+    import os
+    import time
+
+    from naohai.downstream import tasks as dt
+
+    names = dt.split_names(args.tasks, "command line", "--tasks")
+    prepared = dt.prepare(names, include=args.include_path, num_fewshot=args.num_fewshot, limit=args.limit)
+    from naohai.downstream.backend import NaohaiEvalLM
+    scorer, tok, step = dt.load_scorer(args.model, batch=args.batch or 16, device=args.device)
+    lm = NaohaiEvalLM(scorer=scorer, tok=tok, step=step)
+    t0 = time.time()
+    results = dt.run(lm, prepared, log_samples=args.log_samples)
+    seconds = time.time() - t0
+    rows = dt.rows(results, step, prepared)
+    out = args.out or os.path.join(dt.results_dir(args.model, scorer.checkpoint),
+                                   f"step_{step}.json" if step is not None else "results.json")
+    meta = {"model": os.path.abspath(args.model), "checkpoint": scorer.checkpoint, "step": step,
+            "tasks": names, "num_fewshot": args.num_fewshot, "limit": args.limit, "seconds": round(seconds, 3),
+            "truncated": scorer.truncated.to_dict(), "seq_length": scorer.max_length}
+    dt.write_results(out, rows, meta, results.get("samples") if args.log_samples else None)
+    if args.json:
+        print(json.dumps(dict(meta, rows=rows, results_file=out)))
+        return 0
+    print(dt.table(rows))
+    trunc = scorer.truncated
+    if trunc.total():
+        print(f"truncated from the left to the model's {scorer.max_length} tokens: {trunc.loglikelihood} "
+              f"loglikelihood and {trunc.generate} generation request(s) (e.g. {'; '.join(trunc.examples)})")
+    print(f"{seconds:.1f} s; results: {out}")
+    return 0
+

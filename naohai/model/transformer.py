@@ -286,3 +286,23 @@ class TokenNLLNet(nn.Cell):
     def construct(self, input_ids, labels):
         logp = self.log_softmax(self.lm.logits(input_ids))
         return -self.squeeze(self.gather(logp, 2, self.expand(labels, -1)))
+
+
+class TokenScoreNet(nn.Cell):
+    """Wraps a model for downstream scoring: ``construct(input_ids [b, s], labels [b, s]) -> (nll [b, s]
+    float32, argmax [b, s] int32)``: ``-log p(label | inputs up to it)`` (softmax over the padded
+    vocabulary, as the model's loss) and the model's most likely next id at each position."""
+
+    def __init__(self, lm: NaohaiLM):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+        self.log_softmax = ops.LogSoftmax(-1)
+        self.gather = ops.GatherD()
+        self.expand = ops.ExpandDims()
+        self.squeeze = ops.Squeeze(-1)
+        self.argmax = ops.Argmax(-1, ms.int32)
+
+    def construct(self, input_ids, labels):
+        logp = self.log_softmax(self.lm.logits(input_ids))
+        nll = -self.squeeze(self.gather(logp, 2, self.expand(labels, -1)))
+        return nll, self.argmax(logp)

@@ -1,7 +1,8 @@
 """Small hooks the training loop calls: console log, metrics files, plots.
 
 A callback has any of ``on_start(trainer)``, ``on_step_begin(trainer)``,
-``on_step(trainer, record)``, ``on_eval(trainer, step, loss)``, ``on_save(trainer, path)``,
+``on_step(trainer, record)``, ``on_eval(trainer, step, loss)``, ``on_downstream(trainer, step,
+rows)`` (lm-eval task results, :mod:`naohai.train.downstream`), ``on_save(trainer, path)``,
 ``on_end(trainer)``.  The loop calls them on every rank; each callback decides what a
 rank writes (run-wide files: rank 0 only).  Held-out evaluation and checkpoints are
 part of the loop itself (they involve every rank).
@@ -47,6 +48,14 @@ class ConsoleLog:
             self.log(f"{time.strftime('%H:%M:%S')} step {step:6d} | held-out loss {loss:.4f} "
                      f"ppl {math.exp(min(loss, 50)):.1f}")
 
+    def on_downstream(self, trainer, step: int, rows) -> None:
+        if trainer.writer:
+            from naohai.train.downstream import downstream_metrics
+            for row in rows:
+                values = " ".join(f"{k} {v:.4f}" for k, v in sorted(downstream_metrics(row).items()))
+                self.log(f"{time.strftime('%H:%M:%S')} step {step:6d} | {row['task']}: {values} "
+                         f"(n {row['n']}, {row['seconds']:.1f} s)")
+
     def on_save(self, trainer, path: Optional[str]) -> None:
         if trainer.writer and path:
             self.log(f"{time.strftime('%H:%M:%S')} step {trainer.step:6d} | checkpoint published: {path}")
@@ -76,6 +85,11 @@ class MetricsFiles:
         if self.run_log is not None:
             self.run_log.write({"split": "valid", "step": step, "loss": loss, "ppl": math.exp(min(loss, 50))})
 
+    def on_downstream(self, trainer, step: int, rows) -> None:
+        if self.run_log is not None:
+            for row in rows:
+                self.run_log.write(row)
+
     def on_end(self, trainer) -> None:
         if self.run_log is not None:
             self.run_log.close()
@@ -84,7 +98,8 @@ class MetricsFiles:
 
 class LossPlot:
     """``loss.png`` (loss, learning rate, throughput, gradient norm; :mod:`naohai.train.plots`) from
-    ``metrics.jsonl`` at the end of the run (rank 0)."""
+    ``metrics.jsonl`` at the end of the run (rank 0), and ``downstream.png`` when lm-eval tasks were
+    scored (``train.eval``)."""
 
     def __init__(self, output_dir: str, log):
         self.output_dir = output_dir
@@ -92,7 +107,7 @@ class LossPlot:
 
     def on_end(self, trainer) -> None:
         if trainer.writer:
-            from naohai.train.plots import plot_run
+            from naohai.train.plots import plot_downstream, plot_run
             try:
                 png = plot_run(self.output_dir)
             except OSError as exc:  # a figure must never fail a run whose checkpoints are saved
@@ -101,3 +116,11 @@ class LossPlot:
                 return
             if png:
                 self.log(f"plots (loss, learning rate, throughput, gradient norm): {png}")
+            try:
+                png = plot_downstream(self.output_dir)
+            except OSError as exc:
+                self.log(f"WARNING: could not write downstream.png into {self.output_dir} ({exc}); metrics.jsonl "
+                         f"holds the downstream rows")
+                return
+            if png:
+                self.log(f"downstream tasks: {png}")

@@ -29,6 +29,7 @@ from naohai.strategy import apply as strategy_apply
 from naohai.train.builder import build
 from naohai.train.callbacks import ConsoleLog, LossPlot, MetricsFiles
 from naohai.train.device import peak_tflops, resolve_device
+from naohai.train.downstream import DownstreamEval
 from naohai.train.loop import Trainer, TrainResult
 
 _USER_COMPILER_CACHE = os.environ.get("MS_COMPILER_CACHE_PATH")   # the user's own choice wins
@@ -196,6 +197,8 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
         # that naohai.strategy.compat.validated_run returns: it carries a batch adopted from the strategy)
         raise ValueError(f"strategy resolved for micro-batch size {planned_mbs}, recipe has "
                          f"{recipe.train.micro_batch_size}")
+    downstream = DownstreamEval(recipe, log)
+    downstream.check()            # tasks that do not load stop the run before anything is prepared or compiled
     set_context(recipe, device)
     runtime = strategy_apply.init_runtime(resolved, device)
     writer_log = log if runtime.is_writer else (lambda *_: None)
@@ -225,7 +228,9 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
                                                            "text": _strategy_text(resolved)}}
     store = CheckpointStore(out, runtime.rank, runtime.world, writes=runtime.rank in info["ranks_with_files"],
                             all_ok=comm.all_ok, keep_last=t.keep_checkpoints, keep_every=t.keep_every)
-    hooks = [RunFiles(recipe, resolved, out), ConsoleLog(log), MetricsFiles(out), LossPlot(out, log), *callbacks]
+    downstream.recipe, downstream.log = recipe, (log if runtime.is_writer else (lambda *_: None))
+    hooks = [RunFiles(recipe, resolved, out), ConsoleLog(log), MetricsFiles(out), LossPlot(out, log), downstream,
+             *callbacks]
     return Trainer(recipe, built, prepared_dir, store=store, manifest=manifest, log=log, callbacks=hooks,
                    max_steps=max_steps, peak_tflops=peak, strategy_file=strategy_file)
 

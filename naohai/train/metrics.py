@@ -55,9 +55,12 @@ class RunLog:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
         if self._tb is not None:
             step = int(record.get("step", 0))
+            split = record.get("split", "train")
+            if split == "downstream":      # downstream/<task>/<metric>
+                split = f"downstream/{record.get('task')}"
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(f"{record.get('split', 'train')}/{key}", value, step)
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(f"{split}/{key}", value, step)
 
     def close(self) -> None:
         if self._tb is not None:

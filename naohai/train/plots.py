@@ -8,6 +8,8 @@ held-out loss (markers), learning rate, tokens/s, gradient norm; each run has on
 the legend names the runs and the two loss kinds.  ``save_metrics_png(...)`` writes it with
 matplotlib's Agg canvas (no display, no pyplot state), which is what the trainer calls at the
 end of a run (``loss.png``) and ``naohai plot RUN [RUN...]`` calls to overlay runs.
+``plot_downstream(run)`` draws the run's downstream rows (``train.eval``) into ``downstream.png``,
+one panel per task, its metrics against step.
 """
 from __future__ import annotations
 
@@ -129,3 +131,45 @@ def plot_run(output_dir: str, out_file: Optional[str] = None) -> Optional[str]:
     if not read_metrics(output_dir):
         return None
     return save_metrics_png([output_dir], out_file or os.path.join(output_dir, "loss.png"))
+
+
+def downstream_series(records: Sequence[dict]) -> Dict[str, Dict[str, Series]]:
+    """{task: {metric: series}} of the ``split: "downstream"`` rows (last row per step)."""
+    from naohai.train.downstream import downstream_metrics
+
+    out: Dict[str, Dict[str, List[Tuple[int, float]]]] = {}
+    for r in records:
+        if r.get("split") == "downstream":
+            for key, value in downstream_metrics(r).items():
+                out.setdefault(str(r.get("task")), {}).setdefault(key, []).append((r["step"], value))
+    return {task: {k: _last_per_step(v) for k, v in metrics.items()} for task, metrics in out.items()}
+
+
+def plot_downstream(output_dir: str, out_file: Optional[str] = None) -> Optional[str]:
+    """``downstream.png`` of one run folder: a panel per downstream task (None when there are no such rows)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    series = downstream_series(read_metrics(output_dir))
+    if not series:
+        return None
+    cols = min(2, len(series))
+    rows = -(-len(series) // cols)
+    fig = Figure(figsize=(6 * cols, 4 * rows), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, (task, metrics) in zip(axes.flat, sorted(series.items())):
+        for key, points in sorted(metrics.items()):
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.2, label=key)
+        ax.set_title(task)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("score")
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    for ax in list(axes.flat)[len(series):]:
+        ax.set_visible(False)
+    fig.suptitle(f"downstream tasks: {os.path.basename(os.path.normpath(output_dir))}")
+    out_file = out_file or os.path.join(output_dir, "downstream.png")
+    fig.savefig(out_file, format="png")
+    return out_file

@@ -1,0 +1,128 @@
+"""In-loop downstream evaluation (``train.eval``): lm-eval tasks on the live weights of the run.
+
+:class:`DownstreamEval` is a training-loop callback.  ``on_start`` checks and loads the tasks
+(:func:`naohai.downstream.tasks.prepare`), so an unknown task, a YAML file that does not parse or a
+missing data file stops the run before step 1; it then wraps the model being trained (no checkpoint
+round trip) in naohai's lm-eval backend.  Before step 1 (of a fresh run), every ``train.eval.every``
+steps and at the last step it scores the tasks and hands one row per task to the other callbacks
+(``on_downstream(trainer, step, rows)``: ``metrics.jsonl`` rows with ``split: "downstream"``,
+TensorBoard scalars ``downstream/<task>/<metric>``, the console, ``downstream.png``).  The time it
+takes is measured and reported against the run's wall time at the end.
+
+Every rank evaluates (the forward graph involves every rank of a sharded layout); rank 0 writes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional
+
+from naohai.config import Recipe
+
+
+def task_names(recipe: Recipe) -> List[str]:
+    from naohai.downstream.tasks import split_names
+    items = [part for item in recipe.train.eval.tasks for part in str(item).split(",")]
+    return split_names(items, recipe.source or "recipe", "train.eval.tasks") if items else []
+
+
+class DownstreamEval:
+    """The ``train.eval`` callback (see the module docstring)."""
+
+    def __init__(self, recipe: Recipe, log=print):
+        self.recipe = recipe
+        self.cfg = recipe.train.eval
+        self.names = task_names(recipe)
+        self.log = log
+        self.prepared = None
+        self.lm = None
+        self.seconds = 0.0
+        self.evaluations = 0
+        self.started = None
+        self.last_step = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.names)
+
+    def check(self) -> None:
+        """Load the tasks (raises :class:`naohai.errors.UserError` for a bad task setup)."""
+        if not self.enabled or self.prepared is not None:
+            return
+        from naohai.downstream.tasks import prepare
+        where = self.recipe.source or "recipe"
+        self.prepared = prepare(self.names, include=self.cfg.include_path, num_fewshot=self.cfg.num_fewshot,
+                                limit=self.cfg.limit, where=where, key="train.eval.tasks",
+                                include_key="train.eval.include_path")
+
+    def _backend(self, trainer):
+        from naohai.data.prepare import load_prepared
+        from naohai.data.tokenizer import Tokenizer
+        from naohai.downstream.backend import NaohaiEvalLM
+        from naohai.downstream.engine import Scorer
+
+        tok = Tokenizer.load(load_prepared(trainer.prepared_dir, verify=False).meta["tokenizer"]["path"])
+        forward = trainer.steps.score_forward() if hasattr(trainer.steps, "score_forward") else None
+        scorer = Scorer(trainer.built.model, self.recipe.model, pad_id=tok.pad_id, eod_id=tok.eod_id,
+                        batch=self.cfg.batch, forward=forward)
+        return NaohaiEvalLM(scorer=scorer, tok=tok, step=None)
+
+    # ------------------------------------------------------------------ hooks
+    def on_start(self, trainer) -> None:
+        if not self.enabled:
+            return
+        self.started = time.time()
+        self.check()
+        self.lm = self._backend(trainer)
+        if trainer.step == 0:
+            self.evaluate(trainer)
+
+    def on_step(self, trainer, rec: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        end = trainer.total_steps if trainer.max_steps is None else None
+        if trainer.step % self.cfg.every == 0 or trainer.step == end:
+            self.evaluate(trainer)
+
+    def on_end(self, trainer) -> None:
+        if not self.enabled or self.started is None or not trainer.writer:
+            return
+        total = time.time() - self.started
+        share = 100.0 * self.seconds / total if total > 0 else float("nan")
+        self.log(f"downstream evaluation: {self.evaluations} evaluation(s), {self.seconds:.1f} s of the run's "
+                 f"{total:.1f} s ({share:.1f}%)")
+
+    # ------------------------------------------------------------------ work
+    def evaluate(self, trainer) -> Optional[List[Dict[str, Any]]]:
+        if self.last_step == trainer.step:
+            return None
+        from naohai.downstream.tasks import rows as result_rows
+        from naohai.downstream.tasks import run
+
+        t0 = time.time()
+        before = self.lm.scorer.truncated.total()
+        self.lm.step = trainer.step
+        results = run(self.lm, self.prepared)
+        seconds = time.time() - t0
+        self.seconds += seconds
+        self.evaluations += 1
+        self.last_step = trainer.step
+        per_task: Dict[str, Dict[str, Any]] = {}
+        for r in result_rows(results, trainer.step, self.prepared):
+            row = per_task.setdefault(r["task"], {"split": "downstream", "step": trainer.step, "task": r["task"],
+                                                  "n": r["n"], "num_fewshot": r["num_fewshot"]})
+            row[r["metric"]] = r["value"]
+            if r["stderr"] is not None:
+                row[f"{r['metric']}_stderr"] = r["stderr"]
+        out = list(per_task.values())
+        for row in out:
+            row["seconds"] = seconds
+            row["truncated"] = self.lm.scorer.truncated.total() - before
+        trainer._emit("on_downstream", trainer.step, out)
+        return out
+
+
+def downstream_metrics(row: Dict[str, Any]) -> Dict[str, float]:
+    """The metric values of a downstream row (not its bookkeeping fields)."""
+    skip = {"split", "step", "task", "n", "num_fewshot", "seconds", "truncated"}
+    return {k: v for k, v in row.items() if k not in skip and not k.endswith("_stderr")
+            and isinstance(v, (int, float))}
