@@ -5,8 +5,8 @@
 Deterministic for a given seed and corpus.  Four tasks (the YAML files beside the data say how
 lm-eval reads them):
 
-* ``naohai_pydoc_cont``: a pydoc passage cut after a sentence boundary (20-50 words of context);
-  choose its true next sentence among 4 (3 distractors: sentences from other topics of similar length).
+* ``naohai_pydoc_cont``: 30 words of a pydoc passage; choose its true next 8 words among 4 (3
+  distractors: 8 words from a random place of another topic).
 * ``naohai_fortunes_zh_cont``: the same over fortunes-zh entries (Debian's ``fortunes-zh``), by
   characters (20-60 of context, a 12-40 character continuation).
 * ``naohai_chid_idiom``: CHID-style idiom cloze: a fortunes-zh passage up to a four-character idiom
@@ -37,28 +37,25 @@ def _sentences(text: str):
 
 def pydoc_cont(rng, n):
     from naohai.data.corpus import pydoc_documents
-    docs = [_sentences(d) for d in pydoc_documents()]
-    pool = [s for d in docs for s in d if 6 <= len(s.split()) <= 30]
-    out = []
-    order = list(range(len(docs)))
-    rng.shuffle(order)
+    docs = [re.sub(r"\s+", " ", d).strip().split(" ") for d in pydoc_documents()]
+    docs = [d for d in docs if len(d) >= 60]
     cuts = []
-    for i in order:
-        sents = docs[i]
-        for k in range(1, len(sents), 3):
-            ctx = " ".join(sents[:k]).split()[-50:]
-            if len(ctx) >= 20 and 6 <= len(sents[k].split()) <= 30:
-                cuts.append((sents, ctx, sents[k]))
+    for i, words in enumerate(docs):
+        for k in range(30, len(words) - 8, 83):
+            cuts.append((i, " ".join(words[k - 30:k]), " ".join(words[k:k + 8])))
     rng.shuffle(cuts)
-    for sents, ctx, nxt in cuts:
-        others = [s for s in rng.sample(pool, 40) if s not in sents and abs(len(s) - len(nxt)) < 0.5 * len(nxt)][:3]
-        if len(others) < 3:
-            continue
-        choices = others + [nxt]
+    out = []
+    for i, ctx, cont in cuts[:n]:
+        others = []
+        while len(others) < 3:
+            j = rng.randrange(len(docs))
+            if j == i:
+                continue
+            k = rng.randrange(0, len(docs[j]) - 8)
+            others.append(" ".join(docs[j][k:k + 8]))
+        choices = others + [cont]
         rng.shuffle(choices)
-        out.append({"context": " ".join(ctx), "choices": choices, "label": choices.index(nxt)})
-        if len(out) == n:
-            break
+        out.append({"context": ctx, "choices": choices, "label": choices.index(cont)})
     return out
 
 

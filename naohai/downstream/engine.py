@@ -4,10 +4,12 @@
 
 * ``loglikelihood(pairs)``: for each (context, continuation) the summed log-probability of the
   continuation after the context and whether greedy decoding would have produced it.  Requests
-  are packed into batches of ``batch`` rows of the model's ``seq_length`` (the width its graphs
-  are built for), right-padded, and scored by ONE compiled graph (:class:`naohai.model.transformer.TokenScoreNet` under ``mindspore.jit``): the
-  same shape for every batch of a call, so it compiles once and never per example.  The causal
-  mask makes the right padding invisible to the real tokens.
+  are packed, longest first, into rows of the model's ``seq_length`` (several short requests
+  share a row: each one's positions start at 0 and a block-diagonal causal attention bias keeps
+  it to its own tokens, EOD resets included where the model has them), ``batch`` rows at a time,
+  and scored by ONE compiled graph of fixed shape
+  (:class:`naohai.model.transformer.PackedScoreNet` under ``mindspore.jit``, the model's
+  explicit-bias step path), so it compiles once and never per example.
 * ``generate(prompts, ...)``: greedy continuations through the key/value cache and the one
   compiled decode step of :class:`naohai.generate.CachedDecoder`, a batch at a time, stopping a
   row at the EOD id or when its text contains a stop string.
@@ -16,9 +18,9 @@ Inputs longer than the model's window are cut from the LEFT (the newest tokens a
 lm-eval's Hugging Face backend does: the last ``seq_length + 1`` ids of context + continuation);
 :attr:`Scorer.truncated` counts them so the caller can report it.
 
-``forward`` may be replaced (see :meth:`Scorer.__init__`) by a graph compiled for another layout;
-the engine only needs ``forward(inputs [B, W] int32, labels [B, W] int32) -> (nll [B, W] float,
-argmax [B, W] int)`` as numpy arrays.
+``forward`` may be replaced (see :meth:`Scorer.__init__`) by a graph compiled for another layout
+that takes one request per row: ``forward(inputs [B, S] int32, labels [B, S] int32) -> (nll [B, S]
+float, argmax [B, S] int)`` as numpy arrays (right padding, the model's own causal mask).
 """
 from __future__ import annotations
 
@@ -47,22 +49,56 @@ class Truncations:
         return {"loglikelihood": self.loglikelihood, "generate": self.generate, "examples": list(self.examples)}
 
 
-def score_forward(model) -> Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray]]:
-    """``forward(inputs, labels) -> (nll, argmax)`` of ``model`` on one device: the model's
-    :class:`~naohai.model.transformer.TokenScoreNet` compiled with ``mindspore.jit`` (once per shape)."""
+def packed_forward(model) -> Callable[..., Tuple[np.ndarray, np.ndarray]]:
+    """``forward(inputs, labels, positions, bias) -> (nll, argmax)`` of ``model`` on one device: its
+    :class:`~naohai.model.transformer.PackedScoreNet` compiled with ``mindspore.jit`` (once per shape)."""
     import mindspore as ms
     from mindspore import Tensor
 
-    from naohai.model.transformer import TokenScoreNet
+    from naohai.model.transformer import PackedScoreNet
 
-    net = TokenScoreNet(model)
+    net = PackedScoreNet(model)
     net.set_train(False)
     fn = ms.jit(net.construct)
 
-    def forward(inputs: np.ndarray, labels: np.ndarray):
-        nll, top = fn(Tensor(np.asarray(inputs, np.int32)), Tensor(np.asarray(labels, np.int32)))
+    def forward(inputs, labels, positions, bias):
+        nll, top = fn(Tensor(np.asarray(inputs, np.int32)), Tensor(np.asarray(labels, np.int32)),
+                      Tensor(np.asarray(positions, np.int32)), Tensor(np.asarray(bias, np.float32)))
         return nll.asnumpy().astype(np.float64), top.asnumpy()
+    forward.packs = True
     return forward
+
+
+def segment_layout(cfg, ids: np.ndarray, segments: Sequence[Tuple[int, int]]) -> Tuple[np.ndarray, np.ndarray]:
+    """(positions [S] int32, bias [1 or heads, S, S] float32) of one packed row whose requests occupy
+    ``segments`` (start, length): causal inside a segment, nothing across, positions from 0 in each;
+    with ``eod_reset`` / ``eod_reset_positions`` a segment is split after each EOD as the model's
+    :class:`~naohai.model.layers.DocumentLayout` splits a packed window; ALiBi distances if configured."""
+    from naohai.model.layers import alibi_slopes
+
+    s = len(ids)
+    group = np.arange(s) + s                    # unused columns: each its own group (attends to itself)
+    for k, (start, length) in enumerate(segments):
+        group[start:start + length] = k
+    if cfg.eod_reset or cfg.eod_reset_positions:
+        doc = np.concatenate([[0], np.cumsum(ids[:-1] == cfg.eod_id)])      # EODs closed before each token
+    else:
+        doc = np.zeros(s, np.int64)
+    same_group = group[:, None] == group[None, :]
+    causal = np.tril(np.ones((s, s), np.bool_))
+    same_doc = doc[:, None] == doc[None, :]
+    segment_pos = np.zeros(s, np.int64)
+    for start, length in segments:
+        segment_pos[start:start + length] = np.arange(length)
+    allowed = same_group & causal & (same_doc if cfg.eod_reset else True)
+    positions = segment_pos
+    if cfg.eod_reset_positions:
+        positions = (same_group & causal & same_doc).sum(-1) - 1
+    bias = np.where(allowed, 0.0, -1e9).astype(np.float32)[None]
+    if cfg.position == "alibi":
+        i, j = np.arange(s)[:, None], np.arange(s)[None, :]
+        bias = bias + (alibi_slopes(cfg.num_heads)[:, None, None] * (j - i)[None]).astype(np.float32)
+    return positions.astype(np.int32), bias
 
 
 class Scorer:
@@ -70,11 +106,13 @@ class Scorer:
 
     ``model`` is a :class:`~naohai.model.transformer.NaohaiLM` (either layer form; generation copies a
     layer-loop model's weights into a per-layer twin), ``cfg`` its ModelConfig; ``pad_id`` fills
-    padding, ``eod_id`` ends a generation.  ``forward`` defaults to :func:`score_forward` of ``model``.
+    padding, ``eod_id`` ends a generation.  ``forward`` defaults to :func:`packed_forward` of ``model``.
     """
 
     def __init__(self, model, cfg, *, pad_id: int, eod_id: int, batch: int = 16,
                  forward: Optional[Callable] = None):
+        """``forward``: None = :func:`packed_forward` of ``model``; else a one-request-per-row forward
+        (see the module docstring) or one with ``packs = True`` taking positions and bias too."""
         if batch <= 0:
             raise ValueError(f"batch must be positive, got {batch}")
         self.model = model
@@ -93,7 +131,7 @@ class Scorer:
     @property
     def forward(self):
         if self._forward is None:
-            self._forward = score_forward(self.model)
+            self._forward = packed_forward(self.model)
         return self._forward
 
     def loglikelihood(self, pairs: Sequence[Tuple[Sequence[int], Sequence[int]]]) -> List[Tuple[float, bool]]:
@@ -101,7 +139,7 @@ class Scorer:
         if not pairs:
             return []
         width = self.max_length
-        rows = []
+        seqs = []
         for ctx, cont in pairs:
             if not cont:
                 raise ValueError("a loglikelihood request needs at least one continuation token")
@@ -109,22 +147,57 @@ class Scorer:
             if len(ids) > width + 1:
                 self.truncated.note("loglikelihood", len(ids) - 1, width)
             ids = ids[-(width + 1):]
-            rows.append((ids, min(len(cont), len(ids) - 1)))
-        out: List[Tuple[float, bool]] = []
+            seqs.append((ids, min(len(cont), len(ids) - 1)))
+        packs = getattr(self.forward, "packs", False)
+        rows = self._pack([len(ids) - 1 for ids, _ in seqs], width) if packs else [[i] for i in range(len(seqs))]
+        out: List[Optional[Tuple[float, bool]]] = [None] * len(seqs)
         for start in range(0, len(rows), self.batch):
             chunk = rows[start:start + self.batch]
             inputs = np.full((self.batch, width), self.pad_id, np.int32)
             labels = np.full((self.batch, width), self.pad_id, np.int32)
-            for r, (ids, _) in enumerate(chunk):
-                inputs[r, :len(ids) - 1] = ids[:-1]
-                labels[r, :len(ids) - 1] = ids[1:]
+            places = []                                    # (request, row, first column)
+            for r, members in enumerate(chunk):
+                col = 0
+                for i in members:
+                    ids = seqs[i][0]
+                    inputs[r, col:col + len(ids) - 1] = ids[:-1]
+                    labels[r, col:col + len(ids) - 1] = ids[1:]
+                    places.append((i, r, col))
+                    col += len(ids) - 1
             self.shapes.add(inputs.shape)
-            nll, top = self.forward(inputs, labels)
-            for r, (ids, n) in enumerate(chunk):
-                end = len(ids) - 1
+            if packs:
+                positions = np.zeros_like(inputs)
+                bias = []
+                for r in range(self.batch):
+                    segs = [(c, len(seqs[i][0]) - 1) for i, rr, c in places if rr == r]
+                    pos, b = segment_layout(self.cfg, inputs[r], segs)
+                    positions[r] = pos
+                    bias.append(b)
+                nll, top = self.forward(inputs, labels, positions, np.stack(bias))
+            else:
+                nll, top = self.forward(inputs, labels)
+            for i, r, col in places:
+                ids, n = seqs[i]
+                end = col + len(ids) - 1
                 span = slice(end - n, end)
-                out.append((-float(nll[r, span].sum()), bool((top[r, span] == labels[r, span]).all())))
+                out[i] = (-float(nll[r, span].sum()), bool((top[r, span] == labels[r, span]).all()))
         return out
+
+    @staticmethod
+    def _pack(lengths: Sequence[int], width: int) -> List[List[int]]:
+        """Rows of request indices, first fit by decreasing length, each row's lengths summing to <= width."""
+        rows: List[List[int]] = []
+        room: List[int] = []
+        for i in sorted(range(len(lengths)), key=lambda k: -lengths[k]):
+            for r, free in enumerate(room):
+                if lengths[i] <= free:
+                    rows[r].append(i)
+                    room[r] -= lengths[i]
+                    break
+            else:
+                rows.append([i])
+                room.append(width - lengths[i])
+        return rows
 
     # ------------------------------------------------------------------ generation
     def _decoding_model(self):

@@ -106,7 +106,10 @@ def prepare(names: Sequence[str], *, include: Sequence[str] = (), num_fewshot: O
     paths = include_paths(include, where, include_key)
     check_yaml_files(paths)
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")      # local tasks; a hub dataset fails at once
-    manager = TaskManager(include_path=paths[::-1] if len(paths) > 1 else paths)
+    # lm-eval's own ~10,000 task files take seconds to index: only when a name is not in the include paths
+    manager = TaskManager(include_path=paths, include_defaults=False)
+    if not set(names) <= set(manager.all_tasks):
+        manager = TaskManager(include_path=paths)
     known = set(manager.all_tasks)
     for name in names:
         if name not in known:

@@ -1,6 +1,7 @@
-"""The scoring engine against references computed another way: each request alone and unpadded through
-the model's step path (explicit attention bias, PyNative), the log-softmax and greedy choice in float64
-numpy; generation against re-running the whole window for every token (no key/value cache)."""
+"""The scoring engine against references computed another way: each request alone in one row through the
+model's own forward (``NaohaiLM.logits``: its causal mask, position ids and EOD resets, PyNative), the
+log-softmax and greedy choice in float64 numpy -- while the engine packs several requests per row through
+the explicit-bias step path; generation against re-running the whole window for every token (no cache)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,26 +12,38 @@ from mindspore import Tensor
 
 from naohai.config import recipe_from_dict
 from naohai.downstream.engine import Scorer
-from naohai.generate import step_bias
 from naohai.model.transformer import NaohaiLM
 from tests.conftest import MICRO_MODEL
 
 
-@pytest.fixture(scope="module")
-def micro():
+VARIANTS = {
+    "rope": {},
+    # PanGu-alpha's choices: learned positions, top query layer, final norm before it, EOD resets of
+    # attention and positions (an EOD inside a request splits it as in a packed training window)
+    "pangu": dict(position="learned", query_layer=True, final_norm="before_query_layer", eod_reset=True,
+                  eod_reset_positions=True, eod_id=2, activation="fast_gelu", num_layers=3),
+    "alibi": dict(position="alibi", norm="rmsnorm", bias=False),
+}
+
+
+def _model(variant):
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    cfg = recipe_from_dict({"name": "m", "model": dict(MICRO_MODEL)}, where="test").model
+    cfg = recipe_from_dict({"name": "m", "model": dict(MICRO_MODEL, **VARIANTS[variant])}, where="test").model
     model = NaohaiLM(cfg, seed=3)
     model.set_train(False)
     return cfg, model
 
 
+@pytest.fixture(scope="module")
+def micro():
+    return _model("rope")
+
+
 def _logits(model, cfg, ids):
-    """[len(ids), padded vocab] float64 logits of one unpadded sequence."""
-    t = len(ids)
-    logits, _ = model.step(Tensor(np.asarray([ids], np.int32)), Tensor(np.arange(t, dtype=np.int32)[None]),
-                           Tensor(step_bias(cfg, [0], 0, t)))
-    return logits.asnumpy()[0].astype(np.float64)
+    """[len(ids), padded vocab] float64 logits of one sequence: one row of seq_length, right-padded."""
+    row = np.zeros((1, cfg.seq_length), np.int32)
+    row[0, :len(ids)] = ids
+    return model.logits(Tensor(row)).asnumpy()[0, :len(ids)].astype(np.float64)
 
 
 def _reference(model, cfg, ctx, cont):
@@ -45,19 +58,22 @@ def _reference(model, cfg, ctx, cont):
     return float(rows[np.arange(n), targets].sum()), bool((rows.argmax(-1) == targets).all())
 
 
-def test_loglikelihood_equals_unbatched_unpadded_reference(micro):
-    cfg, model = micro
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_packed_loglikelihood_equals_one_request_per_row(variant):
+    cfg, model = _model(variant)
     rng = np.random.default_rng(0)
     pairs = [(list(rng.integers(3, cfg.vocab_size, size=int(rng.integers(1, 20)))),
               list(rng.integers(3, cfg.vocab_size, size=int(rng.integers(1, 6))))) for _ in range(11)]
+    pairs += [([2, 7, 9, 2, 11, 5], [13, 2, 8])]                   # EODs inside a request
     scorer = Scorer(model, cfg, pad_id=0, eod_id=2, batch=4)
     got = scorer.loglikelihood(pairs)
     for (ctx, cont), (logp, greedy) in zip(pairs, got):
         ref_logp, ref_greedy = _reference(model, cfg, ctx, cont)
         assert abs(logp - ref_logp) < 1e-4, (logp, ref_logp)
         assert greedy == ref_greedy
-    # one fixed shape for the whole call: 3 batches of 4 rows of seq_length
+    # one fixed shape for the whole call: 12 requests packed into fewer rows of seq_length
     assert scorer.shapes == {(4, cfg.seq_length)}
+    assert len(Scorer._pack([len(c) + len(x) - 1 for c, x in pairs], cfg.seq_length)) < len(pairs)
     assert scorer.truncated.total() == 0
 
 
