@@ -1,4 +1,4 @@
-"""Makes the shipped downstream tasks' data (``naohai/downstream/tasks/*.jsonl``) from the embedded corpora.
+"""Makes the shipped downstream tasks' data (``naohai/downstream/shipped/*.jsonl``) from the embedded corpora.
 
     python run/make_eval_tasks.py [--n 200] [--seed 0]
 
@@ -27,7 +27,7 @@ import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(os.path.dirname(HERE), "naohai", "downstream", "tasks")
+OUT = os.path.join(os.path.dirname(HERE), "naohai", "downstream", "shipped")
 
 
 def _sentences(text: str):

@@ -49,6 +49,12 @@ class Truncations:
         return {"loglikelihood": self.loglikelihood, "generate": self.generate, "examples": list(self.examples)}
 
 
+def padding_id(tok) -> int:
+    """The id that fills unused columns: the tokenizer's pad id, or its EOD where it has none (-1 / None)."""
+    pad = getattr(tok, "pad_id", None)
+    return int(pad) if isinstance(pad, int) and pad >= 0 else int(tok.eod_id)
+
+
 def packed_forward(model) -> Callable[..., Tuple[np.ndarray, np.ndarray]]:
     """``forward(inputs, labels, positions, bias) -> (nll, argmax)`` of ``model`` on one device: its
     :class:`~naohai.model.transformer.PackedScoreNet` compiled with ``mindspore.jit`` (once per shape)."""

@@ -4,7 +4,7 @@
   parse without a word, so the task would later look "unknown"), checks the task names, then
   loads the tasks (datasets included) once: a bad name, a YAML that does not parse or a missing
   data file is a :class:`~naohai.errors.UserError` (exit 2) before anything runs.  The tasks shipped
-  in ``naohai/downstream/tasks/`` (tag ``naohai``) are always on the include path.
+  in ``naohai/downstream/shipped/`` (tag ``naohai``) are always on the include path.
 * :func:`run` evaluates prepared tasks with an lm-eval model (no sampling of few-shot examples
   differs between calls: the few-shot seed is fixed), :func:`rows` flattens lm-eval's results into
   one row per (task, metric): value, stderr, n, few-shot, model step.
@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from naohai.errors import UserError, did_you_mean
 
-SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shipped")
 FEWSHOT_SEED = 1234
 INSTALL = 'pip install -e ".[eval]"  (or: pip install lm-eval)'
 
@@ -209,7 +209,7 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
     import mindspore as ms
 
     from naohai.data.tokenizer import Tokenizer
-    from naohai.downstream.engine import Scorer
+    from naohai.downstream.engine import Scorer, padding_id
     from naohai.generate import load_model, tokenizer_path
     from naohai.train.device import resolve_device
 
@@ -221,6 +221,6 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
     model.set_train(False)
     tok_file = tokenizer or tokenizer_path(recipe, path, ckpt)
     tok = Tokenizer.load(tok_file, key="tokenizer" if tokenizer else "data.tokenizer")
-    scorer = Scorer(model, recipe.model, pad_id=tok.pad_id, eod_id=tok.eod_id, batch=batch)
+    scorer = Scorer(model, recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id, batch=batch)
     scorer.checkpoint = ckpt
     return scorer, tok, step

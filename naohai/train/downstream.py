@@ -58,11 +58,11 @@ class DownstreamEval:
         from naohai.data.prepare import load_prepared
         from naohai.data.tokenizer import Tokenizer
         from naohai.downstream.backend import NaohaiEvalLM
-        from naohai.downstream.engine import Scorer
+        from naohai.downstream.engine import Scorer, padding_id
 
         tok = Tokenizer.load(load_prepared(trainer.prepared_dir, verify=False).meta["tokenizer"]["path"])
         forward = trainer.steps.score_forward() if hasattr(trainer.steps, "score_forward") else None
-        scorer = Scorer(trainer.built.model, self.recipe.model, pad_id=tok.pad_id, eod_id=tok.eod_id,
+        scorer = Scorer(trainer.built.model, self.recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id,
                         batch=self.cfg.batch, forward=forward)
         return NaohaiEvalLM(scorer=scorer, tok=tok, step=None)
 

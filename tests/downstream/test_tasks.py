@@ -207,3 +207,23 @@ def test_rows_flatten_lm_eval_results():
         {"task": "t", "metric": "acc", "value": 0.5, "stderr": 0.1, "n": 4, "num_fewshot": 2, "step": 7},
         {"task": "t", "metric": "exact_match (strip)", "value": 0.25, "stderr": None, "n": 4, "num_fewshot": 2,
          "step": 7}]
+
+
+def test_a_standard_lm_eval_task_on_a_local_copy_of_its_data(tmp_path, micro_run, capsys):
+    """lm-eval's own xcopa_zh (prompt functions, metrics) with its dataset replaced by local files, offline."""
+    import lm_eval
+
+    zh = os.path.join(os.path.dirname(lm_eval.__file__), "tasks", "xcopa", "default_zh.yaml")
+    rows = [{"premise": "男孩哭了", "choice1": "他摔倒了", "choice2": "他笑了", "question": "cause", "label": 0, "idx": 0},
+            {"premise": "天黑了", "choice1": "我开了灯", "choice2": "我睡醒了", "question": "effect", "label": 0, "idx": 1}]
+    folder = tmp_path / "local"
+    folder.mkdir()
+    data = folder / "test.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    (folder / "xcopa_zh_local.yaml").write_text(
+        f"include: {zh}\ntask: xcopa_zh_local\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    validation: {data}\n    test: {data}\n", encoding="utf-8")
+    out = tmp_path / "x.json"
+    assert main(["eval", micro_run, "--tasks", "xcopa_zh_local", "--include-path", str(folder), "--out", str(out)]) == 0
+    doc = json.load(open(out))
+    assert [(r["task"], r["metric"], r["n"]) for r in doc["rows"]] == [("xcopa_zh_local", "acc", 2)]
