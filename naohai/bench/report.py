@@ -92,6 +92,18 @@ def render_markdown(results: Dict[str, Any]) -> str:
         out += _table(["layers", "decoder layers", "compile", f"x {min(x['layers'] for x in comp['runs'])} layers",
                        "type inference", "graph passes", "kernel build", "note"], rows)
         out += ["", comp.get("note", ""), ""]
+    lm = results.get("lm_eval")
+    if lm:
+        out += ["## Downstream scoring: lm-eval loglikelihood requests/s (naohai backend against lm-eval's hf)", ""]
+        if lm.get("note"):
+            out += [lm["note"], ""]
+        else:
+            out += _table(["model", "requests", "naohai", "hf (transformers, PyTorch)", "naohai / hf"],
+                          [[lm["model"], str(lm["requests"]), f"{lm['naohai']:,.1f}", f"{lm['hf']:,.1f}",
+                            fmt_ratio(lm["ratio"])]])
+            out += ["", f"The shipped task naohai_pydoc_cont's requests (context + each choice), batch {lm['batch']}, "
+                    f"seq_length {lm['seq_length']}; each backend in a process of its own (PyTorch "
+                    f"{lm.get('torch_threads')} threads), best of {lm['rounds']} alternating rounds.", ""]
     if results.get("loader"):
         out += ["## Data loader against training", ""]
         out += _table(["model", "loader tokens/s", "naohai training tokens/s", "loader / training"],

@@ -31,6 +31,7 @@ class Options:
     compile_layers: Sequence[int] = (4, 16, 64)
     compile_forms: Sequence[str] = ("loop", "shared", "separate")   # see naohai.bench.compile_time.FORMS
     torch_compile: bool = True
+    lm_eval: bool = True                            # the downstream scoring row (naohai.bench.lm_eval_rate)
     torch_threads: Optional[int] = None
     peak_n: int = 2048
     peak_repeats: int = 5
@@ -167,5 +168,10 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
             log(f"  {runs[-1].get('compile_s') or runs[-1].get('error')}")
     if runs:
         results["compile"] = {"runs": runs, "note": COMPILE_NOTE}
+    if opts.lm_eval:
+        from naohai.bench.lm_eval_rate import measure as lm_eval_rate
+        log("downstream scoring: lm-eval loglikelihood requests/s, naohai against hf ...")
+        with tempfile.TemporaryDirectory(prefix="naohai-bench-lm-", dir=opts.workdir) as lm_dir:
+            results["lm_eval"] = lm_eval_rate(lm_dir, rounds=opts.rounds, log=log)
     env["load_after"] = _load()
     return results

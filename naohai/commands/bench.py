@@ -2,12 +2,15 @@
 
   naohai bench [--out DIR] [--quick] [--models tiny,42m] [--rounds 3] [--steps N]
                [--compile-layers 4,16,64] [--compile-forms loop,shared,separate] [--no-torch-compile]
-               [--torch-threads N]
+               [--torch-threads N] [--no-lm-eval]
 
 Writes DIR/bench.md, DIR/bench.json and PNG charts (see :mod:`naohai.bench`).  PyTorch is
 an optional extra (``pip install -e ".[bench]"``); without it only naohai's rows are measured.
 ``--quick``: the tiny model, one round of 6 steps, compile times for 4 and 16 layers of the
-default layer loop only, no torch.compile variants (a smoke run of a few minutes).
+default layer loop only, no torch.compile variants (a smoke run of a few minutes).  The downstream
+scoring row (lm-eval loglikelihood requests/s of naohai's backend against lm-eval's ``hf`` model on
+one tiny LLaMA-layout model, :mod:`naohai.bench.lm_eval_rate`) needs ``.[eval,test]``; ``--no-lm-eval``
+skips it.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ def register(sub) -> None:
     p.add_argument("--compile-forms", help="comma-separated layer forms for the compile probe: loop, shared, "
                                            "separate (see train.layer_loop; default all three; --quick: loop)")
     p.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile rows")
+    p.add_argument("--no-lm-eval", action="store_true", help="skip the downstream scoring row (lm-eval "
+                                                             "loglikelihood requests/s, naohai against hf)")
     p.add_argument("--torch-threads", type=cli_int(1, 4096), help="torch.set_num_threads (default: PyTorch's)")
     p.set_defaults(run=run)
 
@@ -80,7 +85,8 @@ def options(args):
         raise UserError("exists and is not a folder", where=out, key="--out")
     return Options(models=models, rounds=args.rounds or (1 if quick else 3), steps=args.steps or (6 if quick else None),
                    compile_layers=layers, compile_forms=parse_forms(args.compile_forms, quick),
-                   torch_compile=not (quick or args.no_torch_compile), torch_threads=args.torch_threads)
+                   torch_compile=not (quick or args.no_torch_compile), torch_threads=args.torch_threads,
+                   lm_eval=not args.no_lm_eval)
 
 
 def run(args) -> int:

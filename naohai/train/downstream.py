@@ -9,7 +9,9 @@ steps and at the last step it scores the tasks and hands one row per task to the
 TensorBoard scalars ``downstream/<task>/<metric>``, the console, ``downstream.png``).  The time it
 takes is measured and reported against the run's wall time at the end.
 
-Every rank evaluates (the forward graph involves every rank of a sharded layout); rank 0 writes.
+Every rank evaluates the same requests with the full weights it holds (one device, data parallel),
+so every rank has the same results; rank 0 writes.  Layouts that shard the weights (operator or
+pipeline parallel) are refused at the start: their scoring graph is not built yet.
 """
 from __future__ import annotations
 
@@ -53,6 +55,16 @@ class DownstreamEval:
         self.prepared = prepare(self.names, include=self.cfg.include_path, num_fewshot=self.cfg.num_fewshot,
                                 limit=self.cfg.limit, where=where, key="train.eval.tasks",
                                 include_key="train.eval.include_path")
+
+    def check_layout(self, mode: str) -> None:
+        """Refuse a layout whose weights are sharded (the scoring graph runs on whole weights)."""
+        if self.enabled and mode == "semi_auto":
+            from naohai.errors import UserError
+            raise UserError("in-loop downstream evaluation runs on one device or data parallel; under operator "
+                            "or pipeline parallel the weights are sharded and naohai has no sharded scoring graph "
+                            "yet. Leave train.eval.tasks empty and score checkpoints with 'naohai eval CKPT --tasks "
+                            "...' after 'naohai ckpt merge' has made their tensors whole", where=self.recipe.source or "recipe",
+                            key="train.eval.tasks")
 
     def _backend(self, trainer):
         from naohai.data.prepare import load_prepared

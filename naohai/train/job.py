@@ -201,6 +201,7 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     downstream.check()            # tasks that do not load stop the run before anything is prepared or compiled
     set_context(recipe, device)
     runtime = strategy_apply.init_runtime(resolved, device)
+    downstream.check_layout(runtime.mode)
     writer_log = log if runtime.is_writer else (lambda *_: None)
     comm = strategy_apply.HostComm(runtime)
     out = recipe.train.output_dir

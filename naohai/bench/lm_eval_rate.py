@@ -1,0 +1,161 @@
+"""Downstream scoring throughput: lm-eval ``loglikelihood`` requests per second, naohai's backend against
+lm-eval's ``hf`` model (transformers + PyTorch) on the same model and machine.
+
+:func:`measure` builds one model (the ``tiny-llama`` preset: LLaMA layout, so it has a Hugging Face
+form; random weights from naohai's initialiser, a byte-level BPE trained on pydoc), writes it as a
+Hugging Face folder and imports that folder back as a naohai model folder, so both backends read the
+same weights and the same ``tokenizer.json``.  The requests are those of the shipped task
+``naohai_pydoc_cont`` (context + each choice, 800 requests).  Each backend runs in a worker process
+of its own (``python -m naohai.bench.lm_eval_rate ROW MODEL_DIR``), which loads the model, answers one
+warm-up call (compiles), then times ``rounds`` calls of all requests; rounds alternate between the
+two workers and each keeps its best.  Both use batches of 16: naohai's packed rows of ``seq_length``,
+lm-eval's ``hf`` its own length-sorted, right-padded batches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+from naohai.bench.worker import PREFIX, worker_env
+
+BATCH = 16
+
+
+def _requests():
+    from lm_eval.api.instance import Instance
+
+    from naohai.downstream.tasks import SHIPPED
+
+    out = []
+    with open(os.path.join(SHIPPED, "naohai_pydoc_cont.jsonl"), encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            doc = json.loads(line)
+            for choice in doc["choices"]:
+                out.append(Instance(request_type="loglikelihood", doc=doc, arguments=(doc["context"], " " + choice),
+                                    idx=i))
+    return out
+
+
+def build_model(workdir: str) -> Dict[str, str]:
+    """(hf folder, naohai model folder) of one random tiny-llama with a pydoc byte-level BPE."""
+    import mindspore as ms
+
+    from naohai.cli import main as naohai_main
+    from naohai.config import recipe_from_dict
+    from naohai.convert.hf.convert import write_hf
+    from naohai.data.corpus import pydoc_documents
+    from naohai.data.hf_tokenizer import train_byte_bpe
+    from naohai.model.transformer import NaohaiLM
+
+    ms.set_device("CPU")
+    tok_dir = os.path.join(workdir, "tokenizer")
+    train_byte_bpe(list(pydoc_documents()), 2048, os.path.join(tok_dir, "tokenizer.json"))
+    recipe = recipe_from_dict({"name": "bench-llama", "model": {"family": "llama", "preset": "tiny-llama"}},
+                              where="bench")
+    model = NaohaiLM(recipe.model, seed=0)
+    weights = {p.name: p.asnumpy() for p in model.get_parameters()}
+    hf = os.path.join(workdir, "hf")
+    write_hf(hf, recipe.model, weights, where="bench", tokenizer_dir=tok_dir)
+    nao = os.path.join(workdir, "naohai")
+    if naohai_main(["ckpt", "import", hf, "--from", "hf", "--out", nao, f"model.seq_length={recipe.model.seq_length}"]):
+        raise RuntimeError("naohai ckpt import of the bench model failed")
+    return {"hf": hf, "naohai": nao, "seq_length": recipe.model.seq_length}
+
+
+def _backend(row: str, folder: str, seq_length: int):
+    if row == "naohai":
+        from naohai.downstream.backend import NaohaiEvalLM
+        return NaohaiEvalLM(path=folder, batch_size=BATCH)
+    from lm_eval.models.huggingface import HFLM
+    return HFLM(pretrained=folder, dtype="float32", batch_size=BATCH, device="cpu", max_length=seq_length)
+
+
+def worker(argv: List[str]) -> int:
+    """``ROW FOLDER SEQ_LENGTH``: answer ``@@bench {"ready"}``, then one timed call per stdin line."""
+    row, folder, seq = argv[0], argv[1], int(argv[2])
+    lm = _backend(row, folder, seq)
+    requests = _requests()
+    lm.loglikelihood(requests[:BATCH * 2], disable_tqdm=True)       # compile / warm up
+    info: Dict[str, Any] = {"ready": True, "requests": len(requests)}
+    if row == "hf":
+        import torch
+        info.update(torch=torch.__version__, threads=torch.get_num_threads())
+    sys.stdout.write(PREFIX + json.dumps(info) + "\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
+        if json.loads(line).get("cmd") != "round":
+            break
+        t0 = time.perf_counter()
+        lm.loglikelihood(requests, disable_tqdm=True)
+        sys.stdout.write(PREFIX + json.dumps({"seconds": time.perf_counter() - t0}) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+class _Proc:
+    def __init__(self, row: str, folder: str, seq: int, log_path: str):
+        import subprocess
+        self._log = open(log_path, "w", encoding="utf-8")
+        self.proc = subprocess.Popen([sys.executable, "-m", "naohai.bench.lm_eval_rate", row, folder, str(seq)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     bufsize=1, env=worker_env())
+        self.log_path = log_path
+        self.ready = self.answer()
+
+    def answer(self) -> Dict[str, Any]:
+        for line in self.proc.stdout:
+            if line.startswith(PREFIX):
+                return json.loads(line[len(PREFIX):])
+        self.proc.wait()
+        raise RuntimeError(f"lm-eval rate worker exited with {self.proc.returncode} (log: {self.log_path})")
+
+    def round(self) -> float:
+        self.proc.stdin.write(json.dumps({"cmd": "round"}) + "\n")
+        self.proc.stdin.flush()
+        return float(self.answer()["seconds"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except Exception:  # noqa: BLE001 - a worker that will not quit is killed
+                self.proc.kill()
+        self._log.close()
+
+
+def measure(workdir: str, rounds: int = 3, log: Callable[[str], None] = print) -> Dict[str, Any]:
+    """{"naohai": req/s, "hf": req/s, "ratio": naohai / hf, ...}; ``{"note": why}`` when it cannot run."""
+    try:
+        import lm_eval  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return {"note": f"not measured: {exc.name} is not installed (pip install -e \".[eval,test]\")"}
+    models = build_model(workdir)
+    procs: Dict[str, _Proc] = {}
+    best: Dict[str, float] = {}
+    try:
+        for row in ("naohai", "hf"):
+            procs[row] = _Proc(row, models[row], models["seq_length"], os.path.join(workdir, f"lm-eval-{row}.log"))
+        n = int(procs["naohai"].ready["requests"])
+        for r in range(rounds):
+            for row, proc in procs.items():
+                seconds = proc.round()
+                best[row] = min(best.get(row, float("inf")), seconds)
+                log(f"lm-eval loglikelihood round {r + 1}/{rounds}: {row} {n / seconds:,.1f} requests/s")
+    finally:
+        for proc in procs.values():
+            proc.close()
+    rate = {row: n / s for row, s in best.items()}
+    return {"requests": n, "batch": BATCH, "model": "tiny-llama (random weights)", "seq_length": models["seq_length"],
+            "naohai": rate["naohai"], "hf": rate["hf"], "ratio": rate["naohai"] / rate["hf"],
+            "torch_threads": procs["hf"].ready.get("threads"), "rounds": rounds}
+
+
+if __name__ == "__main__":
+    sys.exit(worker(sys.argv[1:]))
