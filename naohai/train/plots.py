@@ -171,5 +171,5 @@ def plot_downstream(output_dir: str, out_file: Optional[str] = None) -> Optional
         ax.set_visible(False)
     fig.suptitle(f"downstream tasks: {os.path.basename(os.path.normpath(output_dir))}")
     out_file = out_file or os.path.join(output_dir, "downstream.png")
-    fig.savefig(out_file, format="png")
+    atomic_write(out_file, lambda tmp: fig.savefig(tmp, format="png"))
     return out_file
