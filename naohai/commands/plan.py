@@ -87,6 +87,26 @@ def _run_import(args) -> int:
     return 0
 
 
+def _search_progress():
+    """``progress(done, total)`` for the search: a bar on a terminal's stderr, else a line per quarter."""
+    import sys
+    state = {"bar": None, "said": -1}
+
+    def progress(done: int, total: int) -> None:
+        if sys.stderr.isatty():
+            if state["bar"] is None:
+                from tqdm import tqdm
+                state["bar"] = tqdm(total=total, desc="screening meshes", unit="mesh", file=sys.stderr, leave=False)
+            state["bar"].n = done
+            state["bar"].refresh()
+            if done == total:
+                state["bar"].close()
+        elif total and done * 4 // total > state["said"]:
+            state["said"] = done * 4 // total
+            print(f"search: {done} of {total} meshes screened", file=sys.stderr, flush=True)
+    return progress
+
+
 def _run_search(args, recipe, cfg, model_name) -> int:
     from naohai.strategy.profiles import load_profile
     from naohai.strategy.search import render_table, search, write_strategy
@@ -100,7 +120,7 @@ def _run_search(args, recipe, cfg, model_name) -> int:
     if gb % mbs:
         raise UserError(f"global batch {gb} is not a multiple of the micro-batch size {mbs}", where="command line",
                         key="--global-batch", rule="global_batch % micro_batch_size == 0")
-    cands = search(cfg, args.devices, gb, mbs, profile, args.top, model_name)
+    cands = search(cfg, args.devices, gb, mbs, profile, args.top, model_name, progress=_search_progress())
     if args.json:
         print(json.dumps([{"strategy": c.raw, "step_seconds": c.plan.step_seconds, "mfu": c.plan.mfu,
                            "tokens_per_second_per_device": c.plan.tokens_per_second_per_device,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -189,10 +189,15 @@ def _screen(cfg: ModelConfig, r0: ResolvedStrategy, profile: DeviceProfile, raw0
 
 
 def search(cfg: ModelConfig, devices: int, global_batch: int, micro_batch_size: int, profile: DeviceProfile,
-           top: int = 5, model_name: str = "") -> List[Candidate]:
-    """Fitting layouts, fastest first (at most ``top``), each planned exactly from its mapping."""
+           top: int = 5, model_name: str = "", progress: Optional[Callable[[int, int], None]] = None
+           ) -> List[Candidate]:
+    """Fitting layouts, fastest first (at most ``top``), each planned exactly from its mapping.
+    ``progress(done, total)`` is called after each mesh is screened."""
     screened: List[Tuple[float, Dict[str, Any]]] = []
-    for dp, mp, pp, m, sched, v in meshes(cfg, devices, global_batch, micro_batch_size, profile):
+    grid = list(meshes(cfg, devices, global_batch, micro_batch_size, profile))
+    for done, (dp, mp, pp, m, sched, v) in enumerate(grid, 1):
+        if progress is not None:
+            progress(done - 1, len(grid))
         raw0 = _base_mapping(dp, mp, pp, m, sched, v)
         raw0 = {"name": f"search-dp{dp}-mp{mp}-pp{pp}-m{m}-{sched}", **raw0}
         try:
@@ -202,6 +207,8 @@ def search(cfg: ModelConfig, devices: int, global_batch: int, micro_batch_size: 
         accum = global_batch // (dp * micro_batch_size * m)
         r0 = dataclasses.replace(r0, gradient_accumulation=accum)
         screened.extend(_screen(cfg, r0, profile, raw0))
+    if progress is not None:
+        progress(len(grid), len(grid))
     screened.sort(key=lambda x: x[0])
     out: List[Candidate] = []
     for _, raw in screened[:max(3 * top, 10)]:

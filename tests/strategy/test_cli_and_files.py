@@ -103,6 +103,9 @@ def test_search_and_write(capsys, tmp_path):
                              "--global-batch", "32", "--write", str(out_file))
     assert code == 0, err
     assert out.count("\n 1 ") + out.count("\n 2 ") + out.count("\n 3 ") == 3
+    # progress on stderr (not a terminal here: a line per quarter of the meshes, the last one complete)
+    said = [line for line in err.splitlines() if line.startswith("search: ")]
+    assert said[0].startswith("search: 0 of ") and said[-1].split()[1] == said[-1].split()[3]
     s = load_strategy(str(out_file))
     assert s.model == "pangu-alpha-2.6b" and s.device_count == 8
     r = check_strategy(s, preset_recipe("pangu-alpha-2.6b").model, devices=8)
@@ -111,7 +114,11 @@ def test_search_and_write(capsys, tmp_path):
 
 def test_search_ranks_by_step_time():
     from naohai.strategy.search import search
-    cands = search(preset_recipe("tiny").model, 4, 16, 2, PROFILES["ascend-910a-32g"], top=50)
+    calls = []
+    cands = search(preset_recipe("tiny").model, 4, 16, 2, PROFILES["ascend-910a-32g"], top=50,
+                   progress=lambda done, total: calls.append((done, total)))
+    total = calls[0][1]
+    assert [done for done, _ in calls] == list(range(total + 1)) and {t for _, t in calls} == {total}
     times = [c.plan.step_seconds for c in cands]
     assert times == sorted(times) and len(cands) > 3
     assert all(c.plan.fits and c.plan.global_batch == 16 for c in cands)
