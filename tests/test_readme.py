@@ -2,7 +2,9 @@
 
 A command runs as the README writes it (continuation lines joined, the trailing comment dropped,
 ``a && b`` as its parts) with the clone's code first on the path (``PYTHONPATH`` and a ``naohai``
-on ``PATH`` that runs ``python -m naohai.cli``), and must exit 0.  The few the README itself says
+on ``PATH`` that runs ``python -m naohai.cli``), and must exit 0; a few outputs are checked as well (:data:`CHECKS`: the
+2-worker launch prints fewer than 30 lines, eval's JSON, the overlay plot, generate's headers, the
+upload list of submit's dry run).  The few the README itself says
 cannot run here are listed in :data:`NOT_RUN` with the reason; the inputs the README says are the
 user's own (raw documents, a second cleaned source, a MindFormers YAML) are made by
 :data:`USER_FILES` just before the command that reads them.  Every rule must match a command, so a
@@ -68,6 +70,38 @@ def _mindformers_yaml(clone):
 USER_FILES = {
     r"^naohai data clean raw/\*\.jsonl\.gz ": _raw_documents,
     r"^naohai plan --import-mindformers their_config\.yaml ": _mindformers_yaml,
+}
+
+
+def _quiet_launch(out: str, clone: str) -> str:
+    lines = out.splitlines()
+    if len(lines) >= 30:
+        return f"a 2-worker launch printed {len(lines)} lines (fewer than 30 expected)"
+    if not any(line.startswith("[rank 0] done:") for line in lines):
+        return "no '[rank 0] done:' line"
+    if not os.path.isfile(os.path.join(clone, "runs", "tiny-dp2", "msrun_logs", "worker_1.log")):
+        return "no runs/tiny-dp2/msrun_logs/worker_1.log"
+    return ""
+
+
+def _json_loss(out: str, clone: str) -> str:
+    try:
+        result = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return "the last line is not JSON"
+    return "" if result.get("loss", 0) > 0 and result.get("tokens", 0) > 0 else f"unexpected result {result}"
+
+
+#: what a command's output must show besides exit 0 (a message, or '' when it is right), by expression
+CHECKS = {
+    r"^naohai launch tiny --strategy strategies/tiny-dp2\.yaml ": _quiet_launch,
+    r"^naohai eval runs/tiny --text held_out\.txt --json$": _json_loss,
+    r"^naohai plot runs/tiny runs/tiny-lr ": lambda out, clone: "" if os.path.getsize(
+        os.path.join(clone, "runs", "tiny-vs-lr.png")) > 10_000 else "no runs/tiny-vs-lr.png",
+    r"^naohai generate runs/tiny --prompt \"a\" --prompt \"b\"": lambda out, clone: "" if "=== prompt 2 of 2: 'b' ===" in out
+    else "no header for the second prompt",
+    r"^naohai submit ": lambda out, clone: "" if "files that would be uploaded:\n  .ci/run (" in out
+    else "no list of files to upload",
 }
 
 
@@ -137,6 +171,8 @@ def test_every_readme_command_runs_on_a_fresh_clone(tmp_path):
     used_not_run, used_files = set(), set()
     failures, timings = [], []
 
+    used_checks = set()
+
     def run(command: str) -> None:
         t0 = time.monotonic()
         res = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True,
@@ -144,6 +180,13 @@ def test_every_readme_command_runs_on_a_fresh_clone(tmp_path):
         timings.append((time.monotonic() - t0, command))
         if res.returncode != 0:
             failures.append(f"$ {command}\nexit {res.returncode}\n{(res.stdout + res.stderr)[-3000:]}")
+            return
+        for pat, check in CHECKS.items():
+            if re.search(pat, command):
+                used_checks.add(pat)
+                wrong = check(res.stdout + res.stderr, clone)
+                if wrong:
+                    failures.append(f"$ {command}\n{wrong}\n{(res.stdout + res.stderr)[-3000:]}")
 
     for command in commands:
         skip = [pat for pat in NOT_RUN if re.search(pat, command)]
@@ -161,4 +204,5 @@ def test_every_readme_command_runs_on_a_fresh_clone(tmp_path):
     assert not failures, "\n\n".join(failures)
     assert used_not_run == set(NOT_RUN), f"NOT_RUN rules that match no README command: {set(NOT_RUN) - used_not_run}"
     assert used_files == set(USER_FILES), f"USER_FILES rules that match no command: {set(USER_FILES) - used_files}"
+    assert used_checks == set(CHECKS), f"CHECKS that match no command: {set(CHECKS) - used_checks}"
     assert len(timings) >= 25, [c for _, c in timings]

@@ -135,7 +135,10 @@ class Trainer:
     def resume(self, path: Optional[str] = None) -> bool:
         """Load the newest checkpoint that verifies (or ``path``); False when there is none.  A checkpoint
         of another layout is resharded for this one first (MindSpore's checkpoint transform)."""
+        started = time.time()
+        self.log("compiling the train and eval steps ...")
         self.steps.compile()      # semi-auto parameters are sliced by the compile: load after it
+        self.log(f"compiled in {time.time() - started:.1f} s")
         self.comm.barrier()       # ... and every rank's strategy file is written
         chosen = self.store.select(self.manifest["identity"], self._needed_files, explicit=path, log=self.log)
         if chosen is None:
