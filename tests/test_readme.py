@@ -1,7 +1,7 @@
 """Every command in README.md's ```bash blocks, run on a fresh clone in a temporary folder, in order.
 
 A command runs as the README writes it (continuation lines joined, the trailing comment dropped,
-``a && b`` as its parts) with the clone's code first on the path (``PYTHONPATH`` and a ``naohai``
+``a && b`` as its parts, an ``[optional]`` argument left out) with the clone's code first on the path (``PYTHONPATH`` and a ``naohai``
 on ``PATH`` that runs ``python -m naohai.cli``), and must exit 0; a few outputs are checked as well (:data:`CHECKS`: the
 2-worker launch prints fewer than 30 lines, eval's JSON, the overlay plot, generate's headers, the
 upload list of submit's dry run).  The few the README itself says
@@ -46,17 +46,30 @@ def _pydoc_documents():
 
 def _raw_documents(clone):
     """The user's raw web documents (`raw/*.jsonl.gz`) and a second source cleaned into clean/books."""
-    docs = _pydoc_documents()
+    docs = _pydoc_documents()                    # 69 of CPython's pydoc topics: two thirds web, one third books
+    web, books = [d for i, d in enumerate(docs) if i % 3], docs[::3]
     os.makedirs(os.path.join(clone, "raw"), exist_ok=True)
     for part in range(2):
         with gzip.open(os.path.join(clone, "raw", f"web-{part}.jsonl.gz"), "wt", encoding="utf-8") as fh:
-            for text in docs[part:80:2]:
+            for text in web[part::2]:
                 fh.write(json.dumps({"text": text}) + "\n")
     os.makedirs(os.path.join(clone, "raw_books"), exist_ok=True)
     with open(os.path.join(clone, "raw_books", "books.jsonl"), "w", encoding="utf-8") as fh:
-        for text in docs[80:120]:
+        for text in books:
             fh.write(json.dumps({"text": text}) + "\n")
     return [["naohai", "data", "clean", "raw_books/books.jsonl", "--out", "clean/books"]]
+
+
+def _hf_llama_folder(clone):
+    """A Hugging Face Llama folder (config.json, safetensors, tokenizer.json): the tiny random one the HF
+    tests build with transformers (tests/convert/hf_models.py)."""
+    sys.path.insert(0, os.path.join(clone, "tests", "convert"))
+    try:
+        import hf_models
+        hf_models.build("llama", os.path.join(clone, "path", "to", "Llama-folder"))
+    finally:
+        sys.path.pop(0)
+    return []
 
 
 def _mindformers_yaml(clone):
@@ -70,6 +83,7 @@ def _mindformers_yaml(clone):
 USER_FILES = {
     r"^naohai data clean raw/\*\.jsonl\.gz ": _raw_documents,
     r"^naohai plan --import-mindformers their_config\.yaml ": _mindformers_yaml,
+    r"^naohai ckpt import path/to/Llama-folder --from hf ": _hf_llama_folder,
 }
 
 
@@ -129,7 +143,7 @@ def readme_commands(text: str):
             if line.endswith("\\"):
                 pending += line[:-1].strip() + " "
                 continue
-            line = (pending + line.strip()).strip()
+            line = re.sub(r"\s+\[[^\]]*\](?=\s|$)", "", pending + line.strip()).strip()   # [optional] parts
             pending = ""
             if not line:
                 continue
@@ -140,7 +154,7 @@ def readme_commands(text: str):
 def test_readme_commands_parse():
     """The parser itself: continuations, comments, `&&`, quotes."""
     text = ("intro\n```bash\n# a comment\npip install -e . && naohai train tiny   # train\n"
-            "naohai generate r --prompt \"a # b\"  # c\nnaohai x \\\n    --y 1   # z\n```\n"
+            "naohai generate r --prompt \"a # b\"  # c\nnaohai x \\\n    --y 1 [--z 2]  # z\n```\n"
             "```python\nnot = 'run'\n```\n")
     assert readme_commands(text) == ["pip install -e .", "naohai train tiny", 'naohai generate r --prompt "a # b"',
                                      "naohai x --y 1"]
