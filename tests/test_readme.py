@@ -8,7 +8,8 @@ upload list of submit's dry run).  The few the README itself says
 cannot run here are listed in :data:`NOT_RUN` with the reason; the inputs the README says are the
 user's own (raw documents, a second cleaned source, a MindFormers YAML) are made by
 :data:`USER_FILES` just before the command that reads them.  Every rule must match a command, so a
-README edit that drops or rewrites one is noticed here.
+README edit that drops or rewrites one is noticed here.  A command that fails as written today is in
+:data:`KNOWN_FAILING` and must keep failing (so its fix also removes it from the list).
 """
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ NOT_RUN = {
                                          "tests/convert/ imports synthetic files in its layout)",
     r"^naohai ckpt export pangu26 ": "exports what the import above would have made",
     r"^naohai bench --out runs/bench$": "the 25-minute benchmark (its parts are tested in tests/bench/)",
+    r"^naohai check pengcheng-mind-200b strategies/naohai-200b-3456p\.yaml --compile --ranks first,last$":
+        "by the README's own figures rank 0 of this layout was still compiling after 1,200 s at 6.1 GB "
+        "(tests/simulate/test_rank_of_n.py runs the same path on smaller layouts)",
+}
+
+#: commands that fail as the README writes them today, by expression, and how: they are run and must
+#: still fail, so the line that fixes one also removes it from here (strict, like an xfail)
+KNOWN_FAILING = {
+    r"^naohai lm-eval --model naohai ": "exit 2: 'unrecognized arguments: --model' (2026-11-25, main + firsthour)",
 }
 
 
@@ -185,13 +195,19 @@ def test_every_readme_command_runs_on_a_fresh_clone(tmp_path):
     used_not_run, used_files = set(), set()
     failures, timings = [], []
 
-    used_checks = set()
+    used_checks, used_known = set(), set()
 
     def run(command: str) -> None:
         t0 = time.monotonic()
         res = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True,
                              timeout=1800)
         timings.append((time.monotonic() - t0, command))
+        known = [pat for pat in KNOWN_FAILING if re.search(pat, command)]
+        if known:
+            used_known.update(known)
+            if res.returncode == 0:
+                failures.append(f"$ {command}\nnow exits 0: remove it from KNOWN_FAILING in tests/test_readme.py")
+            return
         if res.returncode != 0:
             failures.append(f"$ {command}\nexit {res.returncode}\n{(res.stdout + res.stderr)[-3000:]}")
             return
@@ -219,4 +235,5 @@ def test_every_readme_command_runs_on_a_fresh_clone(tmp_path):
     assert used_not_run == set(NOT_RUN), f"NOT_RUN rules that match no README command: {set(NOT_RUN) - used_not_run}"
     assert used_files == set(USER_FILES), f"USER_FILES rules that match no command: {set(USER_FILES) - used_files}"
     assert used_checks == set(CHECKS), f"CHECKS that match no command: {set(CHECKS) - used_checks}"
+    assert used_known == set(KNOWN_FAILING), f"KNOWN_FAILING that match no command: {set(KNOWN_FAILING) - used_known}"
     assert len(timings) >= 25, [c for _, c in timings]
