@@ -30,6 +30,9 @@ from naohai.model.families import MODEL_PRESETS, model_fields  # noqa: F401  (MO
 TOKENIZER_TYPES = ("sentencepiece", "byte_bpe")
 
 
+DATA_FORMATS = ("text", "sft")
+
+
 @dataclass
 class DataConfig:
     # Corpus sources: 'builtin:pydoc' (English text CPython ships), 'builtin:fortunes-zh'
@@ -43,10 +46,19 @@ class DataConfig:
     holdout_fraction: float = 0.05
     prepared_dir: Optional[str] = None  # packed shards; None = <output_dir>/data
     shuffle_seed: int = 1234
+    format: str = "text"              # text: documents packed for pretraining | sft: .jsonl conversations
+    #                                   with a loss mask (naohai/data/sft.py)
+    truncation: str = "drop"          # sft: a conversation longer than a window is dropped | truncate
 
     def validate(self, where: str = "recipe", prefix: str = "data") -> None:
         if not self.corpus:
             raise UserError("needs at least one corpus source", where=where, key=f"{prefix}.corpus")
+        if self.format not in DATA_FORMATS:
+            raise UserError(f"'{self.format}' is not one of {', '.join(DATA_FORMATS)}."
+                            f"{did_you_mean(self.format, DATA_FORMATS)}", where=where, key=f"{prefix}.format")
+        if self.truncation not in ("drop", "truncate"):
+            raise UserError(f"'{self.truncation}' is not one of drop, truncate", where=where,
+                            key=f"{prefix}.truncation")
         if self.tokenizer_type not in TOKENIZER_TYPES:
             raise UserError(f"'{self.tokenizer_type}' is not one of {', '.join(TOKENIZER_TYPES)}."
                             f"{did_you_mean(self.tokenizer_type, TOKENIZER_TYPES)}", where=where,

@@ -77,12 +77,42 @@ def is_up_to_date(prepared_dir: str, tokenizer: Tokenizer, recipe) -> bool:
         and meta.get("source") == _source(recipe))
 
 
+def _ensure_sft(recipe, tok: Tokenizer, out_dir: str, rebuild: bool, log: Log) -> None:
+    """``data.format: sft``: conversations prepared by :func:`naohai.data.sft.prepare_sft` unless up to date
+    (same tokenizer, seq_length, corpus fingerprint, holdout, seed, truncation)."""
+    from naohai.data.sft import expand_paths, is_sft_dir, prepare_sft, report_text, load_sft
+    d = recipe.data
+    source = dict(fingerprint(expand_paths(d.corpus), "sft"), truncation=d.truncation)
+    if not rebuild and is_sft_dir(out_dir):
+        meta = load_sft(out_dir).meta
+        if (meta["tokenizer"]["sha256"] == tok.sha256 and meta["seq_length"] == recipe.model.seq_length
+                and meta["holdout_fraction"] == float(d.holdout_fraction) and meta["seed"] == int(d.shuffle_seed)
+                and meta["source"] == source):
+            if log:
+                log(f"prepared SFT data in {out_dir} is up to date")
+            return
+    elif os.path.isdir(out_dir) and os.listdir(out_dir) and not is_sft_dir(out_dir) and not rebuild:
+        raise UserError("holds other prepared data; choose another data.prepared_dir for the SFT data (or pass "
+                        "--overwrite)", where=out_dir, key="data.prepared_dir")
+    if log:
+        log(f"preparing conversations {', '.join(d.corpus)} with seq_length {recipe.model.seq_length} -> {out_dir}")
+    meta = prepare_sft(d.corpus, tok, out_dir, recipe.model.seq_length, d.holdout_fraction, d.shuffle_seed,
+                       truncation=d.truncation, overwrite=True, source=source)
+    if log:
+        log(report_text(meta))
+
+
 def ensure_prepared(recipe, progress: bool = True, *, out_dir: Optional[str] = None, overwrite: bool = False,
                     rebuild: bool = False, log: Log = None) -> Tuple[str, Tokenizer]:
     """Make sure tokenizer and shards exist and fit the recipe; returns (prepared_dir, tokenizer)."""
+    if recipe.data.format == "sft" and not (recipe.data.tokenizer or os.path.exists(default_tokenizer_path(recipe))):
+        raise UserError("fine-tuning data (data.format: sft) needs the base model's tokenizer; set data.tokenizer",
+                        where=recipe.source or "recipe", key="data.tokenizer")
     tok = ensure_tokenizer(recipe, log)
     out_dir = os.path.abspath(out_dir or default_prepared_dir(recipe))
-    if rebuild or overwrite or not is_up_to_date(out_dir, tok, recipe):
+    if recipe.data.format == "sft":
+        _ensure_sft(recipe, tok, out_dir, rebuild or overwrite, log)
+    elif rebuild or overwrite or not is_up_to_date(out_dir, tok, recipe):
         if log:
             log(f"preparing {', '.join(recipe.data.corpus)} with seq_length {recipe.model.seq_length} -> {out_dir}")
         prepare(iter_documents(recipe.data.corpus, recipe.data.jsonl_key), tok, out_dir, recipe.model.seq_length,

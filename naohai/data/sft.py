@@ -239,7 +239,8 @@ def pack(conversations: Iterable[Tuple[List[int], List[int]]], seq_length: int, 
 
 # --------------------------------------------------------------------------- preparing
 def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int, holdout_fraction: float = 0.05,
-                seed: int = 1234, *, truncation: str = "drop", overwrite: bool = False) -> Dict[str, Any]:
+                seed: int = 1234, *, truncation: str = "drop", overwrite: bool = False,
+                source: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Render, split, pack and write ``sources`` (``.jsonl`` paths or globs) to ``out_dir``; returns meta."""
     if truncation not in TRUNCATION:
         raise UserError(f"'{truncation}' is not one of {', '.join(TRUNCATION)}", key="data.truncation")
@@ -304,7 +305,7 @@ def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int
             "splits": splits,
             "report": {"lines_read": lines_read, **totals, "malformed": len(malformed),
                        "malformed_lines": malformed[:MAX_LISTED]},
-            "source": {"files": expand_paths(sources)},
+            "source": source or {"files": expand_paths(sources)},
         }
         with open(os.path.join(tmp, META), "w", encoding="utf-8") as fh:
             json.dump(meta, fh, indent=2, ensure_ascii=False)
@@ -342,6 +343,15 @@ class SFTPrepared(Prepared):
 
     def mask(self, split: str) -> np.ndarray:
         return np.load(os.path.join(self.path, self._split(split)["mask"]), mmap_mode="r")
+
+
+def is_sft_dir(path: str) -> bool:
+    """Whether ``path`` holds a meta.json of a prepared SFT directory."""
+    try:
+        with open(os.path.join(path, META), encoding="utf-8") as fh:
+            return json.load(fh).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def load_sft(path: str) -> SFTPrepared:

@@ -218,7 +218,8 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     if runtime.mode == "semi_auto":
         strategy_file = os.path.join(out, "strategy", f"rank_{runtime.rank}.ckpt")
         os.makedirs(os.path.dirname(strategy_file), exist_ok=True)
-    built = build(recipe, resolved, runtime, strategy_file=strategy_file)
+    from naohai.data.sft import is_sft_dir
+    built = build(recipe, resolved, runtime, strategy_file=strategy_file, masked_loss=is_sft_dir(prepared_dir))
     t = recipe.train
     peak, peak_source = peak_tflops(device, recipe.model.compute_dtype, t.device_peak_tflops, t.device_profile)
     writer_log(f"device: {device} (train.device={t.device if where != 'command line' else device}); "

@@ -81,8 +81,11 @@ class Trainer:
         self.out = recipe.train.output_dir
         self.strategy_file = strategy_file
         t = recipe.train
-        self.loader = TokenWindowLoader(prepared_dir, "train", t.global_batch_size, self.runtime.dp_rank,
-                                        self.runtime.dp_size, seed=recipe.data.shuffle_seed)
+        from naohai.data.sft import SFTLoader, is_sft_dir
+        self.sft = is_sft_dir(prepared_dir)          # conversations with a loss mask: (tokens, mask) batches
+        loader = SFTLoader if self.sft else TokenWindowLoader
+        self.loader = loader(prepared_dir, "train", t.global_batch_size, self.runtime.dp_rank,
+                             self.runtime.dp_size, seed=recipe.data.shuffle_seed)
         self.step = 0
         self.total_steps = t.steps
         self.max_steps = max_steps
@@ -199,8 +202,13 @@ class Trainer:
         from naohai.data.loader import eval_batches
         t = self.recipe.train
         rows, dp = self.steps.eval_rows, self.runtime.dp_size
-        losses = [self.steps.evaluate(batch) for batch in
-                  eval_batches(self.prepared_dir, rows * dp, t.eval_batches, self.runtime.dp_rank, dp)]
+        if self.sft:
+            from naohai.data.sft import SFTLoader
+            held = SFTLoader(self.prepared_dir, "valid", rows * dp, self.runtime.dp_rank, dp, seed=0, shuffle=False)
+            batches = (held.next_batch() for _ in range(t.eval_batches))
+        else:
+            batches = eval_batches(self.prepared_dir, rows * dp, t.eval_batches, self.runtime.dp_rank, dp)
+        losses = [self.steps.evaluate(batch) for batch in batches]
         return self.comm.mean(float(np.mean(losses)))
 
     def _record(self, res, lr: float) -> Dict[str, Any]:
