@@ -19,6 +19,13 @@ from tests.conftest import micro_recipe
 TARGETS = r"attention\.(q|v)$|mlp\.down$"
 
 
+@pytest.fixture(autouse=True)
+def _cpu_graph():
+    """The device is named before MindSpore's runtime starts (a later run's set_device must agree)."""
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+
 def _lora_recipe(tmp_path, data=None, **finetune):
     raw = micro_recipe(tmp_path, *(data or ()), steps=20, grad_clip=1.0).to_dict()
     raw["finetune"] = {"method": "lora", "rank": 4, "alpha": 8.0, "targets": TARGETS, **finetune}

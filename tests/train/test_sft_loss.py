@@ -17,6 +17,13 @@ from naohai.train.builder import build
 from tests.conftest import micro_recipe
 
 
+@pytest.fixture(autouse=True)
+def _cpu_graph():
+    """The device is named before MindSpore's runtime starts (a later run's set_device must agree)."""
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+
 @pytest.fixture(scope="module")
 def sft_batch(micro_data, tmp_path_factory):
     """A global batch of 4 packed windows (multi-turn, truncated, padded) of the micro model's tokenizer."""
