@@ -117,6 +117,21 @@ def _check_target(out_dir: str, tokenizer: Tokenizer, seq_length: int, overwrite
                         f"data.prepared_dir", where=out_dir, key="data.prepared_dir")
 
 
+def publish(tmp: str, out_dir: str, meta: Dict[str, Any]) -> Dict[str, Any]:
+    """Write ``meta`` as ``tmp``/meta.json and swap the finished ``tmp`` folder into ``out_dir`` (the old
+    one, if any, is moved aside first and removed after); returns ``meta``."""
+    with open(os.path.join(tmp, META), "w", encoding="utf-8") as fh:
+        json.dump(meta, fh, indent=2, ensure_ascii=False)
+    old = None
+    if os.path.exists(out_dir):
+        old = f"{out_dir}.old-{os.getpid()}"
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+    return meta
+
+
 def prepare(documents: Iterable[str], tokenizer: Tokenizer, out_dir: str, seq_length: int,
             holdout_fraction: float = 0.05, seed: int = 1234, *, overwrite: bool = False,
             progress: bool = True, source: Optional[Dict[str, Any]] = None,
@@ -198,17 +213,7 @@ def prepare(documents: Iterable[str], tokenizer: Tokenizer, out_dir: str, seq_le
             "splits": splits,
             "source": source or {},
         }
-        with open(os.path.join(tmp, META), "w", encoding="utf-8") as fh:
-            json.dump(meta, fh, indent=2, ensure_ascii=False)
-        # swap into place
-        old = None
-        if os.path.exists(out_dir):
-            old = f"{out_dir}.old-{os.getpid()}"
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-        return meta
+        return publish(tmp, out_dir, meta)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -58,7 +58,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from naohai.data.loader import TokenWindowLoader
-from naohai.data.prepare import Prepared, holdout_mask, token_dtype
+from naohai.data.prepare import Prepared, holdout_mask, publish, token_dtype
 from naohai.errors import UserError
 
 FORMAT = "naohai-sft-v1"
@@ -307,16 +307,7 @@ def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int
                        "malformed_lines": malformed[:MAX_LISTED]},
             "source": source or {"files": expand_paths(sources)},
         }
-        with open(os.path.join(tmp, META), "w", encoding="utf-8") as fh:
-            json.dump(meta, fh, indent=2, ensure_ascii=False)
-        old = None
-        if os.path.exists(out_dir):
-            old = f"{out_dir}.old-{os.getpid()}"
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-        return meta
+        return publish(tmp, out_dir, meta)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,7 +1,6 @@
 """SFT data: chat-template rendering and the loss mask against transformers and a reference packer
 written from the definition (naohai/data/sft.py's docstring), malformed lines, truncation."""
 import json
-import os
 
 import numpy as np
 import pytest
