@@ -117,6 +117,7 @@ def run_tasks(args) -> int:
                                    f"step_{step}.json" if step is not None else "results.json")
     meta = {"model": os.path.abspath(args.model), "checkpoint": scorer.checkpoint, "step": step,
             "tasks": names, "num_fewshot": args.num_fewshot, "limit": args.limit, "seconds": round(seconds, 3),
+            "graph_seconds": round(scorer.graph_seconds, 3),
             "truncated": scorer.truncated.to_dict(), "seq_length": scorer.max_length}
     dt.write_results(out, rows, meta, results.get("samples") if args.log_samples else None)
     if args.json:
@@ -127,6 +128,6 @@ def run_tasks(args) -> int:
     if trunc.total():
         print(f"truncated from the left to the model's {scorer.max_length} tokens: {trunc.loglikelihood} "
               f"loglikelihood and {trunc.generate} generation request(s) (e.g. {'; '.join(trunc.examples)})")
-    print(f"{seconds:.1f} s; results: {out}")
+    print(f"{seconds:.1f} s ({scorer.graph_seconds:.1f} s in the compiled scoring graph); results: {out}")
     return 0
 

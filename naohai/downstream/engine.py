@@ -24,6 +24,7 @@ float, argmax [B, S] int)`` as numpy arrays (right padding, the model's own caus
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -132,6 +133,7 @@ class Scorer:
         self._twin = None
         self.truncated = Truncations()
         self.shapes: set = set()       # (rows, width) of every scoring call made
+        self.graph_seconds = 0.0       # time inside the compiled scoring graph (compiles included)
 
     # ------------------------------------------------------------------ log-likelihood
     @property
@@ -179,9 +181,12 @@ class Scorer:
                     pos, b = segment_layout(self.cfg, inputs[r], segs)
                     positions[r] = pos
                     bias.append(b)
+                t0 = time.perf_counter()
                 nll, top = self.forward(inputs, labels, positions, np.stack(bias))
             else:
+                t0 = time.perf_counter()
                 nll, top = self.forward(inputs, labels)
+            self.graph_seconds += time.perf_counter() - t0
             for i, r, col in places:
                 ids, n = seqs[i]
                 end = col + len(ids) - 1

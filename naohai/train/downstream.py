@@ -100,8 +100,9 @@ class DownstreamEval:
             return
         total = time.time() - self.started
         share = 100.0 * self.seconds / total if total > 0 else float("nan")
+        graph = self.lm.scorer.graph_seconds if self.lm is not None else 0.0
         self.log(f"downstream evaluation: {self.evaluations} evaluation(s), {self.seconds:.1f} s of the run's "
-                 f"{total:.1f} s ({share:.1f}%)")
+                 f"{total:.1f} s ({share:.1f}%; {graph:.1f} s of it in the compiled scoring graph)")
 
     # ------------------------------------------------------------------ work
     def evaluate(self, trainer) -> Optional[List[Dict[str, Any]]]:
@@ -112,6 +113,7 @@ class DownstreamEval:
 
         t0 = time.time()
         before = self.lm.scorer.truncated.total()
+        graph_before = self.lm.scorer.graph_seconds
         self.lm.step = trainer.step
         results = run(self.lm, self.prepared)
         seconds = time.time() - t0
@@ -128,6 +130,7 @@ class DownstreamEval:
         out = list(per_task.values())
         for row in out:
             row["seconds"] = seconds
+            row["graph_seconds"] = self.lm.scorer.graph_seconds - graph_before
             row["truncated"] = self.lm.scorer.truncated.total() - before
         trainer._emit("on_downstream", trainer.step, out)
         return out
@@ -135,6 +138,6 @@ class DownstreamEval:
 
 def downstream_metrics(row: Dict[str, Any]) -> Dict[str, float]:
     """The metric values of a downstream row (not its bookkeeping fields)."""
-    skip = {"split", "step", "task", "n", "num_fewshot", "seconds", "truncated"}
+    skip = {"split", "step", "task", "n", "num_fewshot", "seconds", "graph_seconds", "truncated"}
     return {k: v for k, v in row.items() if k not in skip and not k.endswith("_stderr")
             and isinstance(v, (int, float))}

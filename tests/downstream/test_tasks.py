@@ -227,3 +227,19 @@ def test_a_standard_lm_eval_task_on_a_local_copy_of_its_data(tmp_path, micro_run
     assert main(["eval", micro_run, "--tasks", "xcopa_zh_local", "--include-path", str(folder), "--out", str(out)]) == 0
     doc = json.load(open(out))
     assert [(r["task"], r["metric"], r["n"]) for r in doc["rows"]] == [("xcopa_zh_local", "acc", 2)]
+
+
+def test_lm_eval_command_line_with_the_naohai_model(tmp_path, micro_run):
+    """`naohai lm-eval` is lm-eval's own command line (its flags, its output files) with --model naohai."""
+    import glob
+
+    folder = tmp_path / "tasks"
+    write_task(folder, "cli_probe", MC_YAML, MC_ROWS)
+    out = tmp_path / "out"
+    assert main(["lm-eval", "--model", "naohai", "--model_args", f"path={micro_run}", "--tasks", "cli_probe",
+                 "--include_path", str(folder), "--batch_size", "4", "--log_samples", "--output_path", str(out)]) == 0
+    [results] = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
+    assert glob.glob(str(out / "**" / "samples_cli_probe_*.jsonl"), recursive=True)
+    doc = json.load(open(results))
+    assert doc["results"]["cli_probe"]["acc,none"] in (0.0, 1 / 3, 2 / 3, 1.0)
+    assert doc["config"]["model"] == "naohai"
