@@ -87,6 +87,9 @@ def main(argv=None) -> int:
     as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["lm-eval"]:          # every later word is lm-eval's own (argparse cannot pass "--x" on)
+            from naohai.commands import harness
+            return int(harness.run(argparse.Namespace(args=argv[1:])) or 0)
         parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
