@@ -288,30 +288,11 @@ class TokenNLLNet(nn.Cell):
         return -self.squeeze(self.gather(logp, 2, self.expand(labels, -1)))
 
 
-class TokenScoreNet(nn.Cell):
-    """Wraps a model for downstream scoring: ``construct(input_ids [b, s], labels [b, s]) -> (nll [b, s]
-    float32, argmax [b, s] int32)``: ``-log p(label | inputs up to it)`` (softmax over the padded
-    vocabulary, as the model's loss) and the model's most likely next id at each position."""
-
-    def __init__(self, lm: NaohaiLM):
-        super().__init__(auto_prefix=False)
-        self.lm = lm
-        self.log_softmax = ops.LogSoftmax(-1)
-        self.gather = ops.GatherD()
-        self.expand = ops.ExpandDims()
-        self.squeeze = ops.Squeeze(-1)
-        self.argmax = ops.Argmax(-1, ms.int32)
-
-    def construct(self, input_ids, labels):
-        logp = self.log_softmax(self.lm.logits(input_ids))
-        nll = -self.squeeze(self.gather(logp, 2, self.expand(labels, -1)))
-        return nll, self.argmax(logp)
-
-
 class PackedScoreNet(nn.Cell):
     """Downstream scoring of packed rows through the explicit-bias step path: ``construct(input_ids [b, s],
     labels [b, s], positions [b, s], bias [b, 1 or heads, s, s]) -> (nll [b, s], argmax [b, s])`` as
-    :class:`TokenScoreNet`, but positions and attention come from the caller, so several requests can
+    ``-log p(label | inputs up to it)`` (softmax over the padded vocabulary, as the model's loss) and the
+    most likely next id at each position; positions and attention come from the caller, so several requests can
     share a row (block-diagonal ``bias``), each with its own positions."""
 
     def __init__(self, lm: NaohaiLM):

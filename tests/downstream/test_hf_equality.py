@@ -13,24 +13,9 @@ import pytest
 from naohai.cli import main
 from naohai.config import recipe_from_dict
 from naohai.train.job import start
-from tests.downstream.test_tasks import GEN_YAML, write_task
+from tests.downstream.test_tasks import GEN_YAML, MC_YAML as BASE_MC_YAML, write_task
 
-MC_YAML = """task: {name}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: label
-target_delimiter: " "
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-  - metric: acc_mutual_info
-"""
+MC_YAML = BASE_MC_YAML + "  - metric: acc_mutual_info\n"
 
 MC_ROWS = [{"context": "The for statement is used to", "choices": ["iterate over", "import the", "return a value"],
             "label": 0},
