@@ -80,7 +80,10 @@ def main():
     ap.add_argument("--masters", default="local[1],local[2],local[4]", help="--engine spark: Spark masters")
     ap.add_argument("--near-scale", type=int, default=0, help="--engine spark: near dedup on N generated documents")
     ap.add_argument("--keep", default=None, help="--engine spark: keep the corpus and outputs in this folder")
+    ap.add_argument("--job", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.job:
+        return run_job(args.job)
     if args.engine == "spark":
         return engines(args)
     cfg = CleanConfig()
@@ -192,8 +195,50 @@ def _load():
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def run_job(spec_path):
+    """Child process of :func:`engines`: one engine over the inputs; prints a JSON line (seconds per phase,
+    shuffle bytes) and, for Spark, waits for its JVM to end so that the parent's CPU count includes it."""
+    with open(spec_path) as fh:
+        spec = json.load(fh)
+    cfg = CleanConfig()
+    t = time.perf_counter()
+    timings, shuffled = {}, 0
+    if spec["engine"] == "local":
+        clean(spec["inputs"], spec["out"], cfg, workers=spec["workers"], progress=False)
+    else:
+        from pyspark import SparkContext
+
+        from naohai.data.spark_engine import clean_spark, spark_session
+        spark = spark_session(spec["master"])
+        timings["JVM start"] = time.perf_counter() - t
+        clean_spark(spec["inputs"], spec["out"], cfg, master=spec["master"], timings=timings)
+        shuffled = shuffle_bytes(spark.sparkContext)
+        spark.stop()
+        proc = SparkContext._gateway.proc
+        proc.stdin.close()
+        proc.wait()
+    print(json.dumps({"seconds": time.perf_counter() - t, "timings": timings, "shuffle": shuffled}))
+
+
+def _timed_job(spec, tmp):
+    """Wall seconds, CPU seconds (the child and every process it waited for) and the child's JSON line."""
+    import resource
+    import subprocess
+    path = os.path.join(tmp, "job.json")
+    with open(path, "w") as fh:
+        json.dump(spec, fh)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), "--job", path], capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if res.returncode:
+        raise SystemExit(res.stderr[-3000:])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def engines(args):
-    from naohai.data.spark_engine import clean_spark, spark_session
     tmp = args.keep or tempfile.mkdtemp()
     os.makedirs(tmp, exist_ok=True)
     try:
@@ -203,31 +248,26 @@ def engines(args):
         inputs = _write_files(docs, os.path.join(tmp, "in"), args.files)
         print(f"corpus: {len(docs)} documents, {nbytes / 1e6:.2f} MB in {args.files} files; {os.cpu_count()} cores; "
               f"{_load()}")
-        cfg = CleanConfig()
+        print("| engine | wall s | MB/s | CPU s (all processes) | MB per CPU-second | shuffle written | output | "
+              "phases (s) | load average after |")
+        print("|---|---|---|---|---|---|---|---|---|")
         ref = os.path.join(tmp, "out-local")
         shutil.rmtree(ref, ignore_errors=True)
-        t = time.perf_counter()
-        local = clean(inputs, ref, cfg, workers=args.workers, progress=False)
-        sec = time.perf_counter() - t
-        print(f"| local, {args.workers} workers | {sec:.1f} | {mbps(nbytes, sec):.3f} | "
-              f"{mbps(nbytes, sec) / args.workers:.3f} | - | - | {_load()} |")
+        wall, cpu, _ = _timed_job({"engine": "local", "inputs": inputs, "out": ref, "workers": args.workers}, tmp)
+        print(f"| local, {args.workers} workers | {wall:.1f} | {mbps(nbytes, wall):.3f} | {cpu:.1f} | "
+              f"{mbps(nbytes, cpu):.3f} | - | reference | - | {_load()} |", flush=True)
+        with open(os.path.join(ref, "report.json")) as fh:
+            local = json.load(fh)
         for master in args.masters.split(","):
             out = os.path.join(tmp, f"out-{master}")
             shutil.rmtree(out, ignore_errors=True)
-            cores = os.cpu_count() if master == "local[*]" else int(master[6:-1])
-            t = time.perf_counter()
-            spark = spark_session(master)
-            start = time.perf_counter() - t
-            timings = {}
-            report = clean_spark(inputs, out, cfg, master=master, timings=timings)
-            sec = time.perf_counter() - t
-            shuffled = shuffle_bytes(spark.sparkContext)
-            spark.stop()
-            same = _same(ref, out) and report == local
-            phases = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
-            print(f"| Spark {master} | {sec:.1f} (JVM start {start:.1f}) | {mbps(nbytes, sec):.3f} | "
-                  f"{mbps(nbytes, sec) / min(cores, os.cpu_count()):.3f} | {shuffled / 1e6:.1f} MB | "
-                  f"{'identical' if same else 'DIFFERENT'} | {phases}; {_load()} |")
+            wall, cpu, job = _timed_job({"engine": "spark", "master": master, "inputs": inputs, "out": out}, tmp)
+            with open(os.path.join(out, "report.json")) as fh:
+                same = _same(ref, out) and json.load(fh) == local
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in job["timings"].items())
+            print(f"| Spark {master} | {wall:.1f} | {mbps(nbytes, wall):.3f} | {cpu:.1f} | {mbps(nbytes, cpu):.3f} | "
+                  f"{job['shuffle'] / 1e6:.1f} MB | {'identical' if same else 'DIFFERENT'} | {phases} | {_load()} |",
+                  flush=True)
         print(f"kept {local['output']['documents']} of {local['read']['docs_in']} documents; exact dropped "
               f"{local['steps']['exact_dedup']['dropped']}, near dropped {local['steps']['near_dedup']['dropped']}")
     finally:
@@ -236,9 +276,11 @@ def engines(args):
 
 
 def _random_doc(rng, words, hanzi):
+    """Half English-like (40-80 words of a 20,000-word vocabulary), half Chinese-like (150-300 of 3,500
+    characters, a comma in twelve)."""
     if rng.random() < 0.5:
-        return " ".join(rng.choice(words) for _ in range(rng.randint(80, 160)))
-    return "".join(rng.choice(hanzi) if rng.random() > 0.08 else "，" for _ in range(rng.randint(250, 500)))
+        return " ".join(rng.choices(words, k=rng.randint(40, 80)))
+    return "".join(rng.choices(hanzi, k=rng.randint(150, 300)))
 
 
 def near_scale(args, tmp):
@@ -247,7 +289,7 @@ def near_scale(args, tmp):
     from tests.data.planted import edit_chars
     rng = random.Random(11)
     words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))) for _ in range(20000)]
-    hanzi = [chr(c) for c in range(0x4E00, 0x4E00 + 3500)]
+    hanzi = [chr(c) for c in range(0x4E00, 0x4E00 + 3500)] * 11 + ["，"] * 3500
     docs, cluster, rate = [], [], []
     while len(docs) < args.near_scale:
         base = _random_doc(rng, words, hanzi)

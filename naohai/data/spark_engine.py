@@ -52,7 +52,8 @@ from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_
 from naohai.errors import UserError
 
 STAGING = "spark"          # below .work: shards being written
-DRIVER_LINKS = 2_000_000   # up to this many near-duplicate links, their components are found on the driver
+_FAILED = "a step failed on the documents"
+DRIVER_LINKS = 1_000_000   # up to this many near-duplicate links, their components are found on the driver
 
 
 def _require_pyspark():
@@ -119,8 +120,7 @@ def _read_file(cfg: CleanConfig, item) -> Iterator[tuple]:
             texts = [k[0] for k in kept]
             sigs = dedup.signatures(texts, cfg.near_dedup) if cfg.near_dedup.enabled else [None] * len(kept)
         except Exception as exc:
-            raise RuntimeError(f"naohai data clean failed on the documents {batch[0][1]} .. {batch[-1][1]}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+            raise RuntimeError(f"{_FAILED} {batch[0][1]} .. {batch[-1][1]}: {type(exc).__name__}: {exc}") from exc
         for k, sig in zip(kept, sigs):
             yield "doc", (_line_pos(fi, k[1]), unit_record(*k, cfg), sig)
         yield "steps", ((fi, nbatch), {name: st.s.as_dict() for name, st in steps.items()})
@@ -281,10 +281,17 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
     staging = os.path.join(work, STAGING)
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
+    _Models(cfg)               # a missing language / classifier model or blocklist: one message, before Spark starts
     had = _active_session()
     spark = spark_session(master, conf)
     try:
         report = _run(spark.sparkContext, files, out_dir, staging, cfg, timings if timings is not None else {})
+    except Exception as exc:   # a step failed on a document: name the documents, keep nothing half-written
+        said = [ln.strip() for ln in str(exc).splitlines() if _FAILED in ln]
+        if not said:
+            raise
+        raise UserError(said[-1][said[-1].index(_FAILED):] + "; nothing was written to --out, and running again "
+                        "starts afresh", where=out_dir, key="--out") from None
     finally:
         if not had:
             spark.stop()

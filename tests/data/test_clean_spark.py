@@ -149,3 +149,34 @@ def test_driver_killed_mid_job_then_rerun_gives_the_same_output(corpus, tmp_path
     a, b = (json.load(open(d / "report.json")) for d in (out, tmp_path / "full"))
     assert a == b
     assert not staging.exists()
+
+
+@pytest.mark.slow
+def test_a_step_crashing_on_a_document_is_named_and_nothing_is_written(corpus, tmp_path):
+    """A fault injected into the executors' Python (a sitecustomize that makes the quality rules raise on one
+    document): the run exits 2 naming the documents by file and line, with no shard and no report."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import naohai.data.quality as q\n"
+        "_orig = q.quality_reason\n"
+        "def quality_reason(text, *a, **k):\n"
+        "    if 'CRASH-ME' in text:\n"
+        "        raise MemoryError('injected')\n"
+        "    return _orig(text, *a, **k)\n"
+        "q.quality_reason = quality_reason\n", encoding="utf-8")
+    docs = [d for d, k in zip(corpus.docs, corpus.kind) if k.startswith("base")][:40]
+    docs[7] = "CRASH-ME " + docs[7]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=f"{inject}{os.pathsep}{REPO}")
+    res = subprocess.run([sys.executable, "-m", "naohai.cli", "data", "clean", str(path), "--out", str(out),
+                          "--engine", "spark", "--master", "local[2]", "--no-progress"], env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "naohai: error:" in res.stderr              # naohai's paragraph comes after Spark's own task log
+    last = " ".join(res.stderr.rsplit("naohai: error:", 1)[1].split())
+    assert f"{path}:1 .. {path}:40" in last and "MemoryError: injected" in last and "--out" in last
+    assert "Py4JJavaError" not in res.stderr        # no driver traceback
+    assert not (out / "report.json").exists() and not output_files(out)
