@@ -181,7 +181,7 @@ def engine_corpus(size_mb: float, base_docs: int):
 
 def shuffle_bytes(sc):
     """Bytes written by shuffles over the Spark application so far (its status store)."""
-    stages = sc._jsc.sc().statusStore().stageList(None)
+    stages = sc._jsc.sc().statusStore().stageList(sc._jvm.java.util.ArrayList())   # empty: every stage
     return sum(stages.get(i).shuffleWriteBytes() for i in range(stages.size()))
 
 
@@ -201,6 +201,9 @@ def run_job(spec_path):
     with open(spec_path) as fh:
         spec = json.load(fh)
     cfg = CleanConfig()
+    if spec.get("dedup_only"):
+        for step in ("normalize", "language", "quality", "pii"):
+            getattr(cfg, step).enabled = False
     t = time.perf_counter()
     timings, shuffled = {}, 0
     if spec["engine"] == "local":
@@ -259,7 +262,7 @@ def engines(args):
         with open(os.path.join(ref, "report.json")) as fh:
             local = json.load(fh)
         for master in args.masters.split(","):
-            out = os.path.join(tmp, f"out-{master}")
+            out = os.path.join(tmp, "out-" + master.replace("[", "").replace("]", ""))
             shutil.rmtree(out, ignore_errors=True)
             wall, cpu, job = _timed_job({"engine": "spark", "master": master, "inputs": inputs, "out": out}, tmp)
             with open(os.path.join(out, "report.json")) as fh:
@@ -285,7 +288,6 @@ def _random_doc(rng, words, hanzi):
 
 def near_scale(args, tmp):
     """N documents: originals, and clusters of 1-3 near copies (1%, 3%, 5% of the letters changed)."""
-    from naohai.data.spark_engine import clean_spark, spark_session
     from tests.data.planted import edit_chars
     rng = random.Random(11)
     words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))) for _ in range(20000)]
@@ -307,28 +309,25 @@ def near_scale(args, tmp):
                 rate.append(r)
     nbytes = sum(len(d.encode()) for d in docs)
     inputs = _write_files(docs, os.path.join(tmp, "near-in"), args.files)
-    cfg = CleanConfig()
-    for step in ("normalize", "language", "quality", "pii"):
-        getattr(cfg, step).enabled = False
     print(f"near-scale corpus: {len(docs)} documents, {nbytes / 1e6:.1f} MB, {len(set(cluster))} clusters, "
-          f"{sum(r > 0 for r in rate)} planted near copies; {_load()}")
-    results = {}
-    t = time.perf_counter()
-    clean(inputs, os.path.join(tmp, "near-local"), cfg, workers=args.workers, progress=False)
-    results["local"] = time.perf_counter() - t
-    master = args.masters.split(",")[-1] if "," not in args.masters else "local[2]"
-    t = time.perf_counter()
-    spark = spark_session(master)
-    timings = {}
-    clean_spark(inputs, os.path.join(tmp, "near-spark"), cfg, master=master, timings=timings)
-    results["spark"] = time.perf_counter() - t
-    shuffled = shuffle_bytes(spark.sparkContext)
-    spark.stop()
+          f"{sum(r > 0 for r in rate)} planted near copies; {_load()}", flush=True)
+    master = args.masters.split(",")[0]
+    outs = {}
+    for engine in ("local", "spark"):
+        out = outs[engine] = os.path.join(tmp, f"near-{engine}")
+        shutil.rmtree(out, ignore_errors=True)
+        wall, cpu, job = _timed_job({"engine": engine, "master": master, "inputs": inputs, "out": out,
+                                     "workers": args.workers, "dedup_only": True}, tmp)
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in job["timings"].items())
+        print(f"{engine if engine == 'local' else 'Spark ' + master}: wall {wall:.1f} s, CPU {cpu:.1f} s"
+              + (f", shuffle written {job['shuffle'] / 1e6:.1f} MB ({phases})" if engine == "spark" else "")
+              + f"; {_load()}", flush=True)
     from naohai.data.clean import output_files
-    kept = {json.loads(line)["id"] for p in output_files(os.path.join(tmp, "near-spark")) for line in open(p)}
-    print(f"local engine {args.workers} workers: {results['local']:.1f} s; Spark {master}: {results['spark']:.1f} s "
-          f"({', '.join(f'{k} {v:.1f} s' for k, v in timings.items())}); shuffle written {shuffled / 1e6:.1f} MB; "
-          f"outputs {'identical' if _same(os.path.join(tmp, 'near-local'), os.path.join(tmp, 'near-spark')) else 'DIFFERENT'}")
+    reports = [json.load(open(os.path.join(outs[e], "report.json"))) for e in ("local", "spark")]
+    same = _same(outs["local"], outs["spark"]) and reports[0] == reports[1]
+    print(f"shards and report {'identical' if same else 'DIFFERENT'}; near dedup dropped "
+          f"{reports[0]['steps']['near_dedup']['dropped']}, exact {reports[0]['steps']['exact_dedup']['dropped']}")
+    kept = {json.loads(line)["id"] for p in output_files(outs["spark"]) for line in open(p)}
     members = {}
     for i, c in enumerate(cluster):
         members.setdefault(c, []).append(i)

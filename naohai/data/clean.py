@@ -490,7 +490,7 @@ def make_report(files, cfg: CleanConfig, read: StepStats, problems: "_Problems",
         "steps": {name: ({**steps[name].as_dict(), "enabled": True} if enabled[name] else {"enabled": False})
                   for name in STEPS},
         "output": {"documents": written, "shards": shards,
-                   "bytes": sum(os.path.getsize(p) for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")))},
+                   "bytes": sum(os.path.getsize(p) for p in output_files(out_dir))},
         "perplexity": ({"model": model, "max": cfg.perplexity.max, "quantiles": _quantiles(scored)}
                        if model is not None else None),
         "lsh": ({"bands": dedup.lsh_params(cfg.near_dedup)[0], "rows": dedup.lsh_params(cfg.near_dedup)[1]}
@@ -542,7 +542,7 @@ def drop_warnings(report: Dict[str, Any]) -> List[str]:
 
 def output_files(out_dir: str) -> List[str]:
     """The cleaned shards of a finished run, in order."""
-    return sorted(glob.glob(os.path.join(out_dir, "part-*.jsonl")))
+    return sorted(glob.glob(os.path.join(glob.escape(out_dir), "part-*.jsonl")))
 
 
 def report_table(report: Dict[str, Any]) -> str:

@@ -66,7 +66,7 @@ def _is_number(s: str) -> bool:
 
 def source_files(path: str) -> List[str]:
     if os.path.isdir(path):
-        files = sorted(glob.glob(os.path.join(path, "part-*.jsonl")))
+        files = sorted(glob.glob(os.path.join(glob.escape(path), "part-*.jsonl")))
         if not files:
             raise UserError("holds no part-*.jsonl (is it a `naohai data clean` output?)", where=path)
         return files

@@ -46,7 +46,7 @@ def atomic_write_text(path: str, text: str) -> None:
 
 def remove_outputs(out_dir: str) -> None:
     """Delete a run's shards (``part-*.jsonl``, gzipped too) and its report."""
-    for p in glob.glob(os.path.join(out_dir, "part-*.jsonl*")) + [os.path.join(out_dir, REPORT)]:
+    for p in glob.glob(os.path.join(glob.escape(out_dir), "part-*.jsonl*")) + [os.path.join(out_dir, REPORT)]:
         if os.path.exists(p):
             os.remove(p)
 

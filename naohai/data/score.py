@@ -305,7 +305,8 @@ def score(inputs: Sequence[str], out_dir: str, lm: LM, settings: ScoreSettings, 
                   "kept_perplexity": quantiles(ppl[np.isfinite(ppl) & (ppl <= (limit if limit is not None
                                                                                    else np.inf))])},
         "output": {"documents": stats["kept"], "shards": shards,
-                   "bytes": sum(os.path.getsize(p) for p in glob.glob(os.path.join(out_dir, "part-*.jsonl")))},
+                   "bytes": sum(os.path.getsize(p)
+                                for p in glob.glob(os.path.join(glob.escape(out_dir), "part-*.jsonl")))},
     }
     atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
     return report

@@ -243,3 +243,12 @@ def test_a_step_dropping_most_of_its_input_warns_naming_the_setting(corpus, tmp_
     cfg.quality.min_words = 10
     report = clean([str(tmp_path / "in.jsonl")], str(tmp_path / "o2"), cfg, workers=1, progress=False)
     assert report["warnings"] == []
+
+
+def test_an_output_folder_named_with_glob_characters(corpus, tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", corpus.docs[:30])
+    out = tmp_path / "out-local[2]"
+    report = clean([str(tmp_path / "in.jsonl")], str(out), dedup_only(), workers=1, progress=False)
+    shards = sorted(p for p in os.listdir(out) if p.startswith("part-"))
+    assert shards and output_files(out) == [str(out / p) for p in shards]
+    assert report["output"]["bytes"] == sum(os.path.getsize(out / p) for p in shards) > 0
