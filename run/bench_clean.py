@@ -181,8 +181,10 @@ def engine_corpus(size_mb: float, base_docs: int):
 
 def shuffle_bytes(sc):
     """Bytes written by shuffles over the Spark application so far (its status store)."""
-    stages = sc._jsc.sc().statusStore().stageList(sc._jvm.java.util.ArrayList())   # empty: every stage
-    return sum(stages.get(i).shuffleWriteBytes() for i in range(stages.size()))
+    store = sc._jsc.sc().statusStore()
+    defaults = [getattr(store, f"stageList$default${i}")() for i in (2, 3, 4, 5)]
+    stages = store.stageList(sc._jvm.java.util.ArrayList(), *defaults)   # no status filter: every stage
+    return sum(stages.apply(i).shuffleWriteBytes() for i in range(stages.size()))
 
 
 def _same(a, b):
