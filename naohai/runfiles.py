@@ -30,10 +30,21 @@ LOCK_NAME = ".naohai.lock"
 _HELD: Dict[str, int] = {}   # realpath of a locked folder -> open fd (kept open: the lock lives with it)
 
 
+_CREATED: set = set()   # folders check_writable created in this process (a failed start may remove them)
+
+
+def created_here(folder: str) -> bool:
+    """Whether :func:`check_writable` created ``folder`` in this process."""
+    folder = os.path.abspath(folder)
+    return os.path.realpath(os.path.dirname(folder)) + os.sep + os.path.basename(folder) in _CREATED
+
+
 def check_writable(folder: str, *, key: Optional[str] = None) -> str:
     """Create ``folder`` (and parents) if needed and prove a file can be written in it; returns its
     absolute path.  Raises :class:`UserError` (exit 2) naming the folder and the reason."""
     folder = os.path.abspath(folder)
+    if not os.path.exists(folder):
+        _CREATED.add(os.path.realpath(os.path.dirname(folder)) + os.sep + os.path.basename(folder))
     probe_parent = folder
     while not os.path.exists(probe_parent):
         probe_parent = os.path.dirname(probe_parent)

@@ -24,7 +24,7 @@ import mindspore as ms
 from naohai.checkpoint.store import CheckpointStore
 from naohai.config import Recipe
 from naohai.errors import UserError
-from naohai.runfiles import check_writable, lock_folder
+from naohai.runfiles import check_writable, created_here, lock_folder
 from naohai.strategy import apply as strategy_apply
 from naohai.train.builder import build
 from naohai.train.callbacks import ConsoleLog, LossPlot, MetricsFiles
@@ -205,12 +205,11 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     writer_log = log if runtime.is_writer else (lambda *_: None)
     comm = strategy_apply.HostComm(runtime)
     out = recipe.train.output_dir
-    fresh = not os.path.exists(out)
     claim_output_dir(out, runtime, comm, where=recipe.source)
     try:
         prepared_dir = prepare_data(recipe, runtime, comm, writer_log, progress and runtime.is_writer)
     except UserError:
-        if fresh and runtime.rank == 0:
+        if created_here(out) and runtime.rank == 0:
             _remove_unused_folder(out)
         raise
     recipe = adopt_token_ids(recipe, prepared_dir, writer_log)
