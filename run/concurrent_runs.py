@@ -1,8 +1,9 @@
-"""Concurrency drill (not a unit test): two `naohai train` on one output folder, many times.
+"""Concurrency drill (not a unit test): two `naohai train` (or, with --launch, two 2-worker
+`naohai launch`) on one output folder, many times.
 
 Usage:
   python run/concurrent_runs.py [--tries 20] [--max-offset 2.0] [--seed 0] [--workdir DIR]
-                                [--prepared DIR --tokenizer FILE]
+                                [--prepared DIR --tokenizer FILE] [--launch]
 
 Each try starts two identical jobs on a fresh folder, the second after a random offset in
 [0, --max-offset] seconds (either may reach the lock first).  Exactly one must run (exit 0)
@@ -27,12 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "run"))
 
-from kill_resume import losses, write_recipe  # noqa: E402  (the same micro recipe and metrics reader)
+from kill_resume import command, losses, write_recipe  # noqa: E402  (the same micro recipe, commands, metrics)
+
+LAYOUT = "standalone"     # --launch: "launch" (naohai launch, 2 data-parallel workers through msrun)
 
 
 def _start(recipe: Path, env):
-    return subprocess.Popen([sys.executable, "-m", "naohai.cli", "train", str(recipe)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), time.time()
+    argv = command(recipe, LAYOUT, recipe.parent / f"{recipe.stem}-logs-{time.time_ns()}")
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True), time.time()
 
 
 def main(argv=None) -> int:
@@ -44,7 +48,10 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir")
     ap.add_argument("--prepared")
     ap.add_argument("--tokenizer")
+    ap.add_argument("--launch", action="store_true", help="both jobs are `naohai launch` with 2 workers")
     args = ap.parse_args(argv)
+    global LAYOUT
+    LAYOUT = "launch" if args.launch else "standalone"
     from naohai.checkpoint import store
     work = Path(args.workdir or tempfile.mkdtemp(prefix="naohai-concurrent-")).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -52,13 +52,18 @@ def run(args) -> int:
 
     from naohai.config import load_recipe
     from naohai.launch.devices import check_machine, worker_count
-    from naohai.launch.preflight import preflight   # MindSpore: imported when a launch runs, not for --help
+    from naohai.runfiles import lock_folder
 
     workers = worker_count(args.strategy, args.devices_per_node, args.nodes)
+    output_dir = load_recipe(args.recipe, list(args.overrides)).train.output_dir
+    if not args.dry_run and args.node_rank == 0:
+        # the run folder belongs to this launch for its whole life: a second launch (or train) on it exits 2
+        # naming this process; the workers msrun starts below are its descendants and share the lock
+        lock_folder(output_dir, "training run", key="train.output_dir")
+    from naohai.launch.preflight import preflight   # MindSpore: imported once the folder is ours, not for --help
     # validate recipe + strategy and refuse a layout this device cannot run, before any worker starts
     device = preflight(args.recipe, list(args.overrides), args.strategy, args.device, args.dry_run)
-    log_dir = args.log_dir or os.path.join(load_recipe(args.recipe, list(args.overrides)).train.output_dir,
-                                           "msrun_logs")
+    log_dir = args.log_dir or os.path.join(output_dir, "msrun_logs")
     if not args.dry_run:
         check_machine(workers // max(1, args.nodes), device, args.oversubscribe, print)
     plan = MsrunPlan(recipe=args.recipe, strategy=args.strategy, workers=workers, nodes=args.nodes,

@@ -185,3 +185,26 @@ def test_machine_check_warns_and_refuses():
     check_machine(64, "CPU", True, warned.append, resources=(2, 23 * gib))
     assert "WARNING (--oversubscribe): 64 CPU workers on 2 cores" in warned[-1]
     check_machine(64, "Ascend", False, warned.append, resources=(2, 1 * gib))    # accelerators: not counted here
+
+
+def test_a_launch_on_a_folder_another_job_holds_exits_2_before_any_worker(tmp_path, capsys, monkeypatch):
+    """The launcher takes the run folder's lock itself (its msrun workers share it as descendants): a
+    second launch on the folder exits 2 naming the holder, and msrun is never started."""
+    import subprocess
+    import sys
+    import naohai.commands.launch as launch_command
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                               "from naohai.runfiles import lock_folder; lock_folder(sys.argv[2], 'x'); "
+                               "print('held', flush=True); time.sleep(60)", str(ROOT), str(out)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(launch_command, "run_msrun", lambda *a, **k: pytest.fail("msrun started"))
+        code = main(["launch", "tiny", "train.micro_batch_size=8", f"train.output_dir={out}", "--strategy",
+                     str(ROOT / "strategies" / "tiny-dp2.yaml")])
+        err = " ".join(capsys.readouterr().err.split())
+        assert code == 2 and f"pid {holder.pid}" in err and "train.output_dir" in err and "Traceback" not in err
+    finally:
+        holder.kill()
+        holder.wait()
