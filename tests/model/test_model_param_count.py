@@ -30,10 +30,18 @@ def generic_formula(c):
     mult = c.get("vocab_pad_multiple", 128)
     vocab = -(-c["vocab_size"] // mult) * mult
     positions = c.get("max_positions") or c["seq_length"]
-    attn = 2 * h * nh * hd + 2 * h * nkv * hd + (bias and (nh * hd + 2 * nkv * hd + h))
+    def part_bias(key):      # a per-part bias switch left out (None) follows `bias`
+        value = c.get(key)
+        return bias if value is None else value
+    attn = 2 * h * nh * hd + 2 * h * nkv * hd
+    attn += (nh * hd + 2 * nkv * hd) if part_bias("qkv_bias") else 0
+    attn += h if part_bias("out_bias") else 0
     swiglu = c.get("activation", "swiglu") == "swiglu"
-    ffn = (3 if swiglu else 2) * h * f + (bias and ((2 if swiglu else 1) * f + h))
-    total = L * (attn + ffn + 2 * norm) + norm + vocab * h
+    ffn = (3 if swiglu else 2) * h * f + (((2 if swiglu else 1) * f + h) if part_bias("mlp_bias") else 0)
+    # a sequential block norms before attention and before the MLP; a parallel block (x + attn(n1 x) +
+    # mlp(n2 x)) has parallel_norms of them: Falcon-7B feeds one norm to both branches
+    norms = c.get("parallel_norms", 2) if c.get("block", "sequential") == "parallel" else 2
+    total = L * (attn + ffn + norms * norm) + norm + vocab * h
     total += positions * h if c.get("position", "rope") == "learned" else 0
     total += positions * h if c.get("query_layer", False) else 0
     total += norm if c.get("embedding_norm", False) else 0
