@@ -44,9 +44,7 @@ NOT_RUN = {
 
 #: commands that fail as the README writes them today, by expression, and how: they are run and must
 #: still fail, so the line that fixes one also removes it from here (strict, like an xfail)
-KNOWN_FAILING = {
-    r"^naohai lm-eval --model naohai ": "exit 2: 'unrecognized arguments: --model' (2026-11-25, main + firsthour)",
-}
+KNOWN_FAILING: dict = {}   # none today (the `naohai lm-eval --model ...` line was mended in f1fd4f6)
 
 
 def _pydoc_documents():

@@ -26,6 +26,7 @@ from naohai.data.loader import TokenWindowLoader
 from naohai.strategy.apply import Runtime
 from naohai.train.builder import StepResult
 from naohai.train.callbacks import ConsoleLog, MetricsFiles
+from naohai.train.job import run_identity
 from naohai.train.loop import Trainer
 from tests.conftest import micro_recipe
 
@@ -164,7 +165,7 @@ def _run_ranks(recipe, prepared, max_steps, resume):
         built = StandInBuilt(runtime, rank_comm, steps, params)
         store = CheckpointStore(t.output_dir, rank, WORLD, writes=True, all_ok=rank_comm.all_ok,
                                 keep_last=10)
-        manifest = {"recipe": recipe.to_dict(), "seed": t.seed,
+        manifest = {"recipe": recipe.to_dict(), "seed": t.seed, "identity": run_identity(recipe, prepared),
                     "layout": {"signature": "sharded-test", "describe": "stand-in dp2 x mp2 x pp2",
                                "ranks_with_files": list(range(WORLD))}}
         log = logs[rank].append
@@ -288,7 +289,8 @@ def test_resume_reshards_a_full_checkpoint_for_a_pipeline_layout(tmp_path, micro
         rank_comm = comm.bind(rank)
         built = StandInBuilt(runtime, rank_comm, steps, params)
         store = CheckpointStore(str(run), rank, WORLD, all_ok=rank_comm.all_ok)
-        manifest = {"recipe": recipe.to_dict(), "seed": 0, "layout": layout}
+        manifest = {"recipe": recipe.to_dict(), "seed": 0, "layout": layout,
+                    "identity": run_identity(recipe, prepared)}
         trainers[rank] = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=logs[rank].append)
 
     def body(rank):
