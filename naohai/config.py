@@ -149,6 +149,9 @@ class TrainConfig:
     keep_every: int = 0              # ... and every checkpoint whose step is a multiple of this (0 = none)
     async_save: bool = False         # write checkpoint files in the background while training goes on
     output_dir: str = "runs/default"
+    init_from: Optional[str] = None  # start from these model weights (a run, a checkpoint or a model folder):
+    #                                  fresh optimizer, step 0, data from the start; a run that has its own
+    #                                  checkpoints resumes from them instead
     device: str = "auto"             # auto | CPU | GPU | Ascend (auto: Ascend, else GPU, else CPU)
     device_profile: Optional[str] = None  # planner profile for the MFU peak; None = detect on Ascend
     device_peak_tflops: Optional[float] = None  # MFU denominator per device; None = profile / measured on CPU

@@ -14,7 +14,6 @@ generated tokens) are applied before it.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
@@ -196,58 +195,19 @@ class CachedDecoder:
         return out
 
 
-def load_model(checkpoint: str, verify: bool = True):
-    """(recipe, NaohaiLM with the checkpoint's weights, checkpoint folder or None, step or None): an
-    imported model folder, or a trained run (its checkpoint's sizes and SHA-256 verified first;
-    ``verify=False`` checks sizes only).
-
-    The one place generation reads weights, so the trainer's checkpoint store can replace it.
-    """
-    from naohai.config import recipe_from_dict
-    from naohai.convert.model_dir import is_model_dir, load_model_dir
-    from naohai.convert.weights import assign_weights
-    from naohai.model.transformer import NaohaiLM
-
-    if is_model_dir(checkpoint):
-        recipe, weights = load_model_dir(checkpoint)
-        model = NaohaiLM(recipe.model, seed=0)
-        assign_weights(model, weights, where=checkpoint)
-        return recipe, model, None, None
-    from naohai.checkpoint import store as ckpt
-    path = ckpt.resolve_checkpoint(checkpoint)
-    state = ckpt.read_manifest(path)
-    recipe = recipe_from_dict(state["recipe"], where=os.path.join(path, ckpt.MANIFEST))
-    model = NaohaiLM(recipe.model, seed=0)
-    ckpt.load_weights(path, list(model.get_parameters()), hash_files=verify)
-    return recipe, model, path, int(state.get("step", 0))
-
-
-def tokenizer_path(recipe, checkpoint: str, path: Optional[str]) -> str:
-    """The tokenizer of a model from :func:`load_model`: the recipe's, else the one beside the run or
-    imported model (``tokenizer.model`` or ``tokenizer.json``; a checkpoint is
-    ``<run>/checkpoints/step_N``), else the recipe's default place."""
-    from naohai.data.pipeline import default_tokenizer_path
-
-    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path))) if path else checkpoint
-    if recipe.data.tokenizer and os.path.exists(recipe.data.tokenizer):
-        return recipe.data.tokenizer
-    for name in ("tokenizer.model", "tokenizer.json"):     # beside the run / the imported model
-        if os.path.exists(os.path.join(run_dir, name)):
-            return os.path.join(run_dir, name)
-    return default_tokenizer_path(recipe)
-
-
 class Generator:
     def __init__(self, checkpoint: str, device: Optional[str] = None, verify: bool = True):
         import mindspore as ms
 
+        from naohai.checkpoint.weights import load_model
         from naohai.data.tokenizer import Tokenizer
         from naohai.train.device import resolve_device
 
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
-        recipe, self.model, path, self.step = load_model(checkpoint, verify=verify)
-        self.tokenizer = Tokenizer.load(tokenizer_path(recipe, checkpoint, path))
+        found, self.model = load_model(checkpoint, verify=verify)
+        recipe, self.step = found.recipe, found.step
+        self.tokenizer = Tokenizer.load(found.tokenizer_file())
         self.cfg = recipe.model
         self.model.set_train(False)
         self.decoder = CachedDecoder(self.model, self.cfg, pad_id=self.tokenizer.pad_id)

@@ -495,15 +495,3 @@ def load_into(path: str, files: Sequence[str], params: Sequence[ms.Parameter],
     if required:
         raise UserError(f"the checkpoint lacks {len(required)} parameters, e.g. {required[:3]}", where=path)
     return missing
-
-
-def load_weights(path: str, params: Sequence[ms.Parameter], hash_files: bool = True) -> Dict[str, Any]:
-    """Load full model weights (e.g. for generation) from a checkpoint folder after verifying it;
-    returns its manifest."""
-    man = read_manifest(path)
-    if (man.get("layout") or {}).get("signature") != "full":
-        raise UserError(f"holds per-rank slices of a {(man.get('layout') or {}).get('describe')} layout; merge it "
-                        f"into full tensors first: naohai ckpt merge {path} --out DIR", where=path)
-    verified(path, [rank_file(0)], hash_files=hash_files)
-    load_into(path, [rank_file(0)], params)
-    return man

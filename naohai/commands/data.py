@@ -152,7 +152,7 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
     from naohai.data.score import LM
     from naohai.data.tokenizer import Tokenizer
     from naohai.evaluate import token_nll_fn
-    from naohai.generate import load_model, tokenizer_path
+    from naohai.checkpoint.weights import load_model
     from naohai.train.device import resolve_device
 
     if not os.path.exists(model):
@@ -163,9 +163,10 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
                         where=where or "command line", key=keys[1])
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(resolve_device(device, where=where or "command line", key=keys[2]))
-    recipe, net, path, step = load_model(model)
+    found, net = load_model(model)
+    recipe, path, step = found.recipe, found.checkpoint, found.step
     net.set_train(False)
-    tok_path = tokenizer or tokenizer_path(recipe, model, path)
+    tok_path = tokenizer or found.tokenizer_file()
     if not os.path.isfile(tok_path):
         raise UserError(f"the tokenizer of {model}, {tok_path}, does not exist; give it", where=where or model,
                         key=keys[1])

@@ -1,6 +1,6 @@
 """`naohai eval MODEL (--ids FILE.npy | --text FILE | --tasks T1,T2) ...`: loss / perplexity, or downstream tasks.
 
-The model is read by :func:`naohai.generate.load_model`: a run folder (its newest
+The model is read by :func:`naohai.checkpoint.weights.load_model`: a run folder (its newest
 checkpoint), one checkpoint folder of a run, or an imported model folder
 (``naohai ckpt import``).  ``--tasks`` runs lm-evaluation-harness tasks through naohai's
 backend (:mod:`naohai.downstream`): ``--num-fewshot``, ``--limit``, ``--include-path`` (folders
@@ -72,7 +72,7 @@ def run(args) -> int:
 
     from naohai.errors import UserError
     from naohai.evaluate import evaluate, windows_of
-    from naohai.generate import load_model, tokenizer_path
+    from naohai.checkpoint.weights import load_model
     from naohai.train.device import resolve_device
 
     if args.batch is not None and args.batch <= 0:
@@ -82,9 +82,10 @@ def run(args) -> int:
     ids = _read_ids(args.ids) if args.ids else None
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(resolve_device(args.device, where="command line", key="--device"))
-    recipe, model, path, _step = load_model(args.model)
+    found, model = load_model(args.model)
+    recipe = found.recipe
     if ids is None:
-        ids = _ids_from_text(args.text, tokenizer_path(recipe, args.model, path))
+        ids = _ids_from_text(args.text, found.tokenizer_file())
     windows = windows_of(ids, recipe.model, args.ids or args.text)
     model.set_train(False)
     result = evaluate(model, recipe.model, windows, args.batch or 8)

@@ -14,7 +14,7 @@ one shape).
 
 The model is an argument (:class:`LM`: an NLL function over id windows plus the token
 ids), so this module holds no model code; ``naohai data score`` builds it from a
-checkpoint (:func:`naohai.generate.load_model`, :func:`naohai.evaluate.token_nll_fn`).
+checkpoint (:func:`naohai.checkpoint.weights.load_model`, :func:`naohai.evaluate.token_nll_fn`).
 
 How it runs, in the manner of :mod:`naohai.data.clean`
     Pass 1 streams the inputs (:mod:`~naohai.data.reader`) in units of ``unit_docs``

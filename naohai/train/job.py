@@ -238,10 +238,17 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
 
 def train(recipe: Recipe, resolved=None, *, resume: bool = True, resume_from: Optional[str] = None,
           **kwargs) -> TrainResult:
-    """Start, resume (unless told not to), run."""
+    """Start, resume (unless told not to) or else start from ``train.init_from``'s weights, run."""
     trainer = start(recipe, resolved, **kwargs)
+    resumed = False
     if resume or resume_from:
-        trainer.resume(resume_from)
+        resumed = trainer.resume(resume_from)
     else:
         trainer.start_over()
+    if recipe.train.init_from:
+        if resumed:
+            trainer.log(f"train.init_from ({recipe.train.init_from}) not used: this run resumed from its own "
+                        f"checkpoint")
+        else:
+            trainer.init_from(recipe.train.init_from)
     return trainer.run()

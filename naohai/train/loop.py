@@ -116,12 +116,12 @@ class Trainer:
             return [ckpt_store.rank_file(self.runtime.rank)]
         return [ckpt_store.rank_file(0)]
 
-    def _reshard(self, chosen: str, man: Dict[str, Any]) -> str:
-        """Rank 0 writes ``chosen`` for this run's layout (strategy files of this run's own compile);
-        every rank then loads from the result."""
+    def _reshard(self, chosen: str, man: Dict[str, Any], folder: str = "resharded") -> str:
+        """Rank 0 writes ``chosen`` for this run's layout (strategy files of this run's own compile) into
+        ``<run>/<folder>/``; every rank then loads from the result."""
         from naohai.checkpoint.reshard import reshard_checkpoint
         mine = self.manifest["layout"]
-        out = os.path.join(self.out, "resharded", f"{os.path.basename(chosen)}-{mine['signature']}")
+        out = os.path.join(self.out, folder, f"{os.path.basename(chosen)}-{mine['signature']}")
         error = None
         if self.runtime.rank == 0 and not os.path.exists(out):
             self.log(f"checkpoint {chosen} was written by another layout ({(man.get('layout') or {}).get('describe')}); "
@@ -165,6 +165,43 @@ class Trainer:
             if dest:
                 self.log(f"--no-resume: the previous run's files are kept in {dest}")
         self.comm.barrier()
+
+    def init_from(self, path: str) -> None:
+        """Start from the model weights at ``path`` (``train.init_from``): a run folder (its newest
+        checkpoint), a checkpoint folder, an imported model folder or any source registered with
+        :mod:`naohai.checkpoint.weights`.  Weights only: the optimizer state, the step guard, the step
+        (0) and the data position (the start) stay fresh.  A checkpoint of another layout is resharded
+        for this one as on resume; any other source is first written as one full checkpoint."""
+        from naohai.checkpoint import weights as ckpt_weights
+        from naohai.model.params import param_shapes
+        where = self.recipe.source or "recipe"
+        self.steps.compile()      # semi-auto parameters are sliced by the compile: load after it
+        self.comm.barrier()
+        try:
+            found = ckpt_weights.find_weights(path)
+        except UserError as exc:
+            raise UserError(exc.message, where=exc.where, key="train.init_from") from None
+        ckpt_weights.check_fits(found, self.recipe, where)
+        chosen, error = found.checkpoint, None
+        if chosen is None:
+            chosen = os.path.join(self.out, "init", os.path.basename(os.path.normpath(found.path)) + "-full")
+            if self.runtime.rank == 0:
+                try:
+                    ckpt_weights.write_full_checkpoint(found, chosen, {"seed": self.recipe.train.seed})
+                except UserError as exc:
+                    error = exc
+            if not self.comm.all_ok(error is None):
+                raise error or UserError("rank 0 could not read the weights (see its log)", where=path,
+                                         key="train.init_from")
+        man = ckpt_store.read_manifest(chosen)
+        source = chosen if self._same_layout(man) else self._reshard(chosen, man, folder="init")
+        names = {p.name for p in param_shapes(self.recipe.model)}
+        params = [p for p in self.built.saved_params() if p.name in names]
+        ckpt_store.load_into(source, self._needed_files(ckpt_store.read_manifest(source)), params,
+                             optional=self.built.optional_in_checkpoint)
+        self.log(f"initialised from {found.describe()}: {len(names)} model tensors"
+                 f"{'' if source == chosen else f' (resharded for this layout: {source})'}; "
+                 f"optimizer state fresh, step 0, data from the start")
 
     def save(self, wait: bool = False) -> Optional[str]:
         """Checkpoint the current step.  With ``train.async_save`` the files are written in the

@@ -99,7 +99,7 @@ def test_export_refuses_a_checkpoint_that_does_not_verify(copy, tmp_path, capsys
 
 def test_merge_and_generate_refuse_a_corrupted_checkpoint(copy, tmp_path, capsys):
     from naohai.errors import UserError
-    from naohai.generate import load_model
+    from naohai.checkpoint.weights import load_model
     _flip(copy / "rank_0.ckpt")
     assert main(["ckpt", "merge", str(copy), "--out", str(tmp_path / "merged")]) == 2
     assert "SHA-256" in _err(capsys) and not (tmp_path / "merged").exists()

@@ -25,8 +25,9 @@ def built(tmp_path_factory):
 
 def _naohai_logits(folder, ids):
     from mindspore import Tensor
-    from naohai.generate import load_model
-    recipe, model, _, _ = load_model(folder)
+    from naohai.checkpoint.weights import load_model
+    found, model = load_model(folder)
+    recipe = found.recipe
     model.set_train(False)
     return recipe, model.logits(Tensor(ids.astype(np.int32))).asnumpy()
 

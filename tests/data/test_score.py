@@ -131,7 +131,7 @@ def test_perplexity_is_exp_mean_nll_from_the_model_logits(trained, tmp_path):
     import mindspore as ms
     from mindspore import Tensor
 
-    from naohai.generate import load_model
+    from naohai.checkpoint.weights import load_model
 
     run, tok_path = trained
     tok = Tokenizer.load(tok_path)
@@ -144,7 +144,8 @@ def test_perplexity_is_exp_mean_nll_from_the_model_logits(trained, tmp_path):
     got = _read_out(tmp_path / "out")[0]["naohai"]["perplexity"]
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    recipe, model, _, _ = load_model(run)
+    found, model = load_model(run)
+    recipe = found.recipe
     cfg = recipe.model
     assert cfg.loss_pad_id == tok.eod_id
     seq = np.array([tok.eod_id] + ids + [tok.eod_id])

@@ -1,0 +1,199 @@
+"""Model weights from wherever they are: one entry point, one reader per kind of source.
+
+:func:`find_weights(path) <find_weights>` asks each registered source in turn whether
+``path`` is one of its kind; the first that says yes opens it.  The sources shipped:
+
+* ``checkpoint``: a naohai checkpoint folder (``manifest.json``), or a run folder (its
+  newest checkpoint);
+* ``model folder``: an imported model (``naohai ckpt import``: ``model.ckpt`` +
+  ``recipe.yaml``).
+
+Another kind (a Hugging Face folder, ...) is one function that returns :class:`Weights`,
+added with :func:`register_source`.  Every reader answers with the recipe the weights
+belong to and, when asked (:meth:`Weights.tensors`), the model's full float32 tensors by
+naohai parameter name: a checkpoint of a sharded layout is merged first, optimizer
+moments and step state are left out.
+
+``naohai generate``, ``naohai eval`` and ``naohai data score`` read through
+:func:`load_model`; ``train.init_from`` through :func:`find_weights` (naohai checkpoints
+are resharded straight to the run's layout, as on resume; other sources are written as
+one full checkpoint first, :func:`write_full_checkpoint`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from naohai.checkpoint import store
+from naohai.checkpoint.files import sha256_file, write_json
+from naohai.config import Recipe, recipe_from_dict
+from naohai.errors import UserError
+
+
+@dataclass
+class Weights:
+    """One source of model weights: what it is, the recipe of its model, how to read its tensors."""
+
+    kind: str                                        # "checkpoint", "model folder", ...
+    path: str                                        # the folder read (a run resolves to its checkpoint)
+    recipe: Recipe                                   # the model (and run) the weights belong to
+    read: Callable[[], Dict[str, np.ndarray]]        # full float32 tensors by naohai parameter name
+    step: Optional[int] = None                       # training step of a checkpoint
+    checkpoint: Optional[str] = None                 # the naohai checkpoint folder, when it is one
+
+    def tensors(self) -> Dict[str, np.ndarray]:
+        return self.read()
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.path}" + (f" (step {self.step})" if self.step is not None else "")
+
+    def tokenizer_file(self) -> str:
+        """The tokenizer of this model: the recipe's ``data.tokenizer``, else ``tokenizer.model`` or
+        ``tokenizer.json`` in the run folder (a checkpoint being ``<run>/checkpoints/step_N``) or in the
+        model folder, else the recipe's default place."""
+        from naohai.data.pipeline import default_tokenizer_path
+        folder = os.path.dirname(os.path.dirname(os.path.abspath(self.checkpoint))) if self.checkpoint else self.path
+        if self.recipe.data.tokenizer and os.path.exists(self.recipe.data.tokenizer):
+            return self.recipe.data.tokenizer
+        for name in ("tokenizer.model", "tokenizer.json"):
+            if os.path.exists(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+        return default_tokenizer_path(self.recipe)
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    accepts: Callable[[str], bool]      # is ``path`` of this kind?
+    open: Callable[[str, bool], Weights]  # (path, verify): read its recipe (tensors later, on demand)
+    what: str                           # one phrase for the error listing what a path may be
+
+
+_SOURCES: List[Source] = []
+
+
+def register_source(kind: str, accepts: Callable[[str], bool], open: Callable[[str, bool], Weights],
+                    what: str) -> None:
+    """Add a kind of weight source; it is asked after the ones registered before it.  ``open(path, verify)``
+    reads what the weights belong to; ``verify`` False skips the content hashes a source may check."""
+    if any(s.kind == kind for s in _SOURCES):
+        raise ValueError(f"weight source '{kind}' is already registered")
+    _SOURCES.append(Source(kind, accepts, open, what))
+
+
+def find_weights(path: str, verify: bool = True) -> Weights:
+    """The weights at ``path`` (any registered kind), their recipe read, their tensors not yet; a naohai
+    checkpoint is verified first (sizes and SHA-256; ``verify=False``: sizes only)."""
+    if not os.path.exists(path):
+        raise UserError("not found (expected a run folder, a checkpoint folder or a model folder)", where=path)
+    for source in _SOURCES:
+        if source.accepts(path):
+            return source.open(path, verify)
+    raise UserError("holds no model weights: expected " + "; or ".join(s.what for s in _SOURCES), where=path)
+
+
+def model_tensors(recipe: Recipe, tensors: Dict[str, object]) -> Dict[str, np.ndarray]:
+    """The model's parameters among ``tensors`` (MindSpore tensors or arrays) as float32 arrays."""
+    from naohai.model.params import param_shapes
+    names = {p.name for p in param_shapes(recipe.model)}
+    out = {}
+    for name, value in tensors.items():
+        if name in names:
+            array = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+            out[name] = array.astype(np.float32)
+    return out
+
+
+# --------------------------------------------------------------------------- naohai checkpoints
+def _is_checkpoint(path: str) -> bool:
+    return os.path.isdir(path) and (os.path.exists(os.path.join(path, store.MANIFEST))
+                                    or bool(store.list_checkpoints(path)))
+
+
+def _open_checkpoint(path: str, verify: bool) -> Weights:
+    from naohai.checkpoint.reshard import merged_tensors
+    chosen = store.resolve_checkpoint(path)
+    man = store.verified(chosen, hash_files=verify)
+    recipe = recipe_from_dict(man["recipe"], where=os.path.join(chosen, store.MANIFEST))
+    return Weights("checkpoint", chosen, recipe,
+                   lambda: model_tensors(recipe, merged_tensors(chosen, hash_files=False)),   # hashed above
+                   step=int(man.get("step", 0)), checkpoint=chosen)
+
+
+# --------------------------------------------------------------------------- imported model folders
+def _is_model_dir(path: str) -> bool:
+    from naohai.convert.model_dir import is_model_dir
+    return is_model_dir(path)
+
+
+def _open_model_dir(path: str, verify: bool) -> Weights:
+    from naohai.convert.model_dir import load_model_dir
+    recipe, tensors = load_model_dir(path)
+    return Weights("model folder", path, recipe, lambda: model_tensors(recipe, tensors))
+
+
+register_source("checkpoint", _is_checkpoint, _open_checkpoint,
+                "a naohai checkpoint folder (manifest.json) or a run folder with checkpoints/")
+register_source("model folder", _is_model_dir, _open_model_dir,
+                "an imported model folder (model.ckpt + recipe.yaml, from `naohai ckpt import`)")
+
+
+# --------------------------------------------------------------------------- users
+def load_model(path: str, seed: int = 0, verify: bool = True):
+    """``(weights, NaohaiLM)``: the model of ``path``'s recipe holding its weights (generate, eval, score);
+    ``verify`` as for :func:`find_weights`."""
+    from naohai.convert.weights import assign_weights
+    from naohai.model.transformer import NaohaiLM
+
+    found = find_weights(path, verify)
+    model = NaohaiLM(found.recipe.model, seed=seed)
+    assign_weights(model, found.tensors(), where=found.path)
+    return found, model
+
+
+def check_fits(found: Weights, recipe: Recipe, where: str) -> None:
+    """Refuse weights whose parameters (names and shapes) are not those of ``recipe``'s model."""
+    from naohai.model.params import param_shapes
+    mine = {p.name: tuple(p.shape) for p in param_shapes(recipe.model)}
+    theirs = {p.name: tuple(p.shape) for p in param_shapes(found.recipe.model)}
+    missing = sorted(set(mine) - set(theirs))
+    extra = sorted(set(theirs) - set(mine))
+    shapes = sorted(n for n in set(mine) & set(theirs) if mine[n] != theirs[n])
+    if missing or extra or shapes:
+        detail = "; ".join(part for part in (
+            f"missing {missing[:3]}" if missing else "", f"not in this model {extra[:3]}" if extra else "",
+            ", ".join(f"{n} {theirs[n]} vs {mine[n]}" for n in shapes[:3]) if shapes else "") if part)
+        raise UserError(f"the weights of {found.describe()} do not fit this recipe's model ({detail})",
+                        where=where, key="train.init_from")
+
+
+def write_full_checkpoint(found: Weights, out: str, manifest: Dict[str, object]) -> str:
+    """``found``'s model tensors as a naohai checkpoint of full tensors at ``out`` (atomic: ``out.tmp``
+    then a rename), so any layout can be made from it by :func:`naohai.checkpoint.reshard.reshard_checkpoint`."""
+    import mindspore as ms
+    if os.path.exists(out):
+        return out
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        name = store.rank_file(0)
+        tensors = found.tensors()
+        ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in sorted(tensors.items())],
+                           os.path.join(tmp, name))
+        files = {name: {"rank": 0, "sha256": sha256_file(os.path.join(tmp, name)),
+                        "bytes": os.path.getsize(os.path.join(tmp, name))}}
+        layout = {"mode": "standalone", "world": 1, "signature": "full", "ranks_with_files": [0],
+                  "mesh": {"data": 1, "model": 1, "pipeline": 1}, "stages": 1, "describe": "full tensors"}
+        write_json(os.path.join(tmp, store.MANIFEST),
+                   dict(manifest, format=store.FORMAT, step=0, layout=layout, files=files,
+                        recipe=found.recipe.to_dict(), written_from=found.describe()))
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
