@@ -98,7 +98,7 @@ def test_eval_of_a_folder_that_is_no_model(tmp_path, capsys):
     np.save(tmp_path / "ids.npy", np.arange(10))
     assert main(["eval", str(tmp_path), "--ids", str(tmp_path / "ids.npy")]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "neither a checkpoint folder" in err and "Traceback" not in err
+    assert "holds no model weights" in err and "imported model folder" in err and "Traceback" not in err
 
 
 def test_short_or_empty_stream_names_its_length(tmp_path):

@@ -233,13 +233,11 @@ def test_semi_auto_host_loop_on_eight_simulated_ranks(tmp_path, micro_data):
     assert [read_manifest(c)["step"] for c in list_checkpoints(str(tmp_path / "run"))] == [4, 6]
 
 
-@pytest.mark.slow
-def test_resume_reshards_a_full_checkpoint_for_a_pipeline_layout(tmp_path, micro_data, compiled_layout):
-    """A run under dp2 x mp2 x pp2 finds a full checkpoint (another layout): rank 0 reshards it with
-    the strategy files of this run's compile (here: MindSpore's simulated compile of that layout),
-    every rank loads its slices.  Reference: MindSpore's own compile-time slices of the same weights."""
+def _pipeline_checkpoint(tmp_path, micro_data, compiled_layout):
+    """A checkpoint of the tiny model under dp2 x mp2 x pp2 at step 2 (its weights: the slices of
+    MindSpore's simulated compile, with that compile's strategy files) and a micro run recipe for the
+    same model: ``(checkpoint folder, recipe, layout record, {rank: slices}, tiny recipe)``."""
     from naohai.checkpoint.files import sha256_file, write_json
-    from naohai.checkpoint.reshard import reshard_checkpoint
     from naohai.config import load_recipe
     from naohai.strategy.resolve import check_strategy, load_strategy
     from naohai.train.job import layout_for
@@ -252,7 +250,6 @@ def test_resume_reshards_a_full_checkpoint_for_a_pipeline_layout(tmp_path, micro
     layout = layout_for(check_strategy(load_strategy(str(strategy)), tiny))
     slices = {r: ms.load_checkpoint(str(workdir / f"rank_{r}" / "slices.ckpt")) for r in range(WORLD)}
 
-    # a full checkpoint of the same weights: the compile's slices merged by MindSpore's transform
     sharded = tmp_path / "sharded"
     (sharded / "strategy").mkdir(parents=True)
     files = {}
@@ -269,6 +266,21 @@ def test_resume_reshards_a_full_checkpoint_for_a_pipeline_layout(tmp_path, micro
     write_json(str(sharded / "manifest.json"), {"format": "naohai-checkpoint/1", "step": 2, "recipe": recipe.to_dict(),
                                                  "layout": dict(layout, ranks_with_files=list(range(WORLD))),
                                                  "files": files, "data": {"loader": loader_state}})
+    return sharded, recipe, layout, slices, workdir
+
+
+@pytest.mark.slow
+def test_resume_reshards_a_full_checkpoint_for_a_pipeline_layout(tmp_path, micro_data, compiled_layout):
+    """A run under dp2 x mp2 x pp2 finds a full checkpoint (another layout): rank 0 reshards it with
+    the strategy files of this run's compile (here: MindSpore's simulated compile of that layout),
+    every rank loads its slices.  Reference: MindSpore's own compile-time slices of the same weights."""
+
+    from naohai.checkpoint.reshard import reshard_checkpoint
+
+    prepared, _ = micro_data
+    sharded, recipe, layout, slices, workdir = _pipeline_checkpoint(tmp_path, micro_data, compiled_layout)
+    # a full checkpoint of the same weights: the compile's slices merged by MindSpore's transform
+    run = Path(recipe.train.output_dir)
     reshard_checkpoint(str(sharded), str(run / "checkpoints" / "step_00000002"))   # -> full tensors
 
     # this run's compile wrote its strategy files where the trainer keeps them
@@ -303,3 +315,48 @@ def test_resume_reshards_a_full_checkpoint_for_a_pipeline_layout(tmp_path, micro
         assert tr.step == 2 and tr.loader.sample == 8
         for p in tr.built.params:
             np.testing.assert_array_equal(p.asnumpy(), slices[rank][p.name].asnumpy(), err_msg=f"rank {rank} {p.name}")
+
+
+class _OneRank:
+    """HostComm's contract for a world of one."""
+
+    def all_ok(self, flag):
+        return bool(flag)
+
+    def barrier(self):
+        pass
+
+    def mean(self, value):
+        return value
+
+
+@pytest.mark.slow
+def test_init_from_a_pipeline_checkpoint_on_one_device(tmp_path, micro_data, compiled_layout):
+    """train.init_from a dp2 x mp2 x pp2 checkpoint (another layout) on one device: rank 0 merges it
+    (resume's resharding path) and loads the model weights only, at step 0 and the data's start.
+    Reference: the host model of the same seed, whose slices the simulated compile wrote."""
+    from naohai.model.transformer import NaohaiLM
+    prepared, _ = micro_data
+    sharded, recipe, layout, slices, _ = _pipeline_checkpoint(tmp_path, micro_data, compiled_layout)
+    from naohai.config import load_recipe
+    tiny_seed = load_recipe(str(ROOT / "recipes" / "tiny.yaml")).train.seed   # the compile's model seed
+    host = {p.name: p.asnumpy() for p in NaohaiLM(recipe.model, seed=tiny_seed).get_parameters()}
+    params = [Parameter(Tensor(np.zeros_like(v)), name=k) for k, v in host.items()]
+    moment = Parameter(Tensor(np.full((3,), 5.0, np.float32)), name="adam_m.layers.0.attention.q_weight")
+    runtime = Runtime("standalone", 0, 1, 0, 1, 1, 1)
+    steps = StandInSteps(0, 4, 4, recipe.model.seq_length, params + [moment])
+    built = StandInBuilt(runtime, _OneRank(), steps, params + [moment])
+    run = Path(recipe.train.output_dir)
+    store = CheckpointStore(str(run), 0, 1)
+    one = {"signature": "full", "describe": "one device", "ranks_with_files": [0], "world": 1, "stages": 1}
+    logs = []
+    trainer = Trainer(recipe, built, prepared, store=store, manifest={"recipe": recipe.to_dict(), "seed": 0,
+                                                                        "layout": one}, log=logs.append)
+    trainer.init_from(str(sharded))
+    assert trainer.step == 0 and trainer.loader.sample == 0 and steps.compiled == 1
+    for p in params:
+        np.testing.assert_array_equal(p.asnumpy(), host[p.name], err_msg=p.name)
+    np.testing.assert_array_equal(moment.asnumpy(), np.full((3,), 5.0, np.float32))   # optimizer state fresh
+    assert any("resharding it for one device" in line for line in logs), logs
+    assert any(line.startswith("initialised from checkpoint") and "resharded for this layout" in line
+               for line in logs), logs
