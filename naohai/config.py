@@ -287,7 +287,7 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise UserError(f"must be a mapping, got {type(value).__name__}", where=where, key=key)
-        return _build(tp, value, where, key)
+        return build_section(tp, value, where, key)
     if origin in (list, List, Sequence):
         (item_tp,) = typing.get_args(tp) or (Any,)
         if isinstance(value, (str, int, float)):
@@ -313,7 +313,9 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     return value
 
 
-def _build(cls, data: Dict[str, Any], where: str, prefix: str):
+def build_section(cls, data: Dict[str, Any], where: str, prefix: str):
+    """The dataclass ``cls`` from a YAML mapping: unknown keys and wrong types are UserErrors naming
+    ``where`` and the dotted key under ``prefix``."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
     kwargs = {}
@@ -352,11 +354,12 @@ def parse_overrides(items: Sequence[str], where: str = "command line") -> Dict[s
     return tree
 
 
-def _merge(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
+def merge_trees(base: Dict[str, Any], extra: Dict[str, Any]) -> Dict[str, Any]:
+    """``base`` with ``extra`` laid over it, nested mappings merged key by key (overrides on a recipe)."""
     out = dict(base)
     for k, v in extra.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
+            out[k] = merge_trees(out[k], v)
         else:
             out[k] = v
     return out
@@ -413,10 +416,10 @@ def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
             raise UserError("must be a mapping", where=where, key=section)
     recipe = Recipe(
         name=str(raw.get("name", "recipe")),
-        model=_build(ModelConfig, model_raw, where, "model"),
-        data=_build(DataConfig, raw.get("data") or {}, where, "data"),
-        train=_build(TrainConfig, raw.get("train") or {}, where, "train"),
-        finetune=None if raw.get("finetune") is None else _build(FinetuneConfig, raw["finetune"], where, "finetune"),
+        model=build_section(ModelConfig, model_raw, where, "model"),
+        data=build_section(DataConfig, raw.get("data") or {}, where, "data"),
+        train=build_section(TrainConfig, raw.get("train") or {}, where, "train"),
+        finetune=None if raw.get("finetune") is None else build_section(FinetuneConfig, raw["finetune"], where, "finetune"),
         source=where,
         stated=frozenset(f"{section}.{key}" for section in ("data", "train") for key in (raw.get(section) or {})),
     )
@@ -443,7 +446,7 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
                         f"{did_you_mean(given, names)} Recipes: {', '.join(names)}", where=given)
     raw = read_yaml(path, "recipe")
     if overrides:
-        raw = _merge(raw, parse_overrides(overrides))
+        raw = merge_trees(raw, parse_overrides(overrides))
     try:
         return recipe_from_dict(raw, where=path)
     except UserError as err:

@@ -11,8 +11,8 @@ the rule, which the CLI prints as one paragraph with exit code 2.
 * :func:`integer` and :func:`number` refuse booleans, strings, ``.nan`` and
   ``.inf``, fractions where an integer is meant, and values outside the range
   (every integer has an upper bound, so ``1e21`` devices is an error, not a plan).
-* :func:`cli_int` / :func:`cli_number` make argparse ``type=`` converters with
-  the same rules for flags.
+* :func:`cli_int` makes argparse ``type=`` converters with the same rules for
+  integer flags.
 """
 from __future__ import annotations
 
@@ -205,16 +205,4 @@ def cli_int(minimum: int = 1, maximum: int = INT_MAX):
             raise argparse.ArgumentTypeError(f"must be an integer in [{minimum}, {maximum}], got {value}")
         return value
     convert.__name__ = "integer"
-    return convert
-
-
-def cli_number(minimum: Optional[float] = None, above: Optional[float] = None, maximum: Optional[float] = None):
-    """An argparse ``type=`` for a finite float flag."""
-    def convert(text: str) -> float:
-        try:
-            return number(float(text), None, "flag", minimum=minimum, above=above, maximum=maximum)
-        except (ValueError, UserError) as exc:
-            msg = exc.message if isinstance(exc, UserError) else f"must be a finite number, got {text!r}"
-            raise argparse.ArgumentTypeError(msg) from None
-    convert.__name__ = "number"
     return convert

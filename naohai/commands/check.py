@@ -55,8 +55,8 @@ def register(sub) -> None:
 def _recipe(name: str, overrides):
     from naohai.config import MODEL_PRESETS, load_recipe, recipe_from_dict, resolve_recipe_path
     if name in MODEL_PRESETS and not os.path.exists(name):
-        from naohai.config import parse_overrides, _merge  # noqa: PLC2701 - shared merge helper
-        raw = _merge({"name": name, "model": {"preset": name}}, parse_overrides(overrides))
+        from naohai.config import merge_trees, parse_overrides
+        raw = merge_trees({"name": name, "model": {"preset": name}}, parse_overrides(overrides))
         return recipe_from_dict(raw, where=f"preset {name}")
     path = resolve_recipe_path(name)
     if not os.path.exists(path):

@@ -185,8 +185,8 @@ def _reshard(args, path) -> int:
             from naohai.config import load_recipe
             recipe = load_recipe(args.recipe, list(args.overrides))
         else:
-            from naohai.config import parse_overrides, _merge  # noqa: PLC2701 - shared merge helper
-            raw = _merge(dict(man["recipe"]), parse_overrides(list(args.overrides)))
+            from naohai.config import merge_trees, parse_overrides
+            raw = merge_trees(dict(man["recipe"]), parse_overrides(list(args.overrides)))
             recipe = recipe_from_dict(raw, where=os.path.join(path, store.MANIFEST))
         from naohai.strategy.compat import validated_run
         from naohai.train.job import layout_for

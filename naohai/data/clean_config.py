@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
-from naohai.config import _build, read_yaml
+from naohai.config import build_section, read_yaml
 from naohai.errors import UserError
 
 
@@ -220,7 +220,7 @@ def _int_keyed(raw: Dict[str, Any], where: str) -> None:
 def clean_config_from_dict(raw: Dict[str, Any], where: str = "clean config") -> CleanConfig:
     raw = dict(raw)
     _int_keyed(raw, where)
-    cfg = _build(CleanConfig, raw, where, "")
+    cfg = build_section(CleanConfig, raw, where, "")
     cfg.source = where
     return cfg.validate()
 

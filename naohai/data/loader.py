@@ -99,10 +99,6 @@ class TokenWindowLoader:
         """Epochs completed, as a fraction (e.g. 1.25)."""
         return self.sample / self.num_windows
 
-    @property
-    def batches_per_epoch(self) -> float:
-        return self.num_windows / self.global_batch_size
-
     # ---- resume
     def state_dict(self) -> Dict[str, Any]:
         return {"sample": int(self.sample), "seed": self.seed, "split": self.split,

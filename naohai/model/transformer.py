@@ -260,17 +260,6 @@ class DecodeStep(nn.Cell):
         return logits, tuple(k for k, _ in cache), tuple(v for _, v in cache)
 
 
-class LogitsNet(nn.Cell):
-    """Wraps a model for inference: ``construct(input_ids) -> logits [b, s, vocab]``."""
-
-    def __init__(self, lm: NaohaiLM):
-        super().__init__(auto_prefix=False)
-        self.lm = lm
-
-    def construct(self, input_ids):
-        return self.lm.logits(input_ids)
-
-
 class TokenNLLNet(nn.Cell):
     """Wraps a model for scoring: ``construct(input_ids [b, s], labels [b, s]) -> [b, s]`` float32
     ``-log p(label | inputs up to it)``, the softmax over the padded vocabulary as in the model's loss."""

@@ -20,15 +20,6 @@ from typing import Any, Dict, List, Tuple
 
 from naohai.errors import UserError
 
-#: (rule id, one-line summary) of every rule below, for reports
-RULES: List[Tuple[str, str]] = [
-    ("loss-class-axis", "loss.log_softmax (LogSoftmax) cannot split its class (vocab) axis"),
-    ("pipeline-gpipe-needs-interleave", "pipeline.scheduler gpipe needs MindSpore's pipeline_interleave; "
-                                        "without it only 1f1b is allowed"),
-    ("pipeline-interleaved-not-wired", "pipeline.scheduler interleaved is not a MindSpore 2.10 scheduler name and "
-                                       "naohai places no layer into a virtual chunk: planning only"),
-]
-
 #: MindSpore 2.10's pipeline schedulers (``AutoParallel.pipeline``, ``_PipelineScheduler`` in
 #: mindspore/parallel/_auto_parallel_context.py); with ``interleave=False`` only "1f1b" is accepted
 #: (``set_pipeline_config``: "When pipeline_interleave is False, ... only '1f1b' is allowed")

@@ -326,10 +326,6 @@ class StageActivations:
     loss_transient: float        # last stage: two float32 [t, V] + logits slice, once
     total: float
 
-    @property
-    def peak_extra(self) -> float:
-        return max(self.working_set, self.loss_transient)
-
 
 def stage_activations(cfg: ModelConfig, r: ResolvedStrategy) -> List[StageActivations]:
     out = []

@@ -125,10 +125,6 @@ def _ring(kind: str, n: int) -> float:
     return 2 * (n - 1) / n if kind == "allreduce" else (n - 1) / n
 
 
-def _bw(profile: DeviceProfile, span_devices: int) -> float:
-    return profile.link_for(span_devices).gbs * 1e9
-
-
 def _sharding_table(placements: List[ParamPlacement], r: ResolvedStrategy) -> List[Dict]:
     """One row per distinct (relative name, slices) pair, with the layers it covers."""
     rows: Dict = {}
