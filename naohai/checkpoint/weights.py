@@ -44,6 +44,7 @@ class Weights:
     read: Callable[[], Dict[str, np.ndarray]]        # full float32 tensors by naohai parameter name
     step: Optional[int] = None                       # training step of a checkpoint
     checkpoint: Optional[str] = None                 # the naohai checkpoint folder, when it is one
+    tokenizer_sha256: Optional[str] = None           # the tokenizer the weights were trained with, if known
 
     def tensors(self) -> Dict[str, np.ndarray]:
         return self.read()
@@ -121,7 +122,8 @@ def _open_checkpoint(path: str, verify: bool) -> Weights:
     recipe = recipe_from_dict(man["recipe"], where=os.path.join(chosen, store.MANIFEST))
     return Weights("checkpoint", chosen, recipe,
                    lambda: model_tensors(recipe, merged_tensors(chosen, hash_files=False)),   # hashed above
-                   step=int(man.get("step", 0)), checkpoint=chosen)
+                   step=int(man.get("step", 0)), checkpoint=chosen,
+                   tokenizer_sha256=(man.get("identity") or {}).get("tokenizer_sha256"))
 
 
 # --------------------------------------------------------------------------- imported model folders

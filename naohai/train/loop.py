@@ -182,6 +182,12 @@ class Trainer:
         except UserError as exc:
             raise UserError(exc.message, where=exc.where, key="train.init_from") from None
         ckpt_weights.check_fits(found, self.recipe, where)
+        mine = (self.manifest.get("identity") or {}).get("tokenizer_sha256")
+        if found.tokenizer_sha256 and mine and found.tokenizer_sha256 != mine:
+            raise UserError(f"the weights of {found.describe()} were trained with another tokenizer (SHA-256 "
+                            f"{found.tokenizer_sha256[:12]}..., this run's is {mine[:12]}...): their token ids mean "
+                            f"other pieces here. Give the source's tokenizer as data.tokenizer "
+                            f"({found.tokenizer_file()}) in a new output folder", where=where, key="train.init_from")
         chosen, error = found.checkpoint, None
         if chosen is None:
             chosen = os.path.join(self.out, "init", os.path.basename(os.path.normpath(found.path)) + "-full")

@@ -8,6 +8,7 @@ the loss of the source weights on the new run's first batch computed outside the
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,12 @@ def test_weights_that_do_not_fit_or_do_not_exist_are_user_errors(tmp_path, micro
     assert info.value.key == "train.init_from"
     with pytest.raises(UserError, match="holds no model weights"):
         find_weights(str(tmp_path))
+    # weights trained with another tokenizer: the source's manifest records another tokenizer's SHA-256
+    other = tmp_path / "other" / "step_00000008"
+    shutil.copytree(list_checkpoints(str(src_run))[-1], other)
+    man = json.loads((other / "manifest.json").read_text())
+    man["identity"]["tokenizer_sha256"] = "0" * 64
+    (other / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(UserError, match="another tokenizer") as info:
+        _quiet(micro_recipe(tmp_path / "g", prepared, tok, init_from=str(other)))
+    assert info.value.key == "train.init_from" and "data.tokenizer" in info.value.message
