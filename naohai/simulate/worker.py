@@ -76,12 +76,8 @@ def _layouts(network) -> dict:
 
 
 def _set_strategy_file(network, path: str) -> None:
-    from mindspore.parallel.auto_parallel import AutoParallel
-    if isinstance(network, AutoParallel):
-        network.save_param_strategy_file(path)
-    else:
-        import mindspore as ms
-        ms.set_auto_parallel_context(strategy_ckpt_config={"save_file": path})
+    from naohai.strategy.apply import save_strategy_file
+    save_strategy_file(network, path)
 
 
 def _collect_ir(rank: int, rank_dir: Path, name: str, result: dict, first: bool) -> None:

@@ -291,12 +291,29 @@ def apply_strategy(model, resolved, reuse_layers: bool = True) -> None:
 
 
 # --------------------------------------------------------------------------- the step's parallel pieces
-_mul = C.MultitypeFuncGraph("naohai_apply_mul")
+#: ``hyper_map(F.partial(scale_by, factor), grads)``: every gradient times a scalar, in its own dtype
+scale_by = C.MultitypeFuncGraph("naohai_scale_by")
 
 
-@_mul.register("Tensor", "Tensor")
-def _mul_tensor(factor, grad):
+@scale_by.register("Tensor", "Tensor")
+def _scale_by_tensor(factor, grad):
     return grad * F.cast(factor, F.dtype(grad))
+
+
+# The "grad_scale" attribute tells MindSpore's parallel passes that this is a per-gradient
+# square sum of a global norm: under semi-auto they divide it by the parameter's replica
+# count and all-reduce it inside the stage and across stages (MindFormers' clip_grad does the
+# same).  Outside semi-auto no parallel pass runs and it is a plain ExpandDims.
+_expand_norm = P.ExpandDims().add_prim_attr("grad_scale", True)
+#: ``hyper_map(square_sum, grads)``: each gradient's float32 sum of squares, shape ``(1,)``, marked as a
+#: term of the global norm (reduced over replicas and stages under semi-auto)
+square_sum = C.MultitypeFuncGraph("naohai_square_sum")
+
+
+@square_sum.register("Tensor")
+def _square_sum_tensor(grad):
+    g = F.cast(grad, ms.float32)
+    return _expand_norm(F.reduce_sum(g * g), 0)
 
 
 _read_accumulated = C.MultitypeFuncGraph("naohai_read_accumulated")
@@ -334,7 +351,7 @@ class ReducedGrads(nn.Cell):
         self.hyper_map = C.HyperMap()
 
     def construct(self, grads, inv_scale):
-        return self.hyper_map(F.partial(_mul, inv_scale), self.reducer(grads))
+        return self.hyper_map(F.partial(scale_by, inv_scale), self.reducer(grads))
 
 
 class AccumulatedGrads(nn.Cell):
@@ -454,6 +471,16 @@ def compile_parallel(cell, resolved, runtime: Runtime, *, train: bool):
     if optimizer_sharded(resolved):
         parallel.hsdp(**_hsdp_args(resolved))
     return parallel
+
+
+def save_strategy_file(network, path: str) -> None:
+    """Have MindSpore write the parameter strategy file of ``network``'s compile to ``path`` (an
+    ``AutoParallel`` wrapper's own setting; otherwise the parallel context's)."""
+    from mindspore.parallel.auto_parallel import AutoParallel
+    if isinstance(network, AutoParallel):
+        network.save_param_strategy_file(path)
+    else:
+        ms.set_auto_parallel_context(strategy_ckpt_config={"save_file": path})
 
 
 def skip_parameter_init_in_compile(network) -> None:

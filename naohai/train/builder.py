@@ -266,7 +266,7 @@ def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtim
         step.set_train()
         steps.train_step = strategy_apply.compile_parallel(step, resolved, runtime, train=True)
         if strategy_file and runtime.mode == "semi_auto":
-            steps.train_step.save_param_strategy_file(strategy_file)
+            strategy_apply.save_strategy_file(steps.train_step, strategy_file)
     else:
         buffers = make_buffers(optimizer.parameters)
         steps.accumulate_step = AccumulateStep(parts.network, optimizer.parameters, buffers, guard, token_weight)

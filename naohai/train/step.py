@@ -39,31 +39,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
-from mindspore.ops import operations as P
 
 from naohai.config import TrainConfig
-
-_mul = C.MultitypeFuncGraph("naohai_mul")
-
-
-@_mul.register("Tensor", "Tensor")
-def _mul_tensor(factor, grad):
-    return grad * F.cast(factor, F.dtype(grad))
-
-
-# The "grad_scale" attribute tells MindSpore's parallel passes that this is a per-gradient
-# square sum of a global norm: under semi-auto they divide it by the parameter's replica
-# count and all-reduce it inside the stage and across stages (MindFormers' clip_grad does the
-# same).  Outside semi-auto no parallel pass runs and it is a plain ExpandDims.
-_expand_norm = P.ExpandDims().add_prim_attr("grad_scale", True)
-_square_sum = C.MultitypeFuncGraph("naohai_square_sum")
-
-
-@_square_sum.register("Tensor")
-def _square_sum_tensor(grad):
-    g = F.cast(grad, ms.float32)
-    return _expand_norm(F.reduce_sum(g * g), 0)
-
+from naohai.strategy.apply import scale_by, square_sum
 
 _add_into = C.MultitypeFuncGraph("naohai_add_into")
 
@@ -83,7 +61,7 @@ def _zero_tensor(buf):
 
 def global_norm(hyper_map, grads):
     """sqrt(sum of squares) of all gradients in fp32, shape ``(1,)``."""
-    return ops.sqrt(ops.addn(hyper_map(_square_sum, grads)))
+    return ops.sqrt(ops.addn(hyper_map(square_sum, grads)))
 
 
 class Unscale(nn.Cell):
@@ -94,7 +72,7 @@ class Unscale(nn.Cell):
         self.hyper_map = C.HyperMap()
 
     def construct(self, grads, inv_scale):
-        return self.hyper_map(F.partial(_mul, inv_scale), grads)
+        return self.hyper_map(F.partial(scale_by, inv_scale), grads)
 
 
 class StepGuard(nn.Cell):
@@ -168,7 +146,7 @@ class _Finish(nn.Cell):
         finite, applied = self.guard.decide(norm)
         if self.grad_clip > 0:
             factor = self.grad_clip / ops.maximum(norm, self.grad_clip)
-            grads = self.hyper_map(F.partial(_mul, factor), grads)
+            grads = self.hyper_map(F.partial(scale_by, factor), grads)
         if applied:
             norm = F.depend(norm, self.optimizer(grads))
         norm = F.depend(norm, self.guard.update(finite, applied, norm))
@@ -243,7 +221,7 @@ class ApplyStep(_Finish):
 
     def construct(self):
         scale = self.guard.loss_scale.value()
-        grads = self.hyper_map(F.partial(_mul, F.ones((), ms.float32)), self.buffers)
+        grads = self.hyper_map(F.partial(scale_by, F.ones((), ms.float32)), self.buffers)
         grads = self.collect(grads, 1.0 / (scale * self.micro))
         norm, applied = self._finish(grads)
         norm = F.depend(norm, self.hyper_map(_zero, self.buffers))
