@@ -275,8 +275,15 @@ def _shard_bytes(text: str) -> int:
 
 def _export_hf(args, path) -> int:
     from naohai.convert.hf.convert import write_hf
-    from naohai.convert.model_dir import hf_export_sources
-    recipe, weights, tokenizer_dir, base = hf_export_sources(args.checkpoint, path, hash_files=not args.no_verify)
+    if path is None:            # an imported model folder
+        from naohai.convert.model_dir import hf_export_sources
+        recipe, weights, tokenizer_dir, base = hf_export_sources(args.checkpoint)
+    else:                       # a trained checkpoint: its model tensors, merged when sharded
+        from naohai.checkpoint.weights import find_weights
+        found = find_weights(path, verify=not args.no_verify)
+        recipe, weights, base = found.recipe, found.tensors(), None
+        tok = recipe.data.tokenizer
+        tokenizer_dir = os.path.dirname(os.path.abspath(tok)) if tok and tok.endswith(".json") else None
     files = write_hf(args.out, recipe.model, weights, where=args.checkpoint, tokenizer_dir=tokenizer_dir,
                      base_config=base, shard_bytes=_shard_bytes(args.shard_size))
     print(f"exported {args.checkpoint} -> {args.out} (Hugging Face: {', '.join(files)})")

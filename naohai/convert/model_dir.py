@@ -7,7 +7,7 @@ it can sit beside the trainer's own checkpoint store.
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import yaml
@@ -53,22 +53,16 @@ def write_hf_model_dir(out: str, cfg, weights: Dict[str, np.ndarray], src: str) 
     return write_model_dir(out, recipe, weights)
 
 
-def hf_export_sources(checkpoint: str, path: Optional[str], hash_files: bool = True):
-    """(recipe, weights, tokenizer folder or None, original config.json or None) of what ``naohai ckpt
-    export --to hf`` reads: an imported model folder (``path`` None) or a trained checkpoint ``path``."""
+def hf_export_sources(model_dir: str):
+    """(recipe, weights, tokenizer folder, original config.json or None) of an imported model folder, for
+    ``naohai ckpt export --to hf`` (a trained checkpoint comes through :mod:`naohai.checkpoint.weights`)."""
     from naohai.convert.hf import folder
     from naohai.convert.hf.convert import SOURCE_CONFIG
 
-    if path is None:
-        recipe, weights = load_model_dir(checkpoint)
-        src = os.path.join(checkpoint, SOURCE_CONFIG)
-        base = folder.read_json(src) if os.path.isfile(src) else None
-        return recipe, weights, checkpoint, base
-    from naohai.checkpoint.reshard import model_weights
-    recipe, weights = model_weights(path, hash_files=hash_files)
-    tok = recipe.data.tokenizer
-    tok_dir = os.path.dirname(os.path.abspath(tok)) if tok and tok.endswith(".json") else None
-    return recipe, weights, tok_dir, None
+    recipe, weights = load_model_dir(model_dir)
+    src = os.path.join(model_dir, SOURCE_CONFIG)
+    base = folder.read_json(src) if os.path.isfile(src) else None
+    return recipe, weights, model_dir, base
 
 
 def load_model_dir(path: str) -> Tuple[Recipe, Dict[str, np.ndarray]]:
