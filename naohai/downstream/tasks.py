@@ -210,16 +210,17 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
 
     from naohai.data.tokenizer import Tokenizer
     from naohai.downstream.engine import Scorer, padding_id
-    from naohai.generate import load_model, tokenizer_path
+    from naohai.checkpoint.weights import load_model
     from naohai.train.device import resolve_device
 
     if not os.path.exists(path):
         raise UserError("no such run, checkpoint or model folder", where=path)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
-    recipe, model, ckpt, step = load_model(path)
+    found, model = load_model(path)
+    recipe, ckpt, step = found.recipe, found.checkpoint, found.step
     model.set_train(False)
-    tok_file = tokenizer or tokenizer_path(recipe, path, ckpt)
+    tok_file = tokenizer or found.tokenizer_file()
     tok = Tokenizer.load(tok_file, key="tokenizer" if tokenizer else "data.tokenizer")
     scorer = Scorer(model, recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id, batch=batch)
     scorer.checkpoint = ckpt

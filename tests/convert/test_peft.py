@@ -23,13 +23,14 @@ TARGETS = r"attention\.(q|k|v|out)$|mlp\.(gate|up|down)$"
 def test_lora_adapter_loads_in_peft_with_equal_logits(tmp_path):
     from mindspore import Tensor
     from transformers import AutoModelForCausalLM
-    from naohai.generate import load_model
+    from naohai.checkpoint.weights import load_model
 
     src = str(tmp_path / "llama")
     hf_models.build("llama", src)
     out = str(tmp_path / "imported")
     assert main(["ckpt", "import", src, "--from", "hf", "--out", out, f"model.seq_length={hf_models.SEQ}"]) == 0
-    recipe, model, _, _ = load_model(out)
+    found, model = load_model(out)
+    recipe = found.recipe
     ft = FinetuneConfig(rank=4, alpha=8.0, targets=TARGETS)
     names = apply_lora(model, ft, seed=0)
     assert len(names) == 2 * 7

@@ -88,7 +88,7 @@ def test_metrics_equal_hand_computed_log_probabilities(tmp_path, micro_run, caps
     from mindspore import Tensor
 
     from naohai.data.tokenizer import Tokenizer
-    from naohai.generate import load_model, tokenizer_path
+    from naohai.checkpoint.weights import load_model
 
     folder = tmp_path / "tasks"
     write_task(folder, "mc_probe", MC_YAML, MC_ROWS)
@@ -106,8 +106,9 @@ def test_metrics_equal_hand_computed_log_probabilities(tmp_path, micro_run, caps
     # by hand: TemplateLM's pairing (context and context + " " + choice encoded, split at the context's
     # length), each sequence alone through the model's forward, float64 log-softmax
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    recipe, model, ckpt, _ = load_model(micro_run)
-    tok = Tokenizer.load(tokenizer_path(recipe, micro_run, ckpt))
+    found, model = load_model(micro_run)
+    recipe = found.recipe
+    tok = Tokenizer.load(found.tokenizer_file())
     cfg = recipe.model
 
     def logits(ids):                 # the model's own forward, one request in one right-padded row
