@@ -149,7 +149,8 @@ class TrainConfig:
     keep_every: int = 0              # ... and every checkpoint whose step is a multiple of this (0 = none)
     async_save: bool = False         # write checkpoint files in the background while training goes on
     output_dir: str = "runs/default"
-    init_from: Optional[str] = None  # start from these model weights (a run, a checkpoint or a model folder):
+    init_from: Optional[str] = None  # start from these model weights (a run, a checkpoint, a model folder or a
+    #                                  Hugging Face folder):
     #                                  fresh optimizer, step 0, data from the start; a run that has its own
     #                                  checkpoints resumes from them instead
     device: str = "auto"             # auto | CPU | GPU | Ascend (auto: Ascend, else GPU, else CPU)

@@ -6,10 +6,12 @@
 * ``checkpoint``: a naohai checkpoint folder (``manifest.json``), or a run folder (its
   newest checkpoint);
 * ``model folder``: an imported model (``naohai ckpt import``: ``model.ckpt`` +
-  ``recipe.yaml``).
+  ``recipe.yaml``);
+* ``hugging face``: a Hugging Face model folder (``config.json`` + ``*.safetensors``), its model
+  read from ``config.json`` by :mod:`naohai.convert.hf` (the families it knows), its tokenizer
+  ``tokenizer.json`` when the folder has one.
 
-Another kind (a Hugging Face folder, ...) is one function that returns :class:`Weights`,
-added with :func:`register_source`.  Every reader answers with the recipe the weights
+Another kind is one function that returns :class:`Weights`, added with :func:`register_source`.  Every reader answers with the recipe the weights
 belong to and, when asked (:meth:`Weights.tensors`), the model's full float32 tensors by
 naohai parameter name: a checkpoint of a sharded layout is merged first, optimizer
 moments and step state are left out.
@@ -32,6 +34,7 @@ from naohai.checkpoint import store
 from naohai.checkpoint.files import sha256_file, write_json
 from naohai.config import Recipe, recipe_from_dict
 from naohai.errors import UserError
+from naohai.runfiles import temp_dir_beside
 
 
 @dataclass
@@ -90,7 +93,8 @@ def find_weights(path: str, verify: bool = True) -> Weights:
     """The weights at ``path`` (any registered kind), their recipe read, their tensors not yet; a naohai
     checkpoint is verified first (sizes and SHA-256; ``verify=False``: sizes only)."""
     if not os.path.exists(path):
-        raise UserError("not found (expected a run folder, a checkpoint folder or a model folder)", where=path)
+        raise UserError("not found (expected a run folder, a checkpoint folder, a model folder or a Hugging Face "
+                        "model folder)", where=path)
     for source in _SOURCES:
         if source.accepts(path):
             return source.open(path, verify)
@@ -138,10 +142,28 @@ def _open_model_dir(path: str, verify: bool) -> Weights:
     return Weights("model folder", path, recipe, lambda: model_tensors(recipe, tensors))
 
 
+# --------------------------------------------------------------------------- Hugging Face folders
+def _is_hf_folder(path: str) -> bool:
+    from naohai.convert.hf.folder import is_hf_folder
+    return is_hf_folder(path)
+
+
+def _open_hf_folder(path: str, verify: bool) -> Weights:
+    from naohai.convert.hf.convert import open_hf
+    from naohai.data.hf_tokenizer import HFTokenizer
+    recipe, read = open_hf(path)
+    tokenizer = recipe.data.tokenizer
+    sha = HFTokenizer.load(tokenizer, key=None).sha256 if tokenizer else None
+    return Weights("hugging face folder", path, recipe, lambda: model_tensors(recipe, read()),
+                   tokenizer_sha256=sha)
+
+
 register_source("checkpoint", _is_checkpoint, _open_checkpoint,
                 "a naohai checkpoint folder (manifest.json) or a run folder with checkpoints/")
 register_source("model folder", _is_model_dir, _open_model_dir,
                 "an imported model folder (model.ckpt + recipe.yaml, from `naohai ckpt import`)")
+register_source("hugging face", _is_hf_folder, _open_hf_folder,
+                "a Hugging Face model folder (config.json + *.safetensors) of a family naohai knows")
 
 
 # --------------------------------------------------------------------------- users
@@ -174,14 +196,12 @@ def check_fits(found: Weights, recipe: Recipe, where: str) -> None:
 
 
 def write_full_checkpoint(found: Weights, out: str, manifest: Dict[str, object]) -> str:
-    """``found``'s model tensors as a naohai checkpoint of full tensors at ``out`` (atomic: ``out.tmp``
-    then a rename), so any layout can be made from it by :func:`naohai.checkpoint.reshard.reshard_checkpoint`."""
+    """``found``'s model tensors as a naohai checkpoint of full tensors at ``out`` (atomic: written in a
+    new temporary folder beside it, then renamed), so any layout can be made from it by :func:`naohai.checkpoint.reshard.reshard_checkpoint`."""
     import mindspore as ms
     if os.path.exists(out):
         return out
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    tmp = temp_dir_beside(out)       # a fresh uniquely named folder: nothing of the user's is removed
     try:
         name = store.rank_file(0)
         tensors = found.tensors()
