@@ -181,7 +181,8 @@ def run(args) -> int:
     print(f"compiling on {ranks} simulated devices in {workdir} ...", flush=True)
     report = compile_layout(recipe_for_check, str(strategy_file), workdir, stages=resolved.stages,
                             timeout=args.timeout, keep_ir=args.keep_ir, save_slices=args.save_slices, ranks=ranks,
-                            recipe_file=str(recipe_file) if recipe_file else None)
+                            recipe_file=str(recipe_file) if recipe_file else None,
+                            progress=lambda line: print(line, flush=True))
     print(report.render())
     print(param_table(report))
     print(f"per-rank results and strategy files: {workdir}/rank_<r>/ ; summary: {workdir}/summary.json")

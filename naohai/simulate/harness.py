@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from naohai.errors import UserError
 from naohai.simulate.ircheck import check_compile_dir, render as render_ir_checks
@@ -190,11 +190,46 @@ def _tail(path: Path, n_chars: int = 3000) -> str:
     return data.decode(errors="replace")
 
 
+def _wait_reporting(proc, workdir: Path, ranks: int, t0: float, timeout: float,
+                    progress: Optional[Callable[[str], None]]) -> bool:
+    """Wait for ``proc`` (True) or ``timeout`` seconds (False); meanwhile pass ``progress`` one line per
+    rank whose ``rank_<r>/result.json`` appeared (the worker writes it atomically)."""
+    if progress is None:
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    reported = set()
+
+    def report_new():
+        for r in range(ranks):
+            path = workdir / f"rank_{r}" / "result.json"
+            if r in reported or not path.exists():
+                continue
+            reported.add(r)
+            try:
+                ok = bool(json.loads(path.read_text()).get("ok"))
+            except (OSError, ValueError):
+                ok = False
+            progress(f"  rank {r}: {'ok' if ok else 'FAILED'} after {time.time() - t0:.0f} s")
+
+    while True:
+        try:
+            proc.wait(timeout=1.0)
+            report_new()
+            return True
+        except subprocess.TimeoutExpired:
+            report_new()
+            if time.time() - t0 > timeout:
+                return False
+
+
 def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
                 kwargs: Optional[Dict[str, Any]] = None, precompile_only: bool = True,
                 keep_ir: bool = False, sys_path: Sequence[str] = (),
                 cluster_time_out: int = 300, ir_check: Optional[Dict[str, Any]] = None,
-                save_slices: bool = False) -> CompileReport:
+                save_slices: bool = False, progress: Optional[Callable[[str], None]] = None) -> CompileReport:
     """Compile ``target`` (``"module:function"``) on ``ranks`` simulated GPUs.
 
     ``kwargs`` go to the target function; ``sys_path`` entries are prepended to the
@@ -203,6 +238,8 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
     ``rank_<r>/{result.json,strategy.ckpt,final.ir,<graph>.ir}``, ``summary.json``.
     ``ir_check`` (``{"stages": S, "clip": bool}``) turns on the IR deadlock checks;
     ``save_slices`` writes each rank's compile-time parameter slices (``rank_<r>/slices.ckpt``).
+    ``progress(line)`` receives one short line per rank as its verdict appears (rank, seconds since
+    the start, ok / FAILED), so a compile of several minutes is not silent.
     """
     if ranks < 1:
         raise UserError(f"ranks must be >= 1, got {ranks}", key="ranks")
@@ -244,9 +281,7 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
         proc = subprocess.Popen(cmd, env=env, cwd=str(workdir), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            timed_out = not _wait_reporting(proc, workdir, ranks, t0, timeout, progress)
         finally:
             _kill_run(proc, marker)  # also reaps any worker left behind
     wall = time.time() - t0

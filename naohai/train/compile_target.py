@@ -40,13 +40,14 @@ def kernel_note() -> str:
 
 def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, timeout: float = 900.0,
                    keep_ir: bool = False, save_slices: bool = False, ranks: Optional[int] = None,
-                   recipe_file: Optional[str] = None):
+                   recipe_file: Optional[str] = None, progress=None):
     """Compile what ``naohai train`` runs for ``recipe`` under a strategy file on simulated devices.
 
     The recipe is written into ``workdir/recipe.yaml`` (unless ``recipe_file`` already holds it) so
     every worker loads the same one; the IR deadlock checks run with the strategy's ``stages`` and the
     recipe's clipping.  Returns the harness's CompileReport (per-rank strategy files under
     ``workdir/rank_<r>/``).  ``naohai check --compile`` and ``naohai ckpt reshard`` both call this.
+    ``progress(line)`` gets one line per rank as it finishes.
     """
     from pathlib import Path
 
@@ -63,7 +64,7 @@ def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, timeout:
     kwargs = {"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy_path).resolve()),
               "overrides": [], "deferred": not save_slices}
     return run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=timeout,
-                       kwargs=kwargs, keep_ir=keep_ir, save_slices=save_slices,
+                       kwargs=kwargs, keep_ir=keep_ir, save_slices=save_slices, progress=progress,
                        ir_check={"stages": stages, "clip": recipe.train.grad_clip > 0})
 
 

@@ -1,5 +1,6 @@
 """`naohai check`: validation, scale-down, and MindSpore compiling naohai's real train step per rank."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,8 @@ def test_ready_layouts_compile_on_every_rank(case, compiled_layout):
     assert rc == 0 and summary["ok"], out[-4000:]
     per = summary["per_rank"]
     assert len(per) == ranks and all(r["ok"] for r in per)
+    # one short progress line per rank while it compiles
+    assert all(len(re.findall(rf"^  rank {r}: ok after \d+ s$", out, re.M)) == 1 for r in range(ranks)), out[-4000:]
     # what `naohai train` compiles, train step then eval net, on every rank; deadlock checks pass
     assert all(r["result"]["graphs"] in (["train", "eval"], ["accumulate", "apply", "eval"]) for r in per)
     ir = summary["ir_checks"]
