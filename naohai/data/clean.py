@@ -41,6 +41,7 @@ import json
 import multiprocessing
 import os
 import signal
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -535,8 +536,10 @@ def drop_warnings(report: Dict[str, Any]) -> List[str]:
         drops = {k: v for k, v in s["reasons"].items() if not k.endswith(" replaced") and k != "changed"}
         top = max(sorted(drops), key=lambda k: drops[k]) if drops else ""
         share = 100 * s["dropped"] / s["docs_in"]
+        said = reason_words(name, top, drops[top], report.get("config", {})) if top else ""
         out.append(f"{name}: dropped {s['dropped']} of {s['docs_in']} documents ({share:.0f}%)"
-                   + (f", {drops[top]} of them for '{top}'; check {_setting(name, top)}" if top else ""))
+                   + (f", {said}" if top else "")
+                   + (f"; check {_setting(name, top)}" if top and f"({_setting(name, top)})" not in said else ""))
     return out
 
 
@@ -545,25 +548,87 @@ def output_files(out_dir: str) -> List[str]:
     return sorted(glob.glob(os.path.join(glob.escape(out_dir), "part-*.jsonl")))
 
 
+def human_size(n: float) -> str:
+    """Bytes with the unit that fits (decimal: 1 KB = 1000 B): '512 B', '3.4 KB', '12.0 MB', '1.25 GB'."""
+    if n < 1000:
+        return f"{int(n)} B"
+    for unit, scale in (("KB", 1e3), ("MB", 1e6), ("GB", 1e9)):
+        value = n / scale
+        text = f"{value:.2f}" if value < 10 else f"{value:.1f}"
+        if float(text) < 1000 or unit == "GB":
+            return f"{text} {unit}"
+    raise AssertionError("unreachable")
+
+
+# quality rules in words: (what a dropped document was, the config key(s) holding its limit)
+_QUALITY_WORDS = {
+    "min_chars": ("shorter than {min_chars} characters", "quality.min_chars"),
+    "max_chars": ("longer than {max_chars} characters", "quality.max_chars"),
+    "min_words": ("with fewer than {min_words} words", "quality.min_words"),
+    "max_words": ("with more than {max_words} words", "quality.max_words"),
+    "mean_word_length": ("with mean word length outside {min_mean_word_length}-{max_mean_word_length} characters",
+                         "quality.min_mean_word_length / max_mean_word_length"),
+    "min_alpha_words": ("with under {min_alpha_words:.0%} of words with a letter", "quality.min_alpha_words"),
+    "min_stop_words": ("with fewer than {min_stop_words} English stop words", "quality.min_stop_words"),
+    "max_digit_ratio": ("with over {max_digit_ratio:.0%} digits", "quality.max_digit_ratio"),
+    "max_garbage_ratio": ("with over {max_garbage_ratio:.0%} unreadable characters", "quality.max_garbage_ratio"),
+    "zh_min_cjk_ratio": ("with under {zh_min_cjk_ratio:.0%} Chinese characters", "quality.zh_min_cjk_ratio"),
+    "max_symbol_word_ratio": ("with over {max_symbol_word_ratio} '#' or '...' per word", "quality.max_symbol_word_ratio"),
+    "max_bullet_lines": ("with over {max_bullet_lines:.0%} of lines bulleted", "quality.max_bullet_lines"),
+    "max_ellipsis_lines": ("with over {max_ellipsis_lines:.0%} of lines ending in '...'", "quality.max_ellipsis_lines"),
+    "max_duplicate_lines": ("with over {max_duplicate_lines:.0%} of lines repeated", "quality.max_duplicate_lines"),
+    "max_duplicate_paragraphs": ("with over {max_duplicate_paragraphs:.0%} of paragraphs repeated",
+                                 "quality.max_duplicate_paragraphs"),
+    "max_duplicate_line_chars": ("with over {max_duplicate_line_chars:.0%} of characters in repeated lines",
+                                 "quality.max_duplicate_line_chars"),
+    "max_duplicate_paragraph_chars": ("with over {max_duplicate_paragraph_chars:.0%} of characters in repeated "
+                                      "paragraphs", "quality.max_duplicate_paragraph_chars"),
+    "blocklist": ("with more than {max_blocklist_hits} blocklist hits", "quality.blocklist / max_blocklist_hits"),
+}
+
+
+def reason_words(step: str, reason: str, count: int, config: Dict[str, Any]) -> str:
+    """One reason of the report in words, its document (or replacement) count first: a quality rule
+    says what the documents had and the setting that holds the limit, e.g. '20 with fewer than 50 words
+    (quality.min_words)'."""
+    q = config.get("quality", {})
+    if step == "quality" and reason in _QUALITY_WORDS:
+        text, key = _QUALITY_WORDS[reason]
+        try:
+            return f"{count} {text.format(**q)} ({key})"
+        except (KeyError, ValueError, TypeError):
+            return f"{count} broke {key}"
+    gram = re.fullmatch(r"(top|duplicate)_(\d+)gram_chars", reason) if step == "quality" else None
+    if gram:
+        kind, n = gram.group(1), int(gram.group(2))
+        key = f"max_{kind}_ngram_chars"
+        limit = {int(k): v for k, v in (q.get(key) or {}).items()}.get(n)
+        what = "the most frequent" if kind == "top" else "repeated"
+        share = f"over {limit:.0%}" if isinstance(limit, (int, float)) else "too many"
+        return f"{count} with {share} of characters in {what} {n}-word sequences (quality.{key})"
+    return f"{count} {reason}"
+
+
 def report_table(report: Dict[str, Any]) -> str:
-    """The report as a fixed-width table, one row per step."""
-    def mb(n):
-        return f"{n / 1e6:.2f}"
-    rows = [("step", "docs in", "MB in", "kept", "dropped", "changed", "MB out", "top reasons")]
+    """The report as a fixed-width table, one row per step; sizes with a unit that fits, reasons in
+    words with their counts first."""
+    config = report.get("config", {})
+    rows = [("step", "docs in", "size in", "kept", "dropped", "changed", "size out", "top reasons (documents)")]
     r = report["read"]
-    rows.append(("read", r["docs_in"], mb(r["bytes_in"]), r["kept"], r["problems"]["total"], 0, mb(r["bytes_out"]),
-                 f"{r['problems']['total']} malformed lines"))
+    rows.append(("read", r["docs_in"], human_size(r["bytes_in"]), r["kept"], r["problems"]["total"], 0,
+                 human_size(r["bytes_out"]), f"{r['problems']['total']} malformed lines"))
     for name, s in report["steps"].items():
         if not s.get("enabled"):
             rows.append((name, "-", "-", "-", "-", "-", "-", "off"))
             continue
-        top = ", ".join(f"{k} {v}" for k, v in sorted(s["reasons"].items(), key=lambda kv: -kv[1])[:3])
-        rows.append((name, s["docs_in"], mb(s["bytes_in"]), s["kept"], s["dropped"], s["changed"],
-                     mb(s["bytes_out"]), top))
+        top = "; ".join(reason_words(name, k, v, config)
+                        for k, v in sorted(s["reasons"].items(), key=lambda kv: -kv[1])[:3])
+        rows.append((name, s["docs_in"], human_size(s["bytes_in"]), s["kept"], s["dropped"], s["changed"],
+                     human_size(s["bytes_out"]), top))
     widths = [max(len(str(row[i])) for row in rows) for i in range(7)]
     lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(row[:7], widths)))
              + "  " + str(row[7]) for row in rows]
     o = report["output"]
-    lines.append(f"output: {o['documents']} documents in {o['shards']} shards, {mb(o['bytes'])} MB")
+    lines.append(f"output: {o['documents']} documents in {o['shards']} shards, {human_size(o['bytes'])}")
     lines.extend(f"warning: {w}" for w in report.get("warnings", []))
     return "\n".join(lines)

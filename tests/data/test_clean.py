@@ -239,10 +239,20 @@ def test_a_step_dropping_most_of_its_input_warns_naming_the_setting(corpus, tmp_
     s = report["steps"]["quality"]
     assert 2 * s["dropped"] > s["docs_in"]
     assert [w for w in report["warnings"] if w.startswith("quality:") and "quality.min_words" in w]
-    assert "warning: quality:" in report_table(report)
+    table = report_table(report)
+    assert "warning: quality:" in table
+    # the rule in words, its count first and its limit from the config (not "min_words 20")
+    row = next(line for line in table.splitlines() if line.startswith("quality"))
+    assert f"{s['reasons']['min_words']} with fewer than 5000 words (quality.min_words)" in row, table
     cfg.quality.min_words = 10
     report = clean([str(tmp_path / "in.jsonl")], str(tmp_path / "o2"), cfg, workers=1, progress=False)
     assert report["warnings"] == []
+
+
+def test_report_sizes_have_a_unit_that_fits():
+    from naohai.data.clean import human_size
+    assert [human_size(n) for n in (0, 999, 1000, 34_567, 999_499, 999_999, 12_345_678, 3_210_000_000)] == \
+        ["0 B", "999 B", "1.00 KB", "34.6 KB", "999.5 KB", "1.00 MB", "12.3 MB", "3.21 GB"]
 
 
 def test_an_output_folder_named_with_glob_characters(corpus, tmp_path):
