@@ -443,6 +443,10 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
     path = resolve_recipe_path(path)
     if not os.path.exists(path):
         names = recipe_names()
+        if given in MODEL_PRESETS:   # commands that need only a model (check, plan) accept the preset itself
+            raise UserError(f"'{given}' is a model preset, not a recipe: this command needs a recipe (data and train "
+                            f"settings too). Write one whose model.preset is {given} (recipes/tiny.yaml is an "
+                            f"example). Recipes: {', '.join(names)}", where=given)
         raise UserError(f"no such recipe file, and no recipe of that name in recipes/."
                         f"{did_you_mean(given, names)} Recipes: {', '.join(names)}", where=given)
     raw = read_yaml(path, "recipe")
@@ -456,6 +460,24 @@ def load_recipe(path: str, overrides: Sequence[str] = ()) -> Recipe:
             raise
         raise UserError(err.message, where=f"command line override '{hit[-1]}' (recipe {path})", key=err.key,
                         rule=err.rule) from None
+
+
+def load_recipe_or_preset(name: str, overrides: Sequence[str] = ()) -> Recipe:
+    """For commands that need only a model and a batch (``check``, ``plan``): a recipe resolved exactly as
+    ``train`` resolves it (a path, then a name in recipes/), else a model preset of that name.  So a
+    name means the same recipe in every command: ``tiny`` is recipes/tiny.yaml (whose model is the
+    preset ``tiny``), and a preset with no recipe of its name (``llama-7b``) is the preset alone."""
+    path = resolve_recipe_path(name)
+    if os.path.exists(path):
+        return load_recipe(path, overrides)
+    if name in MODEL_PRESETS:
+        raw = merge_trees({"name": name, "model": {"preset": name}}, parse_overrides(overrides))
+        return recipe_from_dict(raw, where=f"preset {name} (no recipe of that name in recipes/)")
+    names = recipe_names()
+    raise UserError(f"'{name}' is no recipe file, no recipe in recipes/ and no model preset."
+                    f"{did_you_mean(name, sorted(set(names) | set(MODEL_PRESETS)))} Recipes: {', '.join(names)}; presets: "
+                    f"{', '.join(sorted(MODEL_PRESETS))}", where="command line", key="RECIPE",
+                    rule="recipe file, recipes/ name or preset")
 
 
 def preset_recipe(preset: str) -> Recipe:

@@ -14,7 +14,6 @@ every rank compiled, 2 on a user error or a failed compile.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -53,16 +52,9 @@ def register(sub) -> None:
 
 
 def _recipe(name: str, overrides):
-    from naohai.config import MODEL_PRESETS, load_recipe, recipe_from_dict, resolve_recipe_path
-    if name in MODEL_PRESETS and not os.path.exists(name):
-        from naohai.config import merge_trees, parse_overrides
-        raw = merge_trees({"name": name, "model": {"preset": name}}, parse_overrides(overrides))
-        return recipe_from_dict(raw, where=f"preset {name}")
-    path = resolve_recipe_path(name)
-    if not os.path.exists(path):
-        raise UserError(f"'{name}' is neither a recipe file nor a preset", where="command line", key="RECIPE",
-                        rule="recipe or preset exists")
-    return load_recipe(path, overrides)
+    """The recipe as ``train`` reads the same name (a preset only where no recipe has its name)."""
+    from naohai.config import load_recipe_or_preset
+    return load_recipe_or_preset(name, overrides)
 
 
 def summary(resolved) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Optional, Tuple
 
 from naohai.errors import UserError
@@ -42,6 +43,9 @@ def _load_target(name: str):
     """(recipe or None, model_cfg, model_name) for a recipe path, recipes/ name or preset."""
     from naohai.config import MODEL_PRESETS, load_recipe, preset_recipe, resolve_recipe_path
     if name in MODEL_PRESETS and not os.path.exists(name):
+        if os.path.exists(resolve_recipe_path(name)):   # both: plan takes the model, the strategy the batch
+            print(f"plan: '{name}' read as the model preset {name}, batch from the strategy (recipes/{name}.yaml, "
+                  f"which train and check read, is used when given as a path)", file=sys.stderr)
         return None, preset_recipe(name).model, name
     path = resolve_recipe_path(name)
     if not os.path.exists(path):
