@@ -134,3 +134,24 @@ def test_user_profile(tmp_path):
     with pytest.raises(UserError) as e:
         load_profile(str(p))
     assert e.value.key == "memory_gbs" and "memory_gb" in str(e.value)
+
+
+def test_a_recipe_name_means_the_same_recipe_in_train_check_and_plan(capsys):
+    """'tiny' is recipes/tiny.yaml for train and check alike (not the preset of that name); a preset
+    with no recipe of its name is the preset for check; train refuses a preset, saying it is one; plan
+    reads a name that is both as the preset and says so."""
+    from naohai.config import load_recipe, load_recipe_or_preset
+    from naohai.errors import UserError
+    tiny = os.path.join(ROOT, "recipes", "tiny.yaml")
+    assert os.path.samefile(load_recipe("tiny").source, tiny)
+    assert os.path.samefile(load_recipe_or_preset("tiny").source, tiny)
+    assert load_recipe_or_preset("tiny").train.steps == load_recipe(tiny).train.steps != preset_recipe("tiny").train.steps
+    assert load_recipe_or_preset("llama-7b").source.startswith("preset llama-7b")
+    with pytest.raises(UserError, match="'llama-7b' is a model preset, not a recipe"):
+        load_recipe("llama-7b")
+    # the recipe's batch (16 x 16) does not fit dp2 x micro_batches 1: the error names the recipe file
+    assert main(["check", "tiny", os.path.join(ROOT, "strategies", "tiny-dp2.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "recipes/tiny.yaml" in err.replace("\n", " "), err
+    assert main(["plan", "tiny", os.path.join(ROOT, "strategies", "tiny-dp2.yaml")]) == 0
+    assert "'tiny' read as the model preset tiny" in capsys.readouterr().err
