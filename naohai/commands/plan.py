@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Optional, Tuple
 
 from naohai.errors import UserError
@@ -43,9 +42,6 @@ def _load_target(name: str):
     """(recipe or None, model_cfg, model_name) for a recipe path, recipes/ name or preset."""
     from naohai.config import MODEL_PRESETS, load_recipe, preset_recipe, resolve_recipe_path
     if name in MODEL_PRESETS and not os.path.exists(name):
-        if os.path.exists(resolve_recipe_path(name)):   # both: plan takes the model, the strategy the batch
-            print(f"plan: '{name}' read as the model preset {name}, batch from the strategy (recipes/{name}.yaml, "
-                  f"which train and check read, is used when given as a path)", file=sys.stderr)
         return None, preset_recipe(name).model, name
     path = resolve_recipe_path(name)
     if not os.path.exists(path):
@@ -158,6 +154,12 @@ def run(args) -> int:
             raise UserError("no recipe given and the strategy has no model: key", where=strategy_path,
                             key="model", rule="recipe or model key")
         recipe_name = strategy.model
+    elif not args.json:
+        from naohai.config import MODEL_PRESETS, resolve_recipe_path
+        if recipe_name in MODEL_PRESETS and os.path.exists(resolve_recipe_path(recipe_name)) \
+                and not os.path.exists(recipe_name):   # a name that is both: the preset's model, the strategy's batch
+            print(f"'{recipe_name}' read as the model preset {recipe_name}, batch from the strategy (recipes/"
+                  f"{recipe_name}.yaml, which train and check read, is planned when given as a path)")
     recipe, cfg, model_name = _load_target(recipe_name)
     if args.search:
         return _run_search(args, recipe, cfg, model_name)

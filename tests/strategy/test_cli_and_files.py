@@ -154,4 +154,4 @@ def test_a_recipe_name_means_the_same_recipe_in_train_check_and_plan(capsys):
     err = capsys.readouterr().err
     assert "recipes/tiny.yaml" in err.replace("\n", " "), err
     assert main(["plan", "tiny", os.path.join(ROOT, "strategies", "tiny-dp2.yaml")]) == 0
-    assert "'tiny' read as the model preset tiny" in capsys.readouterr().err
+    assert "'tiny' read as the model preset tiny" in capsys.readouterr().out
