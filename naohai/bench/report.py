@@ -38,6 +38,10 @@ def _table(head: List[str], rows: List[List[str]]) -> List[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def fmt_gib(x: Optional[float]) -> str:
+    return DASH if x is None else f"{x / 1024.0 ** 3:.2f} GiB"
+
+
 def throughput_rows(results: Dict[str, Any]) -> List[List[str]]:
     rows = []
     for m in results.get("models", []):
@@ -50,20 +54,51 @@ def throughput_rows(results: Dict[str, Any]) -> List[List[str]]:
     return rows
 
 
+def rss_rows(results: Dict[str, Any]) -> List[List[str]]:
+    rows = []
+    for m in results.get("models", []):
+        t, r = m["throughput"], m["ratios"]
+        rows.append([m["name"]] + [fmt_gib(t[k].get("peak_rss")) for k in ("naohai", "eager", "compile")]
+                    + [fmt_ratio(r.get("rss_naohai_over_eager")), fmt_ratio(r.get("rss_naohai_over_compile"))])
+    return rows
+
+
+def peak_lines(peak: Dict[str, Any]) -> List[str]:
+    src = peak.get("sources") or {}
+    names = {"mindspore": "MindSpore compiled MatMul", "numpy": "NumPy BLAS (child, thread variables cleared)",
+             "pytorch": "PyTorch matmul (child, defaults)"}
+    parts = [f"{names.get(k, k)} {v:.3f}" if v else f"{names.get(k, k)} failed" for k, v in src.items()]
+    out = [f"Measured fp32 matmul peak ({peak['n']}^3, best of {peak['repeats']} calls each): "
+           f"**{peak['tflops']:.3f} TFLOP/s**, the best of " + (", ".join(parts) if parts else DASH)
+           + " TFLOP/s -- the MFU denominator; model FLOPs per token from `naohai/model/flops.py` for every row."]
+    if peak.get("blas_env_cleared"):
+        out[0] += f" Cleared for NumPy: {', '.join(peak['blas_env_cleared'])}."
+    th = peak.get("theoretical")
+    if th and th.get("tflops"):
+        out += ["", f"Theoretical fp32 peak of this CPU ({th.get('cpu', '')}): **{th['tflops']:.3f} TFLOP/s** = "
+                f"{th['assumptions']} (rule and sources: `naohai/bench/peak.py`); the measured peak is "
+                f"{100 * peak['tflops'] / th['tflops']:.0f}% of it"
+                + (" -- above the bound: the cores ran faster than the clock the bound assumes (boost, which a "
+                   "VM's cpu MHz does not show)." if peak["tflops"] > th["tflops"] else ".")]
+    return out
+
+
 def render_markdown(results: Dict[str, Any]) -> str:
     env = results["environment"]
     per_round = ", ".join(f"{m['name']} {m['steps_per_round']}" for m in results.get("models", []))
-    out = [f"# naohai bench", "",
-           f"{env['date']} on {env['machine']} ({env['cpus']} CPUs; load average {env['load_before']} before, "
-           f"{env['load_after']} after); MindSpore {env['mindspore']}, PyTorch {env.get('torch') or DASH} "
-           f"({env.get('torch_threads') or DASH} threads, OMP_WAIT_POLICY={env.get('omp_wait_policy') or DASH}); best of {results['rounds']} rounds; timed steps per "
-           f"round: {per_round} "
-           f"(each round's first step is not timed).", ""]
-    peak = results["peak"]
-    out += [f"Measured fp32 matmul peak ({peak['n']}^3, the faster of MindSpore's compiled MatMul and NumPy's "
-            f"BLAS, best of {peak['repeats']}): "
-            f"**{peak['tflops']:.3f} TFLOP/s** -- the MFU denominator; model FLOPs per token from "
-            f"`naohai/model/flops.py` for every row.", ""]
+    quiet = env.get("quiet") or {}
+    out = [f"# naohai bench", ""]
+    if quiet.get("warning"):
+        out += [f"**{quiet['warning']}**", ""]
+    other = quiet.get("other_cpu_share")
+    out += [f"{env['date']} on {env['machine']} ({env['cpus']} CPUs; load average {env['load_before']} before, "
+            f"{env['load_after']} after"
+            + (f"; other processes used {100 * other:.1f}% of the cores during the run" if other is not None else "")
+            + f"); MindSpore {env['mindspore']}, PyTorch {env.get('torch') or DASH} "
+            f"({env.get('torch_threads') or DASH} threads, OMP_WAIT_POLICY={env.get('omp_wait_policy') or DASH}); "
+            f"best of {results['rounds']} alternating rounds; timed steps per round: {per_round} "
+            f"(each round's first step is not timed).", ""]
+    out += peak_lines(results["peak"]) + [""]
     if results.get("torch_note"):
         out += [f"PyTorch rows: {results['torch_note']}", ""]
     out += ["## Training throughput (tokens/s, MFU)", ""]
@@ -73,6 +108,13 @@ def render_markdown(results: Dict[str, Any]) -> str:
             "guard, learning-rate read, console and metrics-file logging); PyTorch trains the same architecture "
             "(`run/bench/torch_peer.py`) on the same batches: fp32, AdamW with the same decay groups, clip 1.0, "
             "tied head, dropout 0.", ""]
+    if any(m["throughput"]["naohai"].get("peak_rss") for m in results.get("models", [])):
+        out += ["## Peak resident memory of each row", ""]
+        out += _table(["model", "naohai", "PyTorch eager", "torch.compile", "naohai / eager", "naohai / compile"],
+                      rss_rows(results))
+        out += ["", "Each row trains in a worker process of its own; the figure is that process's `ru_maxrss` "
+                "(getrusage) after its last round: the library, the built model, optimizer state, compiled graphs "
+                "(naohai: the train and the eval step), activations and allocator pools.", ""]
     comp = results.get("compile")
     if comp:
         out += ["## Train-step compile time (one CPU device, graph mode; hidden 64, seq 32)", ""]

@@ -4,9 +4,13 @@
 worker process (:mod:`naohai.bench.worker`), each compile probe in a fresh one -- and returns the results dict that :mod:`naohai.bench.report` and
 :mod:`naohai.bench.charts` write.  Rounds alternate naohai, PyTorch eager and
 ``torch.compile`` so that load from other processes falls on all rows alike; each row
-keeps its best round.  The load average before and after is recorded: on a shared machine
-the ratios of one run are the figures to compare, not absolute tokens/s.  Unless the environment
-sets it, ``OMP_WAIT_POLICY=PASSIVE`` is set before PyTorch loads (see :func:`run_suite`).
+keeps its best round.  Each side runs at its own defaults: nothing here sets PyTorch's threads or the
+OpenMP wait policy (``--torch-threads`` does, when asked), and the workers get the environment the user
+started ``naohai bench`` with.  The load average before and after and the CPU share other processes
+used are recorded, and the report warns when the machine was not quiet (:mod:`naohai.bench.quiet`).
+The peak is the best of MindSpore's compiled MatMul, NumPy's BLAS (a child without the machine's thread
+variables) and PyTorch's matmul (a child, when installed), printed beside the CPU's theoretical peak
+(:mod:`naohai.bench.peak`); every row's peak RSS is its worker process's ``ru_maxrss``.
 """
 from __future__ import annotations
 
@@ -62,9 +66,9 @@ def environment() -> Dict[str, Any]:
 
 
 def _row(tps: Optional[float], flops_token: float, peak: float, rounds: List[Optional[float]],
-         first_step_s: Optional[float] = None, note: str = "") -> Dict[str, Any]:
+         first_step_s: Optional[float] = None, note: str = "", peak_rss: Optional[int] = None) -> Dict[str, Any]:
     return {"tokens_per_s": tps, "mfu": arith.mfu(tps, flops_token, peak) if tps else None,
-            "rounds_tokens_per_s": rounds, "first_step_s": first_step_s, "note": note}
+            "rounds_tokens_per_s": rounds, "first_step_s": first_step_s, "note": note, "peak_rss": peak_rss}
 
 
 def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_torch: bool, log) -> Dict[str, Any]:
@@ -84,6 +88,7 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
     workers: Dict[str, Any] = {}
     per_round: Dict[str, List[float]] = {k: [] for k in keys}
     first: Dict[str, Optional[float]] = {}
+    rss: Dict[str, Optional[int]] = {}
     try:
         for key in keys:
             workers[key] = Worker(key, bm.name, prepared, workdir, peak)
@@ -92,6 +97,7 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
                 ans = workers[key].request(cmd="round", steps=steps + 1)
                 per_round[key].append(arith.tokens_per_second(bm.tokens_per_step, ans["times"]))
                 first[key] = ans["first_step_s"]
+                rss[key] = ans.get("peak_rss")
                 log(f"{bm.name} round {r + 1}/{opts.rounds}: {key} {per_round[key][-1]:,.0f} tokens/s "
                     f"(load {_load()})")
         allocated = workers["naohai"].request(cmd="allocated")
@@ -101,7 +107,8 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
     throughput = {}
     for key in ("naohai", "eager", "compile"):
         if key in keys:
-            throughput[key] = _row(arith.best(per_round[key]), fpt, peak, per_round[key], first.get(key))
+            throughput[key] = _row(arith.best(per_round[key]), fpt, peak, per_round[key], first.get(key),
+                                   peak_rss=rss.get(key))
         else:
             throughput[key] = _row(None, fpt, peak, [], note="not measured")
     nao = throughput["naohai"]["tokens_per_s"]
@@ -111,7 +118,11 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
     return {"name": bm.name, "params": count_params(bm.model), "batch": bm.batch, "seq": bm.seq,
             "flops_per_token": fpt, "steps_per_round": steps, "throughput": throughput,
             "ratios": {"naohai_over_eager": arith.ratio(nao, throughput["eager"]["tokens_per_s"]),
-                       "naohai_over_compile": arith.ratio(nao, throughput["compile"]["tokens_per_s"])},
+                       "naohai_over_compile": arith.ratio(nao, throughput["compile"]["tokens_per_s"]),
+                       "rss_naohai_over_eager": arith.ratio(throughput["naohai"]["peak_rss"],
+                                                            throughput["eager"]["peak_rss"]),
+                       "rss_naohai_over_compile": arith.ratio(throughput["naohai"]["peak_rss"],
+                                                              throughput["compile"]["peak_rss"])},
             "loader": {"model": bm.name, "loader_tokens_per_s": loader, "train_tokens_per_s": nao,
                        "ratio": arith.ratio(loader, nao)},
             "memory": memory}
@@ -126,17 +137,16 @@ COMPILE_NOTE = ("'loop' is train.layer_loop: always (one layer graph run by a lo
 
 def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, Any]:
     from naohai.bench.compile_time import measure
+    from naohai.bench.peak import this_machine_theoretical_peak, torch_matmul_tflops
+    from naohai.bench.quiet import Watch
     from naohai.bench.torch_row import peer_module
     import mindspore as ms
-    from naohai.train.device import measured_cpu_peak_tflops
+    from naohai.train.device import clean_blas_env, cpu_peak_sources
 
     ms.set_device("CPU")           # before the first kernel (the peak's MatMul); the trainer sets it again
-    # OpenMP threads that spin while waiting (GNU OpenMP's default) lose most of their speed when other
-    # processes share the cores: measured here, the tiny PyTorch eager row ran at 1.5-1.8k tokens/s with
-    # ACTIVE and 7.6-8.0k with PASSIVE under a load average of 3.5 on 2 cores.  Must precede torch's import.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    watch = Watch()
     env = environment()
-    env["omp_wait_policy"] = os.environ["OMP_WAIT_POLICY"]
+    env["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "unset (each library's default)")
     if opts.torch_threads:
         os.environ["NAOHAI_BENCH_TORCH_THREADS"] = str(int(opts.torch_threads))
     peer, why = peer_module()      # imports torch here only to say whether the rows can run
@@ -146,11 +156,19 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
         env["torch_threads"] = int(opts.torch_threads) if opts.torch_threads else torch.get_num_threads()
     else:
         log(f"PyTorch rows skipped: {why}")
+    log(f"load average before: {env['load_before']}")
     log(f"measuring the fp32 matmul peak ({opts.peak_n}^3, best of {opts.peak_repeats}) ...")
-    peak = measured_cpu_peak_tflops(opts.peak_n, opts.peak_repeats)
-    log(f"peak {peak:.3f} TFLOP/s")
+    sources = cpu_peak_sources(opts.peak_n, opts.peak_repeats)
+    if peer is not None:
+        sources["pytorch"] = torch_matmul_tflops(opts.peak_n, opts.peak_repeats)
+    peak = max(v for v in sources.values() if v)
+    theory = this_machine_theoretical_peak()
+    log(f"peak {peak:.3f} TFLOP/s (" + ", ".join(f"{k} {v:.3f}" if v else f"{k} failed" for k, v in sources.items())
+        + f"); theoretical {theory['tflops'] or 0:.3f}: {theory['assumptions']}")
     results: Dict[str, Any] = {"environment": env, "rounds": opts.rounds, "steps": opts.steps or dict(DEFAULT_STEPS),
-                               "peak": {"n": opts.peak_n, "repeats": opts.peak_repeats, "tflops": peak},
+                               "peak": {"n": opts.peak_n, "repeats": opts.peak_repeats, "tflops": peak,
+                                        "sources": sources, "blas_env_cleared": clean_blas_env()[1],
+                                        "theoretical": theory},
                                "torch_note": why if peer is None else
                                ("torch.compile not run (--no-torch-compile)" if not opts.torch_compile else None),
                                "models": [], "loader": [], "memory": []}
@@ -174,4 +192,8 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
         with tempfile.TemporaryDirectory(prefix="naohai-bench-lm-", dir=opts.workdir) as lm_dir:
             results["lm_eval"] = lm_eval_rate(lm_dir, rounds=opts.rounds, log=log)
     env["load_after"] = _load()
+    env["quiet"] = watch.stop(env["cpus"] or 1)
+    log(f"load average after: {env['load_after']}")
+    if env["quiet"]["warning"]:
+        log(env["quiet"]["warning"])
     return results

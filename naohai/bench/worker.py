@@ -6,7 +6,8 @@ OMP_WAIT_POLICY=PASSIVE; in a process of its own 7,600-8,000, same load), so eac
 (``naohai``, ``eager``, ``compile``) runs in a worker: ``python -m naohai.bench.worker
 ROW MODEL PREPARED_DIR WORKDIR PEAK``.  It builds the row, answers ``@@bench {"ready": ...}``,
 then reads one JSON command per line from stdin -- ``{"cmd": "round", "steps": N}`` (answer:
-the timed step seconds and the first step's seconds), ``{"cmd": "allocated"}`` (naohai:
+the timed step seconds, the first step's seconds and the worker's peak resident set so far,
+``ru_maxrss`` of ``getrusage(RUSAGE_SELF)`` in bytes), ``{"cmd": "allocated"}`` (naohai:
 :meth:`NaohaiRun.allocated`), ``{"cmd": "quit"}``.  Answers are the stdout lines starting with
 ``@@bench ``; anything else there (library chatter) is ignored.  :class:`Worker` is the
 parent's side.
@@ -72,6 +73,12 @@ class Worker:
         self._log.close()
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set in bytes (``ru_maxrss``: KiB on Linux)."""
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 def _say(obj: Dict[str, Any]) -> None:
     sys.stdout.write(PREFIX + json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -101,7 +108,7 @@ def main(argv) -> int:
         cmd = json.loads(line)
         if cmd["cmd"] == "round":
             times = runner.round(int(cmd["steps"]))
-            _say({"times": times, "first_step_s": runner.first_step_s})
+            _say({"times": times, "first_step_s": runner.first_step_s, "peak_rss": peak_rss_bytes()})
         elif cmd["cmd"] == "allocated":
             _say(runner.allocated())
         else:

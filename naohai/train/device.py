@@ -8,7 +8,8 @@ explicit device that is not usable is a :class:`UserError`.
 ``peak_tflops(device, ...)`` is the per-device denominator of MFU: the recipe's
 ``train.device_peak_tflops`` if given, else the planner's device profile on Ascend
 (named by ``train.device_profile`` or detected from the chip name), else on CPU a
-fp32 matmul peak (MindSpore's compiled MatMul or NumPy's BLAS, whichever is faster) measured
+fp32 matmul peak (MindSpore's compiled MatMul or NumPy's BLAS in a child process without the machine's
+thread variables, whichever is faster) measured
 once per machine and kept in a cache file (:func:`cached_cpu_peak_tflops`), so MFU compares
 between runs; the returned source says which, when it was measured and at what load.
 """
@@ -92,18 +93,52 @@ PEAK_MATMUL_N = 2048
 PEAK_REPEATS = 5
 
 
-def measured_cpu_peak_tflops(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS) -> float:
-    """This host's fp32 matmul peak (TFLOP/s): the best n x n product rate of MindSpore's compiled MatMul
-    and of NumPy's BLAS, one warm-up each, then the fastest of ``repeats`` timed calls; measured once per
-    process and size.
+#: prefixes of the thread and BLAS variables a machine may set (OpenBLAS, GotoBLAS, OpenMP, MKL, BLIS,
+#: NVPL): the NumPy peak runs in a child without them, so a site's OPENBLAS_NUM_THREADS=1 cannot lower it
+BLAS_ENV_PREFIXES = ("OPENBLAS_", "GOTO", "OMP_", "GOMP_", "KMP_", "MKL_", "BLIS_", "NVPL_")
+
+_NUMPY_CHILD = """
+import sys, time
+import numpy as np
+n, repeats = int(sys.argv[1]), int(sys.argv[2])
+a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+a @ a
+best = float("inf")
+for _ in range(repeats):
+    t0 = time.perf_counter(); a @ a; best = min(best, time.perf_counter() - t0)
+print("@@seconds", best)
+"""
+
+
+def clean_blas_env(env: Optional[dict] = None) -> Tuple[dict, list]:
+    """``env`` (default ``os.environ``) without the variables of :data:`BLAS_ENV_PREFIXES`, and their names."""
+    env = dict(os.environ if env is None else env)
+    dropped = sorted(k for k in env if k.startswith(BLAS_ENV_PREFIXES))
+    return {k: v for k, v in env.items() if k not in dropped}, dropped
+
+
+def child_matmul_seconds(code: str, n: int, repeats: int, env: dict, timeout: float = 600) -> Optional[float]:
+    """The fastest of ``repeats`` n x n matmuls timed by ``code`` in a fresh Python process (it prints
+    ``@@seconds S``); None when the child fails (a missing package, a crash)."""
+    import subprocess
+    import sys
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(int(n)), str(int(repeats))], capture_output=True,
+                             text=True, env=env, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.stdout.splitlines():
+        if line.startswith("@@seconds "):
+            return float(line.split()[1])
+    return None
+
+
+def mindspore_matmul_seconds(n: int, repeats: int) -> float:
+    """The fastest of ``repeats`` n x n MatMuls compiled by ``ms.jit`` in this process (one warm-up).
 
     The MatMul runs inside ``ms.jit``, as training's do: a PyNative MatMul measured 0.114-0.129 TFLOP/s on
     the 2-core dev VM where the compiled one and NumPy measured 0.20-0.21, and the 42M benchmark model
-    trained at 0.136, so a PyNative figure would put MFU above 100%.
-    """
-    key = ("cpu", int(n), int(repeats))
-    if key in _MEASURED:
-        return _MEASURED[key]
+    trained at 0.136, so a PyNative figure would put MFU above 100%."""
     import numpy as np
     import mindspore as ms
     from mindspore import Tensor, ops
@@ -112,20 +147,33 @@ def measured_cpu_peak_tflops(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS
     def square(x):
         return ops.matmul(x, x)
 
-    host = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
-    a = Tensor(host)
+    a = Tensor(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
+    square(a).asnumpy()                   # warm-up (compile, kernel selection, thread pool)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        square(a).asnumpy()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
-    def best_of(fn) -> float:
-        fn()                                  # warm-up (compile, kernel selection, thread pool)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-        return best
 
-    fastest = min(best_of(lambda: square(a).asnumpy()), best_of(lambda: host @ host))
-    _MEASURED[key] = 2.0 * n ** 3 / fastest / 1e12
+def cpu_peak_sources(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS) -> dict:
+    """TFLOP/s of an n x n fp32 matmul by each library the trainer can compare with: ``mindspore`` (compiled
+    MatMul, this process) and ``numpy`` (its BLAS in a child process whose environment lacks the machine's
+    thread/BLAS variables, :func:`clean_blas_env`); a source that failed is None."""
+    flops = 2.0 * n ** 3
+    out = {"mindspore": flops / mindspore_matmul_seconds(n, repeats) / 1e12}
+    sec = child_matmul_seconds(_NUMPY_CHILD, n, repeats, clean_blas_env()[0])
+    out["numpy"] = flops / sec / 1e12 if sec else None
+    return out
+
+
+def measured_cpu_peak_tflops(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS) -> float:
+    """This host's fp32 matmul peak (TFLOP/s): the best of :func:`cpu_peak_sources`; measured once per
+    process and size."""
+    key = ("cpu", int(n), int(repeats))
+    if key not in _MEASURED:
+        _MEASURED[key] = max(v for v in cpu_peak_sources(n, repeats).values() if v)
     return _MEASURED[key]
 
 
@@ -195,7 +243,7 @@ def cached_cpu_peak_tflops(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS) 
             os.replace(tmp, path)
         except OSError as exc:
             how = f"measured now, not cached ({exc.strerror or exc})"
-    source = (f"fp32 matmul peak of this machine ({n}^3, compiled MindSpore MatMul or NumPy BLAS, best of "
+    source = (f"fp32 matmul peak of this machine ({n}^3, compiled MindSpore MatMul or NumPy BLAS in a clean child, best of "
               f"{repeats}), {how}: measured {entry.get('measured', '?')} at load average "
               f"{entry.get('load_average', '?')}, kept in {path} (delete it to measure again)")
     return float(entry["tflops"]), source

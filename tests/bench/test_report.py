@@ -13,18 +13,24 @@ from naohai.bench.report import render_markdown, write_report
 
 
 def _results():
-    row = lambda tps, mfu: {"tokens_per_s": tps, "mfu": mfu, "rounds_tokens_per_s": [tps], "first_step_s": 1.0,
-                            "note": ""}
+    row = lambda tps, mfu, rss=None: {"tokens_per_s": tps, "mfu": mfu, "rounds_tokens_per_s": [tps],
+                                      "first_step_s": 1.0, "note": "", "peak_rss": rss}
     return {
         "environment": {"date": "2026-01-02 03:04", "machine": "test cpu", "cpus": 2, "mindspore": "2.10.0",
-                        "torch": "2.13.0", "torch_threads": 2, "load_before": "1.00", "load_after": "2.00"},
-        "rounds": 3, "steps": {"tiny": 20}, "peak": {"n": 2048, "repeats": 5, "tflops": 0.16},
+                        "torch": "2.13.0", "torch_threads": 2, "load_before": "1.00", "load_after": "2.00", "omp_wait_policy": "unset (each library's default)",
+                        "quiet": {"other_cpu_share": 0.2, "warning": "WARNING: the machine was not quiet -- x."}},
+        "rounds": 3, "steps": {"tiny": 20},
+        "peak": {"n": 2048, "repeats": 5, "tflops": 0.16,
+                 "sources": {"mindspore": 0.1, "numpy": 0.16, "pytorch": None},
+                 "blas_env_cleared": ["OPENBLAS_NUM_THREADS"],
+                 "theoretical": {"tflops": 0.32, "cpu": "test cpu", "assumptions": "2 cores x 2.5 GHz x 64"}},
         "torch_note": None,
         "models": [{"name": "tiny", "params": 1072640, "batch": 16, "seq": 128, "flops_per_token": 7222272.0,
                     "steps_per_round": 20,
-                    "throughput": {"naohai": row(8858.0, 0.4), "eager": row(13357.0, 0.6),
+                    "throughput": {"naohai": row(8858.0, 0.4, 3 * 2 ** 30), "eager": row(13357.0, 0.6, 2 ** 30),
                                    "compile": row(None, None)},
-                    "ratios": {"naohai_over_eager": 8858.0 / 13357.0, "naohai_over_compile": None}}],
+                    "ratios": {"naohai_over_eager": 8858.0 / 13357.0, "naohai_over_compile": None,
+                               "rss_naohai_over_eager": 3.0, "rss_naohai_over_compile": None}}],
         "loader": [{"model": "tiny", "loader_tokens_per_s": 1e6, "train_tokens_per_s": 8858.0,
                     "ratio": 1e6 / 8858.0}],
         "memory": [{"model": "tiny", "planned": {"parameters": 4 * 2 ** 20, "optimizer_state": 8 * 2 ** 20,
@@ -43,7 +49,13 @@ def _results():
 def test_markdown_tables_hold_the_figures():
     md = render_markdown(_results())
     assert "| tiny (1.07M, 16 x 128) | 8,858 | 40.0% | 13,357 | 60.0% | \u2014 | \u2014 | 0.66 | \u2014 |" in md
-    assert "**0.160 TFLOP/s**" in md and "load average 1.00 before, 2.00 after" in md
+    assert "**0.160 TFLOP/s**, the best of MindSpore compiled MatMul 0.100, NumPy BLAS (child, thread " in md
+    assert "PyTorch matmul (child, defaults) failed" in md and "Cleared for NumPy: OPENBLAS_NUM_THREADS." in md
+    assert "**0.320 TFLOP/s** = 2 cores x 2.5 GHz x 64" in md and "the measured peak is 50% of it" in md
+    assert "load average 1.00 before, 2.00 after; other processes used 20.0% of the cores" in md
+    assert md.split("\n")[2] == "**WARNING: the machine was not quiet -- x.**"
+    assert "OMP_WAIT_POLICY=unset (each library's default)" in md
+    assert "| tiny | 3.00 GiB | 1.00 GiB | \u2014 | 3.00 | \u2014 |" in md
     assert "| 16 | separate | 8.0 s | 4.00 | 2.0 s | 4.0 s | 1.5 s |  |" in md
     assert "| 64 | separate | \u2014 | \u2014 | \u2014 | \u2014 | \u2014 | timed out |" in md
     assert "| tiny | 1,000,000 | 8,858 | 113 |" in md
