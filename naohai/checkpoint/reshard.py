@@ -167,6 +167,10 @@ def model_weights(ckpt: str, hash_files: bool = True):
     if not isinstance(man.get("recipe"), dict):
         raise UserError("integrity error: the manifest records no recipe", where=ckpt, key="recipe")
     recipe = recipe_from_dict(man["recipe"], where=os.path.join(ckpt, store.MANIFEST))
+    if man.get("finetune_base") is not None:
+        raise UserError("holds LoRA adapters only (a fine-tuning run's checkpoint), not the model: "
+                        "`naohai ckpt merge-adapter` makes the full model, `ckpt export --to hf` or `--to peft` "
+                        "write it out", where=ckpt, key="finetune")
     model_names = {p.name for p in param_shapes(recipe.model)}
     tensors = merged_tensors(ckpt, hash_files=hash_files)
     return recipe, {k: v.asnumpy().astype(np.float32) for k, v in tensors.items() if k in model_names}

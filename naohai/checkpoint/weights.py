@@ -9,7 +9,14 @@
   ``recipe.yaml``);
 * ``hugging face``: a Hugging Face model folder (``config.json`` + ``*.safetensors``), its model
   read from ``config.json`` by :mod:`naohai.convert.hf` (the families it knows), its tokenizer
-  ``tokenizer.json`` when the folder has one.
+  ``tokenizer.json`` when the folder has one;
+* ``adapter folder``: LoRA adapters over a base (``naohai ckpt import --from peft``,
+  :mod:`naohai.checkpoint.adapters`).
+
+A fine-tuning run's checkpoints hold only its adapters; they and adapter folders read as the
+merged model (base weights + ``alpha / rank * B A``, the base checked against the fingerprint
+recorded with the adapters), so everything below serves them unchanged;
+:attr:`Weights.adapters` gives the factors themselves.
 
 Another kind is one function that returns :class:`Weights`, added with :func:`register_source`.  Every reader answers with the recipe the weights
 belong to and, when asked (:meth:`Weights.tensors`), the model's full float32 tensors by
@@ -48,12 +55,15 @@ class Weights:
     step: Optional[int] = None                       # training step of a checkpoint
     checkpoint: Optional[str] = None                 # the naohai checkpoint folder, when it is one
     tokenizer_sha256: Optional[str] = None           # the tokenizer the weights were trained with, if known
+    fingerprint: Optional[str] = None                # cheap content id (adapters.fingerprint_of computes one else)
+    adapters: Optional[Callable[[], Dict[str, np.ndarray]]] = None   # LoRA factors: tensors() merges them in
 
     def tensors(self) -> Dict[str, np.ndarray]:
         return self.read()
 
     def describe(self) -> str:
-        return f"{self.kind} {self.path}" + (f" (step {self.step})" if self.step is not None else "")
+        return f"{self.kind} {self.path}" + (f" (step {self.step})" if self.step is not None else "") \
+            + (" (LoRA adapters over their base)" if self.adapters is not None else "")
 
     def tokenizer_file(self) -> str:
         """The tokenizer of this model: the recipe's ``data.tokenizer``, else ``tokenizer.model`` or
@@ -120,14 +130,26 @@ def _is_checkpoint(path: str) -> bool:
 
 
 def _open_checkpoint(path: str, verify: bool) -> Weights:
+    from naohai.checkpoint import adapters as ad
     from naohai.checkpoint.reshard import merged_tensors
+    from naohai.model.lora import is_adapter_name
     chosen = store.resolve_checkpoint(path)
     man = store.verified(chosen, hash_files=verify)
-    recipe = recipe_from_dict(man["recipe"], where=os.path.join(chosen, store.MANIFEST))
-    return Weights("checkpoint", chosen, recipe,
-                   lambda: model_tensors(recipe, merged_tensors(chosen, hash_files=False)),   # hashed above
-                   step=int(man.get("step", 0)), checkpoint=chosen,
-                   tokenizer_sha256=(man.get("identity") or {}).get("tokenizer_sha256"))
+    where = os.path.join(chosen, store.MANIFEST)
+    recipe = recipe_from_dict(man["recipe"], where=where)
+    found = Weights("checkpoint", chosen, recipe,
+                    lambda: model_tensors(recipe, merged_tensors(chosen, hash_files=False)),   # hashed above
+                    step=int(man.get("step", 0)), checkpoint=chosen,
+                    tokenizer_sha256=(man.get("identity") or {}).get("tokenizer_sha256"),
+                    fingerprint=ad.checkpoint_fingerprint(man))
+    if man.get(ad.BASE_KEY) is not None:          # a fine-tuning run's: adapters only
+        if recipe.finetune is None:
+            raise UserError(f"integrity error: records a base ({ad.BASE_KEY}) but its recipe has no finetune "
+                            f"section", where=where, key=ad.BASE_KEY)
+        found.adapters = lambda: {k: v.asnumpy().astype(np.float32)
+                                  for k, v in merged_tensors(chosen, hash_files=False).items() if is_adapter_name(k)}
+        found.read = lambda: ad.merged(ad.read_base(man[ad.BASE_KEY], recipe, where), found.adapters(), recipe, where)
+    return found
 
 
 # --------------------------------------------------------------------------- imported model folders
@@ -137,9 +159,27 @@ def _is_model_dir(path: str) -> bool:
 
 
 def _open_model_dir(path: str, verify: bool) -> Weights:
-    from naohai.convert.model_dir import load_model_dir
+    from naohai.checkpoint.adapters import file_fingerprint
+    from naohai.convert.model_dir import WEIGHTS, load_model_dir
     recipe, tensors = load_model_dir(path)
-    return Weights("model folder", path, recipe, lambda: model_tensors(recipe, tensors))
+    return Weights("model folder", path, recipe, lambda: model_tensors(recipe, tensors),
+                   fingerprint=file_fingerprint(os.path.join(path, WEIGHTS)))
+
+
+# --------------------------------------------------------------------------- adapter folders
+def _is_adapter_dir(path: str) -> bool:
+    from naohai.checkpoint.adapters import is_adapter_dir
+    return is_adapter_dir(path)
+
+
+def _open_adapter_dir(path: str, verify: bool) -> Weights:
+    from naohai.checkpoint import adapters as ad
+    recipe, factors, base, _ = ad.read_adapter_dir(path)
+    where = os.path.join(path, ad.ADAPTER_INFO)
+    return Weights("adapter folder", path, recipe,
+                   lambda: ad.merged(ad.read_base(base, recipe, where), factors, recipe, where),
+                   fingerprint=ad.file_fingerprint(os.path.join(path, ad.ADAPTER_WEIGHTS)),
+                   adapters=lambda: dict(factors))
 
 
 # --------------------------------------------------------------------------- Hugging Face folders
@@ -164,6 +204,8 @@ register_source("model folder", _is_model_dir, _open_model_dir,
                 "an imported model folder (model.ckpt + recipe.yaml, from `naohai ckpt import`)")
 register_source("hugging face", _is_hf_folder, _open_hf_folder,
                 "a Hugging Face model folder (config.json + *.safetensors) of a family naohai knows")
+register_source("adapter folder", _is_adapter_dir, _open_adapter_dir,
+                "an adapter folder (adapter.ckpt + adapter.json + recipe.yaml, from `naohai ckpt import --from peft`)")
 
 
 # --------------------------------------------------------------------------- users
@@ -174,7 +216,7 @@ def load_model(path: str, seed: int = 0, verify: bool = True):
     from naohai.model.transformer import NaohaiLM
 
     found = find_weights(path, verify)
-    model = NaohaiLM(found.recipe.model, seed=seed)
+    model = NaohaiLM(found.recipe.model, seed=seed)       # adapters come merged into the weights
     assign_weights(model, found.tensors(), where=found.path)
     return found, model
 

@@ -1,4 +1,4 @@
-"""`naohai ckpt inspect|verify|merge|reshard|import|export`: look at, move and convert checkpoints.
+"""`naohai ckpt inspect|verify|merge|reshard|import|export|merge-adapter`: look at, move and convert checkpoints.
 
   naohai ckpt inspect CKPT                       step, layout, files, tensors per rank and merged shapes
   naohai ckpt verify CKPT                        manifest, every file's size and SHA-256 (exit 2 if bad)
@@ -11,6 +11,14 @@
   naohai ckpt import HF_DIR --from hf --out DIR [model.key=value ...]
         a Hugging Face folder (config.json, safetensors shards, tokenizer) -> an imported model folder
         whose recipe comes from config.json (naohai.convert.hf)
+  naohai ckpt import --from peft ADAPTER_DIR --base MODEL --out DIR
+        a Hugging Face PEFT LoRA folder over a naohai model (run, checkpoint or imported model) -> an
+        adapter folder (naohai.checkpoint.adapters) that generate / eval / train.init_from read merged
+  naohai ckpt merge-adapter RUN --out DIR
+        a fine-tuning run's (or an adapter folder's) LoRA folded into its base: an imported model folder
+  naohai ckpt export RUN --to peft --out DIR
+        a fine-tuning run's (or an adapter folder's) LoRA as a PEFT folder (adapter_config.json +
+        adapter_model.safetensors) for the families transformers knows
   naohai ckpt export CKPT --format safetensors|pangu-alpha|pengcheng-mind --out FILE
         the full model weights, as safetensors or with the reference code's names and layouts
   naohai ckpt export CKPT --to hf --out DIR [--shard-size 5GB]
@@ -58,10 +66,17 @@ def register(sub) -> None:
     a.add_argument("--no-verify", action="store_true",
                    help="skip the SHA-256 check of the source's files (sizes are still checked)")
     allow_intermixed(a)
+    a = actions.add_parser("merge-adapter", help="fold a run's LoRA adapters into its base weights")
+    a.add_argument("checkpoint", help="a fine-tuning run, its checkpoint or an adapter folder")
+    a.add_argument("--out", required=True, help="new imported model folder")
+    a.add_argument("--no-verify", action="store_true",
+                   help="skip the SHA-256 check of the source's files (sizes are still checked)")
     a = actions.add_parser("import", help="published reference checkpoint -> imported model folder")
-    a.add_argument("src", help="a .ckpt file, a folder with one .ckpt (+ the .npy embedding tables), or a "
-                               "folder of rank_<n>/ slices (with --strategy)")
-    a.add_argument("--from", dest="fmt", required=True, choices=FORMATS + ("hf",))
+    a.add_argument("src", help="a .ckpt file, a folder with one .ckpt (+ the .npy embedding tables), a "
+                               "folder of rank_<n>/ slices (with --strategy), or a PEFT adapter folder")
+    a.add_argument("--from", dest="fmt", required=True, choices=FORMATS + ("hf", "peft"))
+    a.add_argument("--base", help="peft: the model the adapter was trained on (a naohai run, checkpoint or "
+                                  "imported model folder)")
     a.add_argument("--recipe", help="recipe (file or name) whose model the checkpoint holds (reference "
                                     "formats; a Hugging Face folder's config.json gives it)")
     a.add_argument("--strategy", default=None, help="strategy file of the run that wrote sharded slices")
@@ -70,9 +85,10 @@ def register(sub) -> None:
     allow_intermixed(a)
     a = actions.add_parser("export", help="write the full model weights in another format")
     a.add_argument("checkpoint", help="a checkpoint, run folder or imported model folder")
-    a.add_argument("--format", "--to", dest="format", choices=("safetensors",) + FORMATS + ("hf",),
-                   default="safetensors", help="safetensors (naohai names), a reference checkpoint layout (.ckpt) "
-                                               "or hf (a Hugging Face folder); --to is the same")
+    a.add_argument("--format", "--to", dest="format", choices=("safetensors",) + FORMATS + ("hf", "peft"),
+                   default="safetensors", help="safetensors (naohai names), a reference checkpoint layout (.ckpt), "
+                                               "hf (a Hugging Face folder) or peft (a fine-tuning run's LoRA "
+                                               "adapters as a PEFT folder); --to is the same")
     a.add_argument("--out", required=True, help="output file (a new folder for hf)")
     a.add_argument("--shard-size", default="5GB", help="hf: largest safetensors shard (bytes, or with KB/MB/GB; "
                                                        "default 5GB as transformers)")
@@ -85,10 +101,14 @@ def run(args) -> int:
     from naohai.checkpoint import store
     from naohai.convert.model_dir import is_model_dir
     if not getattr(args, "action", None):
-        raise UserError("give an action: inspect, verify, merge, reshard, import or export",
+        raise UserError("give an action: inspect, verify, merge, reshard, import, export or merge-adapter",
                         where="command line", key="ACTION")
     if args.action == "import":
         return _import(args)
+    if args.action == "merge-adapter":
+        return _merge_adapter(args)
+    if args.action == "export" and args.format == "peft":
+        return _export_peft(args)
     if args.action == "export" and is_model_dir(args.checkpoint):
         return _export(args, None)
     path = store.resolve_checkpoint(args.checkpoint)
@@ -224,9 +244,87 @@ def _compile(recipe, strategy, work: Path, timeout: float) -> Path:
     return out
 
 
+def _adapters_of(path: str, verify: bool):
+    """(weights, LoRA factors) of a fine-tuning run, its checkpoint or an adapter folder; exit 2 otherwise."""
+    from naohai.checkpoint.weights import find_weights
+    found = find_weights(path, verify=verify)
+    if found.adapters is None:
+        raise UserError(f"holds no LoRA adapters ({found.describe()}: a model trained without a finetune section)",
+                        where=path, key="finetune")
+    return found, found.adapters()
+
+
+def _merge_adapter(args) -> int:
+    from naohai.checkpoint.adapters import plain_recipe
+    from naohai.convert.model_dir import write_model_dir
+    if os.path.lexists(args.out):
+        raise UserError("already exists; choose a new folder (nothing is overwritten)", where=args.out, key="--out")
+    found, factors = _adapters_of(args.checkpoint, not args.no_verify)
+    tensors = found.tensors()
+    tokenizer = found.tokenizer_file()
+    work = os.path.abspath(args.out)
+    os.makedirs(work)
+    kept = None
+    if os.path.isfile(tokenizer):                  # the merged folder carries its tokenizer
+        kept = os.path.join(work, os.path.basename(tokenizer))
+        shutil.copyfile(tokenizer, kept)
+        config = os.path.join(os.path.dirname(tokenizer), "tokenizer_config.json")
+        if tokenizer.endswith(".json") and os.path.isfile(config):
+            shutil.copyfile(config, os.path.join(work, "tokenizer_config.json"))
+    write_model_dir(work, plain_recipe(found.recipe, kept), tensors)
+    print(f"merged {len(factors) // 2} LoRA adapters of {found.describe()} into its base -> {args.out} "
+          f"(an imported model folder: generate, eval, train.init_from, ckpt export)")
+    return 0
+
+
+def _export_peft(args) -> int:
+    from naohai.convert.peft import write_peft_lora
+    found, factors = _adapters_of(args.checkpoint, not args.no_verify)
+    ft = found.recipe.finetune
+    files = write_peft_lora(args.out, found.recipe.model, factors, rank=int(ft.rank), alpha=float(ft.alpha),
+                            dropout=float(ft.dropout), base_model=found.recipe.train.init_from or "",
+                            where=args.checkpoint)
+    print(f"exported {len(factors) // 2} LoRA adapters of {found.describe()} -> {args.out} (PEFT: {', '.join(files)})")
+    return 0
+
+
+def _import_peft(args) -> int:
+    import dataclasses
+    import re
+    from naohai.checkpoint import adapters as ad
+    from naohai.checkpoint.weights import find_weights
+    from naohai.config import FinetuneConfig, recipe_from_dict
+    from naohai.convert.peft import read_peft_lora
+    if not args.base:
+        raise UserError("--from peft needs --base: the model the adapter was trained on (an imported model folder, "
+                        "a run or a checkpoint)", where="command line", key="--base")
+    if args.recipe or args.strategy or args.overrides:
+        raise UserError("--from peft takes its model from --base; drop --recipe / --strategy / overrides",
+                        where="command line", key="--recipe")
+    if os.path.lexists(args.out):
+        raise UserError("already exists; choose a new folder (nothing is overwritten)", where=args.out, key="--out")
+    try:
+        base = find_weights(args.base)
+    except UserError as exc:
+        raise UserError(exc.message, where=exc.where, key="--base") from None
+    factors, rank, alpha, dropout = read_peft_lora(args.src, base.recipe.model, where_base=args.base)
+    ops = sorted({n.rsplit(".", 1)[0] for n in factors})
+    raw = base.recipe.to_dict()
+    raw["finetune"] = dataclasses.asdict(FinetuneConfig(rank=rank, alpha=alpha, dropout=dropout,
+                                                        targets="^(?:" + "|".join(re.escape(o) for o in ops) + ")$"))
+    recipe = recipe_from_dict(raw, where=os.path.join(args.src, "adapter_config.json")).validate()
+    origin = {"from": "peft", "path": os.path.abspath(args.src)}
+    ad.write_adapter_dir(args.out, recipe, factors, ad.base_record(base, base.recipe.train.seed), origin)
+    print(f"imported {len(ops)} LoRA adapters (rank {rank}, alpha {alpha:g}) from {args.src} over {base.describe()} "
+          f"-> {args.out} (generate / eval read it merged; ckpt merge-adapter writes the merged model)")
+    return 0
+
+
 def _import(args) -> int:
     if args.fmt == "hf":
         return _import_hf(args)
+    if args.fmt == "peft":
+        return _import_peft(args)
     if not args.recipe:
         raise UserError(f"--from {args.fmt} needs --recipe (the model the checkpoint holds)", where="command line",
                         key="--recipe")

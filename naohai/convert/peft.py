@@ -68,3 +68,80 @@ def write_peft_lora(out: str, cfg: ModelConfig, adapters: Dict[str, np.ndarray],
         json.dump(config, fh, indent=2)
     save_file(tensors, os.path.join(out, WEIGHTS), metadata={"format": "pt"})
     return [CONFIG, WEIGHTS]
+
+
+#: adapter_config.json keys whose non-default values change the computation; naohai has none of them
+_UNSUPPORTED = {"use_rslora": False, "use_dora": False, "fan_in_fan_out": False, "bias": "none",
+                "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {}, "lora_bias": False,
+                "layer_replication": None}
+
+
+def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
+    """``(adapters by naohai name, rank, alpha, dropout)`` of the PEFT LoRA folder ``folder`` for a base of
+    model ``cfg``.  Anything naohai would compute otherwise is refused: exit 2 naming the file and key."""
+    from naohai.model.lora import lora_ops
+
+    config_path, weights_path = os.path.join(folder, CONFIG), os.path.join(folder, WEIGHTS)
+    if not os.path.isdir(folder) or not os.path.isfile(config_path):
+        raise UserError(f"is not a PEFT adapter folder: it needs {CONFIG} and {WEIGHTS}", where=folder)
+    try:
+        with open(config_path, encoding="utf-8") as fh:
+            config = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot be read as JSON ({exc})", where=config_path) from None
+    if not isinstance(config, dict):
+        raise UserError("must hold a JSON object", where=config_path)
+    if config.get("peft_type") != "LORA":
+        raise UserError(f"is {config.get('peft_type')!r}; naohai imports LoRA adapters ('LORA')", where=config_path,
+                        key="peft_type")
+    for key, plain in _UNSUPPORTED.items():
+        value = config.get(key, plain)
+        if value != plain and not (plain in ({}, None) and not value):
+            raise UserError(f"is {value!r}; naohai's LoRA has no such variant (it needs {plain!r})",
+                            where=config_path, key=key)
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise UserError(f"must be a positive integer, got {rank!r}", where=config_path, key="r")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 0:
+        raise UserError(f"must be a positive number, got {alpha!r}", where=config_path, key="lora_alpha")
+    if not os.path.isfile(weights_path):
+        raise UserError(f"is missing ({WEIGHTS}: naohai reads safetensors, not adapter_model.bin)",
+                        where=weights_path)
+    try:
+        from safetensors.numpy import load_file
+        tensors = load_file(weights_path)
+    except Exception as exc:     # noqa: BLE001 - any unreadable file is the same user error
+        raise UserError(f"cannot be read as safetensors ({type(exc).__name__}: {exc})", where=weights_path) from None
+    ops = {module: name[:-len("_weight")] for name, module in _modules(cfg, where_base).items()}
+    dims = lora_ops(cfg)
+    adapters: Dict[str, np.ndarray] = {}
+    for key, value in sorted(tensors.items()):
+        prefix, suffix = "base_model.model.", None
+        for end, ab in ((".lora_A.weight", "a"), (".lora_B.weight", "b")):
+            if key.startswith(prefix) and key.endswith(end):
+                suffix = ab
+                module = key[len(prefix):-len(end)]
+        if suffix is None:
+            raise UserError(f"holds {key!r}, which is not a LoRA factor (base_model.model.<module>.lora_A/B.weight)",
+                            where=weights_path)
+        op = ops.get(module)
+        if op is None or op not in dims:
+            raise UserError(f"base mismatch: {module} (tensor {key!r}) is not a linear layer LoRA adapts in the base "
+                            f"model ({cfg.family}, {cfg.num_layers} layers)", where=weights_path, key="target_modules")
+        out, inn = dims[op]
+        want = (rank, inn) if suffix == "a" else (out, rank)
+        if tuple(value.shape) != want:
+            raise UserError(f"base mismatch: {key} has shape {tuple(value.shape)}; rank {rank} over the base's "
+                            f"{op} ([{out}, {inn}]) needs {want}", where=weights_path, key="r")
+        adapters[f"{op}.lora_{suffix}"] = np.asarray(value, np.float32)
+    pairs = {n[:-len(".lora_a")] for n in adapters if n.endswith(".lora_a")}
+    lone = sorted({n.rsplit(".", 1)[0] for n in adapters} - pairs) + sorted(
+        p for p in pairs if f"{p}.lora_b" not in adapters)
+    if not adapters or lone:
+        raise UserError(f"holds {'no LoRA factors' if not adapters else f'A without B or B without A for {lone[:3]}'}",
+                        where=weights_path)
+    smallest = min(min(dims[p]) for p in pairs)
+    if rank > smallest:
+        raise UserError(f"is {rank}, more than {smallest}, the smallest dimension of the adapted weights",
+                        where=config_path, key="r")
+    return adapters, rank, float(alpha), float(config.get("lora_dropout") or 0.0)

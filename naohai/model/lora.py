@@ -17,6 +17,9 @@ declares it::
 
 ``targets`` is a regular expression searched in the catalog names of the decoder layers' linear
 ops (:func:`lora_ops` lists them).  One device so far: the adapters have no sharding rules yet.
+
+:func:`merge_lora` folds trained adapters into base weights (``W + alpha / rank * B A``): what
+``naohai ckpt merge-adapter`` writes and how generate / eval read a run of adapters.
 """
 from __future__ import annotations
 
@@ -115,3 +118,27 @@ def adapter_params(model) -> List[Parameter]:
     """The LoRA parameters of ``model``, in model order."""
     return [p for p in model.get_parameters() if p.name.endswith((".lora_a", ".lora_b"))]
 
+
+
+def is_adapter_name(name: str) -> bool:
+    """Is ``name`` a LoRA factor (``layers.<i>.<part>.<op>.lora_a`` / ``.lora_b``, not an optimizer moment of one)?"""
+    return name.startswith("layers.") and name.endswith((".lora_a", ".lora_b"))
+
+
+def merge_lora(base: Dict[str, np.ndarray], adapters: Dict[str, np.ndarray], rank: int,
+               alpha: float) -> Dict[str, np.ndarray]:
+    """The model's tensors with every adapter folded in: ``<op>_weight + alpha / rank * B A`` (float32;
+    ``base`` is not changed).  An adapter whose op has no weight in ``base``, or whose factors do not
+    fit its shape, is a ``ValueError``."""
+    out = dict(base)
+    scale = float(alpha) / float(rank)
+    for name in sorted(n for n in adapters if n.endswith(".lora_a")):
+        op = name[:-len(".lora_a")]
+        a = np.asarray(adapters[name], np.float32)
+        b = np.asarray(adapters[f"{op}.lora_b"], np.float32)
+        w = out.get(f"{op}_weight")
+        if w is None or a.shape != (rank, w.shape[1]) or b.shape != (w.shape[0], rank):
+            raise ValueError(f"adapter {op}: A {a.shape}, B {b.shape} do not fit rank {rank} and its base weight "
+                             f"{None if w is None else w.shape}")
+        out[f"{op}_weight"] = (np.asarray(w, np.float32) + scale * (b @ a)).astype(np.float32)
+    return out

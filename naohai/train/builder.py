@@ -155,10 +155,12 @@ class Built:
     runtime: strategy_apply.Runtime
     steps: Steps
     comm: strategy_apply.HostComm
+    frozen: frozenset = frozenset()    # model parameters a fine-tuning run does not train (its base)
 
     def state_params(self) -> List[ms.Parameter]:
-        """Everything a checkpoint must hold for exact resume (not the LR table or buffers)."""
-        seen, out = set(), []
+        """Everything a checkpoint must hold for exact resume (not the LR table or buffers); a fine-tuning
+        run's frozen base is not part of it (its checkpoints name the base, naohai.checkpoint.adapters)."""
+        seen, out = set(self.frozen), []
         for p in list(self.model.get_parameters()) + list(self.optimizer.get_parameters()) \
                 + list(self.guard.get_parameters()):
             if p.name in seen or p.name == "learning_rate":
@@ -171,7 +173,14 @@ class Built:
         """What this rank writes to a checkpoint, by the names files use (a stacked layer-loop tensor as
         one entry per layer, see :mod:`naohai.train.state`): under semi-auto only what the compiled step
         gave this rank (its slices; other stages' tensors are left out), plus the replicated scalars."""
-        params = self.state_params()
+        return self._on_this_rank(self.state_params())
+
+    def model_params(self) -> List[Any]:
+        """The model's own parameters, frozen base included, as :meth:`saved_params` names them
+        (``train.init_from`` loads them)."""
+        return self._on_this_rank(list(self.model.get_parameters()))
+
+    def _on_this_rank(self, params: List[ms.Parameter]) -> List[Any]:
         if self.runtime.mode != "semi_auto":
             return file_view(self.model.cfg, params)
         layout = self.steps.train_step.parameter_layout_dict or {}
@@ -276,4 +285,5 @@ def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtim
     evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss, token_weight)
     evaluator.set_train(False)
     steps.eval_step = strategy_apply.compile_parallel(evaluator, resolved, runtime, train=False)
-    return Built(model, optimizer, guard, runtime, steps, strategy_apply.HostComm(runtime))
+    frozen = frozenset(p.name for p in model.get_parameters() if not p.requires_grad) if recipe.finetune else frozenset()
+    return Built(model, optimizer, guard, runtime, steps, strategy_apply.HostComm(runtime), frozen)

@@ -227,6 +227,9 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
     manifest = {"recipe": recipe.to_dict(), "seed": t.seed, "layout": info, "identity": run_identity(recipe, prepared_dir),
                 "strategy": None if resolved is None else {"name": resolved.name, "source": resolved.source,
                                                            "text": _strategy_text(resolved)}}
+    if recipe.finetune is not None:      # the base of the adapters until train.init_from names another
+        from naohai.checkpoint.adapters import BASE_KEY, base_record
+        manifest[BASE_KEY] = base_record(None, t.seed)
     store = CheckpointStore(out, runtime.rank, runtime.world, writes=runtime.rank in info["ranks_with_files"],
                             all_ok=comm.all_ok, keep_last=t.keep_checkpoints, keep_every=t.keep_every)
     downstream.recipe, downstream.log = recipe, (log if runtime.is_writer else (lambda *_: None))
@@ -241,11 +244,14 @@ def train(recipe: Recipe, resolved=None, *, resume: bool = True, resume_from: Op
     """Start, resume (unless told not to) or else start from ``train.init_from``'s weights, run."""
     trainer = start(recipe, resolved, **kwargs)
     resumed = False
+    finetune_base = recipe.finetune is not None and recipe.train.init_from
+    if finetune_base:             # adapters-only checkpoints: the base first, then (maybe) the adapters
+        trainer.init_from(recipe.train.init_from)
     if resume or resume_from:
         resumed = trainer.resume(resume_from)
     else:
         trainer.start_over()
-    if recipe.train.init_from:
+    if recipe.train.init_from and not finetune_base:
         if resumed:
             trainer.log(f"train.init_from ({recipe.train.init_from}) not used: this run resumed from its own "
                         f"checkpoint")

@@ -147,6 +147,7 @@ class Trainer:
         if chosen is None:
             return False
         man = ckpt_store.read_manifest(chosen)
+        self._check_base(chosen, man)
         source = chosen if self._same_layout(man) else self._reshard(chosen, man)
         ckpt_store.load_into(source, self._needed_files(ckpt_store.read_manifest(source)), self.built.saved_params(),
                              optional=self.built.optional_in_checkpoint)
@@ -154,6 +155,18 @@ class Trainer:
         self.loader.load_state_dict(man["data"]["loader"])
         self.log(f"resumed from {chosen} at step {self.step} (loss scale {self.built.loss_scale():.0f})")
         return True
+
+    def _check_base(self, chosen: str, man: Dict[str, Any]) -> None:
+        """A fine-tuning run resumes its adapters only over the base they were trained on."""
+        from naohai.checkpoint.adapters import BASE_KEY
+        theirs, mine = man.get(BASE_KEY), self.manifest.get(BASE_KEY)
+        if self.recipe.finetune is None or theirs is None or mine is None:
+            return
+        if theirs.get("fingerprint") != mine.get("fingerprint"):
+            raise UserError(f"base mismatch: the adapters of {chosen} were trained on {theirs.get('describe')}, this "
+                            f"run's base is {mine.get('describe')} (other weights); set train.init_from to the "
+                            f"original base or use a new output folder", where=self.recipe.source or "recipe",
+                            key="train.init_from")
 
     def start_over(self) -> None:
         """``--no-resume``: step 0 in a folder that may hold an earlier run.  Rank 0 moves that run's
@@ -188,7 +201,7 @@ class Trainer:
                             f"{found.tokenizer_sha256[:12]}..., this run's is {mine[:12]}...): their token ids mean "
                             f"other pieces here. Give the source's tokenizer as data.tokenizer "
                             f"({found.tokenizer_file()}) in a new output folder", where=where, key="train.init_from")
-        chosen, error = found.checkpoint, None
+        chosen, error = (found.checkpoint if found.adapters is None else None), None   # adapters: merged first
         if chosen is None:
             chosen = os.path.join(self.out, "init", os.path.basename(os.path.normpath(found.path)) + "-full")
             if self.runtime.rank == 0:
@@ -202,9 +215,12 @@ class Trainer:
         man = ckpt_store.read_manifest(chosen)
         source = chosen if self._same_layout(man) else self._reshard(chosen, man, folder="init")
         names = {p.name for p in param_shapes(self.recipe.model)}
-        params = [p for p in self.built.saved_params() if p.name in names]
+        params = [p for p in self.built.model_params() if p.name in names]
         ckpt_store.load_into(source, self._needed_files(ckpt_store.read_manifest(source)), params,
                              optional=self.built.optional_in_checkpoint)
+        if self.recipe.finetune is not None:        # the adapters' checkpoints name this base
+            from naohai.checkpoint.adapters import BASE_KEY, base_record
+            self.manifest[BASE_KEY] = base_record(found, self.recipe.train.seed)
         self.log(f"initialised from {found.describe()}: {len(names)} model tensors"
                  f"{'' if source == chosen else f' (resharded for this layout: {source})'}; "
                  f"optimizer state fresh, step 0, data from the start")

@@ -54,3 +54,125 @@ def test_lora_adapter_loads_in_peft_with_equal_logits(tmp_path):
     assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()   # ... as naohai's does
     with pytest.raises(UserError, match="already exists"):
         write_peft_lora(adapter, recipe.model, {}, rank=4, alpha=8.0)
+
+
+def _peft_adapter(src, out, targets=("q_proj", "v_proj", "down_proj", "gate_proj"), r=4, alpha=16):
+    """A LoRA adapter made by peft itself over the transformers model at ``src`` (random B, so it matters)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(src)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
+                                                      lora_dropout=0.0))
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def imported_llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peft_import")
+    src = str(root / "llama")
+    hf_models.build("llama", src)
+    base = str(root / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", base, f"model.seq_length={hf_models.SEQ}"]) == 0
+    return root, src, base
+
+
+def test_peft_trained_adapter_imports_with_equal_logits_and_serves(imported_llama, tmp_path, capsys):
+    from mindspore import Tensor
+    from transformers import AutoModelForCausalLM
+    from naohai.checkpoint.weights import load_model
+
+    _, src, base = imported_llama
+    adapter = _peft_adapter(src, str(tmp_path / "adapter"))
+    out = str(tmp_path / "naohai-adapter")
+    assert main(["ckpt", "import", "--from", "peft", adapter, "--base", base, "--out", out]) == 0
+    assert sorted(os.listdir(out)) == ["adapter.ckpt", "adapter.json", "recipe.yaml"]
+    found, model = load_model(out)
+    assert found.kind == "adapter folder" and found.recipe.finetune.rank == 4
+    assert len(found.adapters()) == 2 * 2 * 4               # 2 layers x 4 modules x (A, B)
+    ids = hf_models.windows()[:2, :-1]
+    model.set_train(False)
+    ours = model.logits(Tensor(ids.astype(np.int32))).asnumpy()
+    torch_base = AutoModelForCausalLM.from_pretrained(src)
+    plain = hf_models.hf_logits(torch_base.eval(), ids)
+    theirs = hf_models.hf_logits(peft.PeftModel.from_pretrained(torch_base, adapter).eval(), ids)
+    assert np.abs(theirs - plain).max() > 1e-2
+    assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()
+    # generate and eval run on the adapter folder, and on its merged model
+    np.save(tmp_path / "ids.npy", hf_models.windows()[:2])
+    merged = str(tmp_path / "merged")
+    assert main(["ckpt", "merge-adapter", out, "--out", merged]) == 0
+    for model_path in (out, merged):
+        assert main(["generate", model_path, "--prompt", "The for", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+        capsys.readouterr()
+        assert main(["eval", model_path, "--ids", str(tmp_path / "ids.npy"), "--json"]) == 0
+        loss = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert np.isfinite(loss["loss"])
+    _, merged_model = load_model(merged)
+    merged_model.set_train(False)
+    np.testing.assert_allclose(merged_model.logits(Tensor(ids.astype(np.int32))).asnumpy(), ours, atol=1e-5)
+    # and back out: our export of the imported adapter is peft's own
+    again = str(tmp_path / "again")
+    assert main(["ckpt", "export", out, "--to", "peft", "--out", again]) == 0
+    exported = hf_models.hf_logits(peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(src), again).eval(), ids)
+    assert np.abs(exported - theirs).max() <= 1e-5
+
+
+def _edit_config(folder, **changes):
+    path = os.path.join(folder, CONFIG)
+    config = json.load(open(path))
+    config.update(changes)
+    json.dump(config, open(path, "w"))
+
+
+@pytest.mark.parametrize("damage, where, key", [
+    ("missing", "nowhere", None),
+    ("no_config", "adapter", None),
+    ("bad_json", "adapter_config.json", None),
+    ("rank0", "adapter_config.json", "r"),
+    ("dora", "adapter_config.json", "use_dora"),
+    ("garbage_weights", "adapter_model.safetensors", None),
+    ("wrong_rank", "adapter_model.safetensors", "r"),
+    ("other_base", "adapter_model.safetensors", "target_modules"),
+    ("no_base", "command line", "--base"),
+])
+def test_bad_peft_imports_exit_2_naming_the_file(imported_llama, tmp_path, capsys, damage, where, key):
+    from safetensors.numpy import load_file, save_file
+    root, src, base = imported_llama
+    adapter = str(tmp_path / "adapter")
+    _peft_adapter(src, adapter, targets=("q_proj", "v_proj"))
+    weights = os.path.join(adapter, "adapter_model.safetensors")
+    argv = ["ckpt", "import", "--from", "peft", adapter, "--base", base, "--out", str(tmp_path / "out")]
+    if damage == "missing":
+        argv[4] = str(tmp_path / "nowhere")
+    elif damage == "no_config":
+        os.remove(os.path.join(adapter, CONFIG))
+    elif damage == "bad_json":
+        open(os.path.join(adapter, CONFIG), "w").write("{not json")
+    elif damage == "rank0":
+        _edit_config(adapter, r=0)
+    elif damage == "dora":
+        _edit_config(adapter, use_dora=True)
+    elif damage == "garbage_weights":
+        open(weights, "wb").write(b"\x00garbage")
+    elif damage == "wrong_rank":
+        _edit_config(adapter, r=3)
+    elif damage == "other_base":
+        tensors = load_file(weights)
+        tensors = {k.replace("layers.1.", "layers.7."): v for k, v in tensors.items()}
+        save_file(tensors, weights)
+    elif damage == "no_base":
+        argv = argv[:5] + argv[7:]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and where in err, err
+    if key:
+        assert f"'{key}'" in err, err
+    assert not os.path.exists(tmp_path / "out")
