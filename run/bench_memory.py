@@ -4,7 +4,7 @@
                                [--steps 3] [--no-eval] [--workdir DIR]
 
 Builds the issue-30 model (the tiny family at hidden 512, 8 layers, 8 heads, FFN 1408, vocabulary
-2048, seq 256; 26.7M parameters) with batch 8 the way ``naohai train`` does (``set_context``,
+2048, seq 256; 26.80M parameters) with batch 8 the way ``naohai train`` does (``set_context``,
 ``build``: model, AdamW, ``TrainStep`` and eval step), on random tokens, then prints the resident set
 (VmRSS) and its peak (VmHWM) after: import, build, compiling the train step, compiling the eval step,
 each train step, one eval call; then the losses (to compare variants: they must be equal) and

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from naohai.bench import arith
 from naohai.bench.models import BenchModel
 
-DEFAULT_STEPS = {"tiny": 20, "42m": 6}
+DEFAULT_STEPS = {"tiny": 20, "27m": 6, "42m": 6}
 
 
 @dataclass

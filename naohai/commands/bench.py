@@ -1,6 +1,6 @@
 """`naohai bench`: measure naohai on this machine against PyTorch in the same run.
 
-  naohai bench [--out DIR] [--quick] [--models tiny,42m] [--rounds 3] [--steps N]
+  naohai bench [--out DIR] [--quick] [--models tiny,27m,42m] [--rounds 3] [--steps N]
                [--compile-layers 4,16,64] [--compile-forms loop,shared,separate] [--no-torch-compile]
                [--torch-threads N] [--no-lm-eval]
 
@@ -26,9 +26,9 @@ def register(sub) -> None:
     p.add_argument("--out", default="runs/bench", help="folder for bench.md, bench.json and the charts "
                                                        "(default runs/bench)")
     p.add_argument("--quick", action="store_true", help="a short smoke run (tiny model, 1 round, 4/16-layer compile)")
-    p.add_argument("--models", help="comma-separated: tiny, 42m (default both; --quick: tiny)")
+    p.add_argument("--models", help="comma-separated: tiny, 27m, 42m (default all three; --quick: tiny)")
     p.add_argument("--rounds", type=cli_int(1, 100), help="rounds per row, best kept (default 3; --quick 1)")
-    p.add_argument("--steps", type=cli_int(2, 100000), help="timed steps per round (default tiny 20, 42m 6)")
+    p.add_argument("--steps", type=cli_int(2, 100000), help="timed steps per round (default tiny 20, 27m and 42m 6)")
     p.add_argument("--compile-layers", help="layer counts for the compile-time probe (default 4,16,64; "
                                             "'none' skips it)")
     p.add_argument("--compile-forms", help="comma-separated layer forms for the compile probe: loop, shared, "
@@ -78,7 +78,7 @@ def options(args):
     from naohai.bench.models import parse_models
     from naohai.bench.suite import Options
     quick = bool(args.quick)
-    models = parse_models(args.models or ("tiny" if quick else "tiny,42m"))
+    models = parse_models(args.models or ("tiny" if quick else "tiny,27m,42m"))
     layers = parse_layers(args.compile_layers) if args.compile_layers else ((4, 16) if quick else (4, 16, 64))
     out = os.path.abspath(args.out)
     if os.path.exists(out) and not os.path.isdir(out):

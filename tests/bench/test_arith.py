@@ -22,6 +22,14 @@ def test_42m_model_size_by_hand():
     assert 25e6 < n < 100e6
 
 
+def test_27m_is_42m_with_tinys_vocabulary():
+    h, f, L, V, s = 512, 1408, 8, 2048, 256
+    n = V * h + L * (4 * h * h + 4 * h + 3 * h * f + 2 * f + h + 4 * h) + 2 * h
+    assert n == 26799104                     # the model issue 30 measured
+    m = bench_models()["27m"]
+    assert flops_per_token(m.model) == 6 * n + 12 * L * h * s and m.batch == 8
+
+
 def test_tokens_per_second_is_total_tokens_over_total_time():
     assert arith.tokens_per_second(2048, [1.0, 3.0]) == pytest.approx(4096 / 4.0)
     with pytest.raises(ValueError):
