@@ -33,7 +33,7 @@ def version_text() -> str:
         lines.append(f"MindSpore: not importable ({exc})")
         return "\n".join(lines)
     lines.append(f"MindSpore {mindspore.__version__}")
-    from naohai.train.device import resolve_device
+    from naohai.devices import resolve_device
     lines.append(f"device: {resolve_device('auto', where='--version', key='auto')} (what train.device: auto "
                  f"picks here: Ascend, else GPU, else CPU)")
     return "\n".join(lines)

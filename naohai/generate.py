@@ -201,7 +201,7 @@ class Generator:
 
         from naohai.checkpoint.weights import load_model
         from naohai.data.tokenizer import Tokenizer
-        from naohai.train.device import resolve_device
+        from naohai.devices import resolve_device
 
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))

@@ -143,6 +143,24 @@ def temp_file_beside(target: str) -> str:
     return path
 
 
+def write_bytes_atomically(path: str, data: bytes) -> str:
+    """Write ``data`` to ``path`` through a uniquely named temporary file beside it and a rename
+    (parents created): the file is complete or absent, the temporary removed on failure.  Returns
+    the absolute path."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = temp_file_beside(path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
 def move_into_new_folder(parent: str, names, label: str) -> Optional[str]:
     """Move those of ``names`` (entries of ``parent``) that exist into a new folder
     ``parent/<label>-<YYYYmmdd-HHMMSS>[-n]``; returns it (None when none existed).  Nothing is

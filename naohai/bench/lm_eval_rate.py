@@ -43,9 +43,9 @@ def build_model(workdir: str) -> Dict[str, str]:
     """(hf folder, naohai model folder) of one random tiny-llama with a pydoc byte-level BPE."""
     import mindspore as ms
 
-    from naohai.cli import main as naohai_main
     from naohai.config import recipe_from_dict
-    from naohai.convert.hf.convert import write_hf
+    from naohai.convert.hf.convert import read_hf, write_hf
+    from naohai.convert.model_dir import write_hf_model_dir
     from naohai.data.corpus import pydoc_documents
     from naohai.data.hf_tokenizer import train_byte_bpe
     from naohai.model.transformer import NaohaiLM
@@ -60,8 +60,8 @@ def build_model(workdir: str) -> Dict[str, str]:
     hf = os.path.join(workdir, "hf")
     write_hf(hf, recipe.model, weights, where="bench", tokenizer_dir=tok_dir)
     nao = os.path.join(workdir, "naohai")
-    if naohai_main(["ckpt", "import", hf, "--from", "hf", "--out", nao, f"model.seq_length={recipe.model.seq_length}"]):
-        raise RuntimeError("naohai ckpt import of the bench model failed")
+    cfg, imported = read_hf(hf, {"seq_length": recipe.model.seq_length})     # what `naohai ckpt import --from hf` does
+    write_hf_model_dir(nao, cfg, imported, hf)
     return {"hf": hf, "naohai": nao, "seq_length": recipe.model.seq_length}
 
 

@@ -87,7 +87,7 @@ def runs_on(resolved, device, recipe_words: str) -> str:
     """Where this layout can train; with an explicit ``--device`` a layout it cannot run is a UserError."""
     from naohai.strategy.apply import check_runnable, layout_mode
     if device:
-        from naohai.train.device import resolve_device
+        from naohai.devices import resolve_device
         chosen = resolve_device(device, where="command line", key="--device")
         check_runnable(resolved, chosen, recipe_words)
         return f"runs on {chosen}: yes"

@@ -153,7 +153,7 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
     from naohai.data.tokenizer import Tokenizer
     from naohai.evaluate import token_nll_fn
     from naohai.checkpoint.weights import load_model
-    from naohai.train.device import resolve_device
+    from naohai.devices import resolve_device
 
     if not os.path.exists(model):
         raise UserError(f"{model} does not exist; give a run folder, a checkpoint folder or an imported model "
@@ -253,12 +253,12 @@ def run_tokenizer(args) -> int:
 def run_prepare(args) -> int:
     from naohai.config import load_recipe
     from naohai.data.pipeline import ensure_prepared
-    from naohai.data.prepare import load_prepared
+    from naohai.data.prepared_dir import open_prepared
 
     recipe = load_recipe(args.recipe, args.overrides)
     out_dir, tok = ensure_prepared(recipe, progress=not args.no_progress, out_dir=args.out,
                                    overwrite=args.overwrite, log=_log)
-    prep = load_prepared(out_dir)
+    prep = open_prepared(out_dir)
     print(_summary(prep))
     return 0
 
@@ -274,10 +274,10 @@ def _summary(prep) -> str:
 
 
 def run_info(args) -> int:
-    from naohai.data.prepare import load_prepared
+    from naohai.data.prepared_dir import open_prepared
     from naohai.data.tokenizer import Tokenizer
 
-    prep = load_prepared(args.dir)
+    prep = open_prepared(args.dir)
     print(_summary(prep))
     path = prep.meta["tokenizer"]["path"]
     if path and os.path.exists(path):

@@ -73,7 +73,7 @@ def run(args) -> int:
     from naohai.errors import UserError
     from naohai.evaluate import evaluate, windows_of
     from naohai.checkpoint.weights import load_model
-    from naohai.train.device import resolve_device
+    from naohai.devices import resolve_device
 
     if args.batch is not None and args.batch <= 0:
         raise UserError("must be a positive integer", where="command line", key="--batch")

@@ -26,7 +26,8 @@ WEIGHTS = "adapter_model.safetensors"
 
 def _modules(cfg: ModelConfig, where: str) -> Dict[str, str]:
     """naohai weight name -> Hugging Face module name, for weights stored one to one."""
-    from naohai.convert.hf.arch import for_family, same
+    from naohai.convert.hf.arch import same
+    from naohai.convert.hf.registry import for_family
 
     arch = for_family(cfg, where)
     return {link.ours[0]: link.ref[:-len(".weight")] for link in arch.links(cfg)

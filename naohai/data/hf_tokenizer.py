@@ -24,6 +24,7 @@ import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from naohai.errors import UserError
+from naohai.runfiles import write_bytes_atomically
 
 SPECIALS = ("<pad>", "<eod>", "<unk>", "<s>")
 CONFIG = "tokenizer_config.json"
@@ -82,9 +83,8 @@ class HFTokenizer:
 
     def save(self, path: str) -> str:
         """Write tokenizer.json (and tokenizer_config.json beside it); returns the absolute path."""
-        from naohai.data.tokenizer import write_atomically
-        self.path = write_atomically(path, self._json)
-        write_atomically(os.path.join(os.path.dirname(self.path), CONFIG),
+        self.path = write_bytes_atomically(path, self._json)
+        write_bytes_atomically(os.path.join(os.path.dirname(self.path), CONFIG),
                          json.dumps(self.config, indent=2, ensure_ascii=False).encode("utf-8"))
         return self.path
 

@@ -15,7 +15,8 @@ import os
 from typing import Callable, Optional, Tuple
 
 from naohai.data.corpus import fingerprint, iter_documents
-from naohai.data.prepare import check_compatible, load_prepared, prepare, read_meta
+from naohai.data.prepare import check_compatible, prepare, read_meta
+from naohai.data.prepared_dir import open_prepared
 from naohai.data.tokenizer import Tokenizer, train_tokenizer
 from naohai.errors import UserError
 
@@ -120,7 +121,7 @@ def ensure_prepared(recipe, progress: bool = True, *, out_dir: Optional[str] = N
                 source=_source(recipe), min_train_windows=recipe.train.global_batch_size)
     elif log:
         log(f"prepared data in {out_dir} is up to date")
-    prep = load_prepared(out_dir, verify=False)
+    prep = open_prepared(out_dir, verify=False)
     check_compatible(prep.meta, recipe.model.vocab_size, recipe.model.seq_length, where=recipe.source)
     if prep.num_windows("train") < recipe.train.global_batch_size:
         raise UserError(f"the corpus is too small: {prep.num_windows('train')} training windows, fewer than "

@@ -268,9 +268,6 @@ def load_prepared(path: str, *, verify: bool = True) -> Prepared:
                         key="data.prepared_dir")
     meta = read_meta(path)
     if meta is None:
-        from naohai.data.sft import is_sft_dir, load_sft
-        if is_sft_dir(path):
-            return load_sft(path)
         raise UserError(f"has no valid {META}; it is not a prepared data directory (run 'naohai data "
                         f"prepare RECIPE')", where=path, key="data.prepared_dir")
     prep = Prepared(path, meta)

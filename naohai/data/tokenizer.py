@@ -48,11 +48,12 @@ import os
 import re
 import random
 from collections import Counter
-from typing import Iterable, Iterator, List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 import sentencepiece as spm
 
 from naohai.errors import UserError
+from naohai.runfiles import write_bytes_atomically
 
 PAD_ID, EOD_ID, UNK_ID, BOS_ID = 0, 1, 2, 3
 MARKER_PLAIN = "<naohai-text-v1>"
@@ -145,18 +146,6 @@ def pangu_text(decoded: str) -> str:
 
 
 # --------------------------------------------------------------------------- tokenizer
-def write_atomically(path: str, data: bytes) -> str:
-    """Write ``data`` to ``path`` through a temporary file and a rename (parents created); returns the
-    absolute path."""
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-    return path
-
-
 class Tokenizer:
     """A sentencepiece model plus its text mapping (``scheme``, detected from the model's pieces)."""
 
@@ -198,7 +187,7 @@ class Tokenizer:
 
     def save(self, path: str) -> str:
         """Write the model file atomically; returns the absolute path."""
-        self.path = write_atomically(path, self._proto)
+        self.path = write_bytes_atomically(path, self._proto)
         return self.path
 
     @property

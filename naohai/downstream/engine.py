@@ -216,7 +216,7 @@ class Scorer:
         if not getattr(self.model, "layer_loop", False):
             return self.model
         from naohai.model.transformer import NaohaiLM
-        from naohai.train.state import file_view
+        from naohai.checkpoint.entries import file_view
 
         if self._twin is None:
             self._twin = NaohaiLM(self.cfg, seed=0, layer_loop=False)

@@ -211,7 +211,7 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
     from naohai.data.tokenizer import Tokenizer
     from naohai.downstream.engine import Scorer, padding_id
     from naohai.checkpoint.weights import load_model
-    from naohai.train.device import resolve_device
+    from naohai.devices import resolve_device
 
     if not os.path.exists(path):
         raise UserError("no such run, checkpoint or model folder", where=path)

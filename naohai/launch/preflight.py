@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 from naohai.config import load_recipe
 from naohai.strategy.apply import check_runnable
 from naohai.strategy.compat import validated_strategy
-from naohai.train.device import resolve_device
+from naohai.devices import resolve_device
 
 
 def preflight(recipe_path: str, overrides: Sequence[str], strategy_path: Optional[str],

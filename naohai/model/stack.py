@@ -13,7 +13,7 @@ the last layer when the final norm runs before it) follows the loop as an ordina
 Parameter names differ from the per-layer model (``stack.layer.attention.q_weight``
 ``[n, ...]`` holds ``layers.<j>.attention.q_weight``, ``last_layer.*`` is ``layers.<L-1>.*``).
 :func:`per_layer_names` maps them; checkpoints and every other file use the per-layer
-names (``naohai/train/state.py`` splits and joins the stacks at that boundary).
+names (``naohai/checkpoint/entries.py`` splits and joins the stacks at that boundary).
 
 Write new values into the looped model's Parameters with ``ops.assign``, not ``set_data``: once
 its compiled train step has run, MindSpore 2.10 keeps reading and updating their old memory after

@@ -26,7 +26,7 @@ from naohai.model.stack import per_layer_names, stacked_count
 from naohai.model.transformer import NaohaiLM
 from naohai.strategy import apply as strategy_apply
 from naohai.train.schedule import learning_rate
-from naohai.train.state import file_view
+from naohai.checkpoint.entries import file_view
 from naohai.train.step import AccumulateStep, ApplyStep, EvalStep, StepGuard, TrainStep, make_buffers
 
 
@@ -171,7 +171,7 @@ class Built:
 
     def saved_params(self) -> List[Any]:
         """What this rank writes to a checkpoint, by the names files use (a stacked layer-loop tensor as
-        one entry per layer, see :mod:`naohai.train.state`): under semi-auto only what the compiled step
+        one entry per layer, see :mod:`naohai.checkpoint.entries`): under semi-auto only what the compiled step
         gave this rank (its slices; other stages' tensors are left out), plus the replicated scalars."""
         return self._on_this_rank(self.state_params())
 

@@ -67,12 +67,12 @@ class DownstreamEval:
                             key="train.eval.tasks")
 
     def _backend(self, trainer):
-        from naohai.data.prepare import load_prepared
+        from naohai.data.prepared_dir import open_prepared
         from naohai.data.tokenizer import Tokenizer
         from naohai.downstream.backend import NaohaiEvalLM
         from naohai.downstream.engine import Scorer, padding_id
 
-        tok = Tokenizer.load(load_prepared(trainer.prepared_dir, verify=False).meta["tokenizer"]["path"])
+        tok = Tokenizer.load(open_prepared(trainer.prepared_dir, verify=False).meta["tokenizer"]["path"])
         forward = trainer.steps.score_forward() if hasattr(trainer.steps, "score_forward") else None
         scorer = Scorer(trainer.built.model, self.recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id,
                         batch=self.cfg.batch, forward=forward)

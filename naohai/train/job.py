@@ -28,7 +28,8 @@ from naohai.runfiles import check_writable, created_here, lock_folder
 from naohai.strategy import apply as strategy_apply
 from naohai.train.builder import build
 from naohai.train.callbacks import ConsoleLog, LossPlot, MetricsFiles
-from naohai.train.device import peak_tflops, resolve_device
+from naohai.devices import resolve_device
+from naohai.train.device import peak_tflops
 from naohai.train.downstream import DownstreamEval
 from naohai.train.loop import Trainer, TrainResult
 
@@ -73,8 +74,8 @@ def prepare_data(recipe: Recipe, runtime: strategy_apply.Runtime, comm, log, pro
 def adopt_token_ids(recipe: Recipe, prepared_dir: str, log) -> Recipe:
     """The recipe with the prepared data's EOD / pad ids in the model (the loader joins documents with
     the tokenizer's EOD, so EOD resets and the loss's pad mask must look for that id)."""
-    from naohai.data.prepare import load_prepared
-    tok = load_prepared(prepared_dir, verify=False).meta["tokenizer"]
+    from naohai.data.prepared_dir import open_prepared
+    tok = open_prepared(prepared_dir, verify=False).meta["tokenizer"]
     model = recipe.model.with_token_ids(tok["eod_id"], tok["pad_id"])
     for key in ("eod_id", "loss_pad_id"):
         before, after = getattr(recipe.model, key), getattr(model, key)
@@ -102,8 +103,8 @@ def claim_output_dir(out: str, runtime: strategy_apply.Runtime, comm, where: Opt
 def run_identity(recipe: Recipe, prepared_dir: str) -> Dict[str, Any]:
     """What a run folder's checkpoints belong to: the model, the tokenizer (SHA-256 of its file) and the
     prepared data (corpus fingerprint, holdout, seed, sequence length).  Resuming needs all three equal."""
-    from naohai.data.prepare import load_prepared
-    meta = load_prepared(prepared_dir, verify=False).meta
+    from naohai.data.prepared_dir import open_prepared
+    meta = open_prepared(prepared_dir, verify=False).meta
     data = {k: meta.get(k) for k in ("source", "holdout_fraction", "seed", "seq_length")}
     return {"model": recipe.to_dict()["model"], "tokenizer_sha256": (meta.get("tokenizer") or {}).get("sha256"),
             "data": hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()}

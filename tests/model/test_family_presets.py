@@ -4,7 +4,7 @@ naohai's exporter writes for the preset: no weights allocated)."""
 import pytest
 
 from naohai.config import preset_recipe
-from naohai.convert.hf.arch import for_family
+from naohai.convert.hf.registry import for_family
 from naohai.convert.hf.convert import hf_config
 from naohai.model.params import count_params
 

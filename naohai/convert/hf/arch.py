@@ -15,7 +15,7 @@ import numpy as np
 
 from naohai.model.config import ModelConfig
 from naohai.convert.names import Link
-from naohai.errors import UserError, did_you_mean
+from naohai.errors import UserError
 
 #: longest window an imported recipe trains on by default (``model.seq_length`` overrides it)
 DEFAULT_SEQ_LENGTH = 2048
@@ -115,33 +115,9 @@ def register(arch: Architecture) -> Architecture:
     return arch
 
 
-def architectures() -> Dict[str, Architecture]:
-    from naohai.convert.hf import bloom, falcon, glm, gpt2, gpt_neox, llama, olmo  # noqa: F401  (they register)
+def registered() -> Dict[str, Architecture]:
+    """The architectures registered so far (:mod:`.registry` imports every family module first)."""
     return dict(_ARCHS)
-
-
-def for_model_type(config: HFConfig) -> Architecture:
-    archs = architectures()
-    kind = config.data.get("model_type")
-    if kind not in archs:
-        raise config.bad("model_type", f"'{kind}' is not an architecture naohai reads.{did_you_mean(str(kind), archs)} "
-                                       f"Known: {', '.join(sorted(archs))}.")
-    return archs[kind]
-
-
-def for_family(cfg: ModelConfig, where: str) -> Architecture:
-    archs = [a for a in architectures().values() if a.family == cfg.family]
-    if not archs:
-        known = sorted({a.family for a in architectures().values()})
-        raise UserError(f"model family '{cfg.family}' has no Hugging Face architecture here (families that export: "
-                        f"{', '.join(known)}; see the README's Hugging Face section for PanGu-alpha and "
-                        f"PengCheng-Mind)", where=where, key="model.family")
-    arch = archs[0]
-    for key, ok, why in arch.fits(cfg):
-        if not ok:
-            raise UserError(f"this model cannot be written as a Hugging Face '{arch.model_type}' model: {why}",
-                            where=where, key=f"model.{key}")
-    return arch
 
 
 # --------------------------------------------------------------------------- common pieces

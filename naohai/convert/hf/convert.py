@@ -17,7 +17,8 @@ import numpy as np
 from naohai.config import Recipe, recipe_from_dict
 from naohai.model.config import ModelConfig
 from naohai.convert.hf import folder
-from naohai.convert.hf.arch import Architecture, HFConfig, for_family, for_model_type
+from naohai.convert.hf.arch import Architecture, HFConfig
+from naohai.convert.hf.registry import for_family, for_model_type
 from naohai.errors import UserError
 from naohai.model.spec import param_shapes
 
