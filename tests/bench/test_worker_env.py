@@ -31,3 +31,12 @@ def test_workers_do_not_inherit_mindspores_omp_num_threads():
 def test_worker_env_is_a_copy_of_os_environ():
     env = worker_env()
     assert env == dict(os.environ) and env is not os.environ
+
+
+def test_peak_rss_is_getrusage_maxrss_in_bytes():
+    from naohai.bench.naohai_row import rss_bytes
+    from naohai.bench.worker import peak_rss_bytes
+    block = bytearray(64 * 1024 * 1024)                  # touch 64 MiB: the peak is at least that above 0
+    block[::4096] = b"\x01" * len(block[::4096])
+    peak, hwm = peak_rss_bytes(), rss_bytes("VmHWM")
+    assert peak >= 64 * 1024 * 1024 and abs(peak - hwm) <= 8 * 1024 * 1024   # the kernel's two views of one figure
