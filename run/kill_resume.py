@@ -3,7 +3,7 @@ it each time, and compare every logged step loss with an uninterrupted run of th
 
 Usage:
   python run/kill_resume.py [--kills 20] [--layout standalone|dp2] [--signal KILL|TERM] [--seed 0]
-                            [--workdir DIR] [--prepared DIR --tokenizer FILE]
+                            [--workdir DIR] [--prepared DIR --tokenizer FILE] [--reference RUN_DIR]
 
 With ``--signal TERM`` only the command (``naohai train``, or ``naohai launch`` for dp2) gets SIGTERM,
 as a scheduler sends it: it must exit 143 (after its final checkpoint) and leave no process of its
@@ -20,7 +20,8 @@ exactly; a resumed run drops the rows past its checkpoint, so each step is logge
 ``naohai launch`` (msrun) and kills every process of the job.  A pass runs from scratch to the
 last step (killed and resumed as often as the kill budget allows); passes repeat until all
 kills are spent.  Prints one JSON line; exit 0 when all losses match and every pass logged
-every step.
+every step.  ``--reference`` compares against an earlier uninterrupted run of the same recipe (its
+recorded recipe is checked) instead of training one again, so several checks can share one.
 """
 from __future__ import annotations
 
@@ -54,6 +55,27 @@ def write_recipe(path: Path, out: Path, prepared: str, tokenizer: str, steps: in
                         "warmup_steps": 2, "log_every": 1, "eval_every": steps, "eval_batches": 1,
                         "save_every": 2, "keep_checkpoints": 2, "output_dir": str(out)}}
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+
+
+def _recipe_differs(resolved: Path, recipe: Path) -> str:
+    """'' when a run's recorded recipe (``recipe.resolved.yaml``) trains what ``recipe`` trains (all but
+    train.output_dir equal), else the first differing key."""
+    from naohai.config import load_recipe
+    if not resolved.exists():
+        return f"no {resolved}"
+    a, b = load_recipe(str(resolved)).to_dict(), load_recipe(str(recipe)).to_dict()
+    for d in (a, b):
+        d["train"].pop("output_dir", None)
+    for section in sorted(set(a) | set(b)):
+        x, y = a.get(section), b.get(section)
+        if not (isinstance(x, dict) and isinstance(y, dict)):
+            if x != y:
+                return section
+            continue
+        for key in sorted(set(x) | set(y)):
+            if x.get(key) != y.get(key):
+                return f"{section}.{key}"
+    return ""
 
 
 def command(recipe: Path, layout: str, log_dir: Path):
@@ -196,6 +218,9 @@ def main(argv=None) -> int:
     ap.add_argument("--signal", choices=("KILL", "TERM"), default="KILL",
                     help="KILL: SIGKILL every process of the job; TERM: SIGTERM to the command alone, which must "
                          "save, exit 143 and leave no process behind (default KILL)")
+    ap.add_argument("--reference", help="the output folder of an uninterrupted run of the same recipe (this "
+                                        "script's own, same --layout, --steps, --prepared): compared against instead "
+                                        "of training one again; its recorded recipe must equal this one's")
     args = ap.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="naohai-kill-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -209,11 +234,22 @@ def main(argv=None) -> int:
     timeout = 900.0
     for old in ("reference", "interrupted"):   # never compare against a previous invocation's files
         shutil.rmtree(work / old, ignore_errors=True)
-    ok, code, ref_s, err = run_once(command(ref_recipe, args.layout, work / "logs-ref"), env, timeout)
-    if not ok or code != 0:
-        print(json.dumps({"error": f"reference run failed ({code})", "stderr": err}))
+    if args.reference:
+        ref_dir, ref_s = Path(args.reference).resolve(), 0.0
+        differs = _recipe_differs(ref_dir / "recipe.resolved.yaml", cut_recipe)
+        if differs:
+            print(json.dumps({"error": f"--reference {ref_dir} was trained with another recipe: {differs}"}))
+            return 1
+    else:
+        ref_dir = work / "reference"
+        ok, code, ref_s, err = run_once(command(ref_recipe, args.layout, work / "logs-ref"), env, timeout)
+        if not ok or code != 0:
+            print(json.dumps({"error": f"reference run failed ({code})", "stderr": err}))
+            return 1
+    reference = dict(losses(ref_dir))
+    if sorted(reference) != list(range(1, args.steps + 1)):
+        print(json.dumps({"error": f"the reference {ref_dir} logged steps {sorted(reference)}, not 1-{args.steps}"}))
         return 1
-    reference = dict(losses(work / "reference"))
     rng = random.Random(args.seed)
     stats = {}
     kills, runs, passes, rows_checked, reexecuted, mismatches, gaps = 0, 0, 0, 0, 0, [], []
