@@ -11,7 +11,8 @@ setup(
     description="Declarative, pre-checked parallel strategies and a small exact trainer for "
                 "PanGu-alpha / PengCheng-Mind LLMs on MindSpore",
     packages=find_packages(include=["naohai", "naohai.*"]),
-    package_data={"naohai.downstream": ["shipped/*.yaml", "shipped/*.jsonl", "shipped/*.py"]},
+    package_data={"naohai.downstream": ["shipped/*.yaml", "shipped/*.jsonl", "shipped/*.py"],
+                  "naohai.data": ["builtin/*.jsonl"]},
     python_requires=">=3.9,<3.12",
     install_requires=[
         "mindspore==2.10.0",

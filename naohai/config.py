@@ -157,6 +157,8 @@ class TrainConfig:
     device_profile: Optional[str] = None  # planner profile for the MFU peak; None = detect on Ascend
     device_peak_tflops: Optional[float] = None  # MFU denominator per device; None = profile / measured on CPU
     eval: DownstreamEvalConfig = field(default_factory=DownstreamEvalConfig)  # downstream tasks in the loop
+    exact_match: bool = False        # sft: held-out answers reproduced exactly (naohai/train/exact_match.py),
+    #                                  before step 1, every eval_every steps and at the end
 
     def validate(self, where: str = "recipe", prefix: str = "train") -> None:
         def bad(key, msg, rule=None):
@@ -256,6 +258,9 @@ class Recipe:
         self.train.validate(where)
         if self.finetune is not None:
             self.finetune.validate(where)
+        if self.train.exact_match and self.data.format != "sft":
+            raise UserError("scores the held-out answers of fine-tuning data; it needs data.format: sft",
+                            where=where, key="train.exact_match")
         return self
 
     def to_dict(self) -> Dict[str, Any]:

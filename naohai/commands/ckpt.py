@@ -129,6 +129,10 @@ def _inspect(args, path) -> int:
         print(f"  strategy: {man['strategy'].get('name')} ({man['strategy'].get('source')})")
     if man.get("resharded_from"):
         print(f"  resharded from {man['resharded_from']['path']}")
+    base = man.get("finetune_base")
+    if base:
+        print(f"  LoRA adapters only (and their optimizer state) over the base {base.get('describe')}; "
+              f"`naohai ckpt merge-adapter` writes the merged model")
     order = _model_tensor_order(man)
     model_names = set(order)
     files = man.get("files") or {}

@@ -103,9 +103,14 @@ def _messages(record: Any) -> List[Dict[str, str]]:
 
 
 def expand_paths(sources: Sequence[str], key: str = "data.corpus") -> List[str]:
-    """The ``.jsonl`` files of ``sources`` (paths or globs), in the order given."""
+    """The ``.jsonl`` files of ``sources`` (paths or globs, or ``builtin:sft-tasks``: the instruction set
+    shipped with naohai, :mod:`naohai.data.sft_tasks`), in the order given."""
+    from naohai.data import sft_tasks
     files: List[str] = []
     for src in sources:
+        if src == sft_tasks.NAME:
+            files.append(sft_tasks.FILE)
+            continue
         found = sorted(glob.glob(src)) if any(c in src for c in "*?[") else ([src] if os.path.isfile(src) else [])
         if not found:
             raise UserError("matches no file", where=src, key=key)

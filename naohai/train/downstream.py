@@ -138,6 +138,6 @@ class DownstreamEval:
 
 def downstream_metrics(row: Dict[str, Any]) -> Dict[str, float]:
     """The metric values of a downstream row (not its bookkeeping fields)."""
-    skip = {"split", "step", "task", "n", "num_fewshot", "seconds", "graph_seconds", "truncated"}
+    skip = {"split", "step", "task", "n", "num_fewshot", "seconds", "graph_seconds", "truncated", "matched"}
     return {k: v for k, v in row.items() if k not in skip and not k.endswith("_stderr")
             and isinstance(v, (int, float))}

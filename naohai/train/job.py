@@ -31,6 +31,7 @@ from naohai.train.callbacks import ConsoleLog, LossPlot, MetricsFiles
 from naohai.devices import resolve_device
 from naohai.train.device import peak_tflops
 from naohai.train.downstream import DownstreamEval
+from naohai.train.exact_match import ExactMatch
 from naohai.train.loop import Trainer, TrainResult
 
 _USER_COMPILER_CACHE = os.environ.get("MS_COMPILER_CACHE_PATH")   # the user's own choice wins
@@ -235,7 +236,7 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
                             all_ok=comm.all_ok, keep_last=t.keep_checkpoints, keep_every=t.keep_every)
     downstream.recipe, downstream.log = recipe, (log if runtime.is_writer else (lambda *_: None))
     hooks = [RunFiles(recipe, resolved, out), ConsoleLog(log), MetricsFiles(out), LossPlot(out, log), downstream,
-             *callbacks]
+             ExactMatch(recipe, log if runtime.is_writer else (lambda *_: None)), *callbacks]
     return Trainer(recipe, built, prepared_dir, store=store, manifest=manifest, log=log, callbacks=hooks,
                    max_steps=max_steps, peak_tflops=peak, strategy_file=strategy_file)
 
