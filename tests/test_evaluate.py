@@ -17,6 +17,7 @@ import mindspore as ms
 
 from naohai.checkpoint.store import list_checkpoints
 from naohai.cli import main
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 
@@ -45,7 +46,7 @@ def test_eval_of_a_trained_run_and_checkpoint_equals_numpy(tmp_path, micro_data,
     # swaps in the tokenizer's EOD id (naohai.train.job.adopt_token_ids), read back from the manifest
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, eod_reset=True, eod_id=6,
                                                                    loss_pad_id=6))
-    start(recipe, None, log=lambda *_: None, progress=False).run()
+    start(plan_run(recipe), log=lambda *_: None, progress=False).run()
     ckpts = list_checkpoints(str(run))
     assert [os.path.basename(c) for c in ckpts][-1].endswith("4")
     with open(os.path.join(ckpts[-1], "manifest.json")) as fh:
@@ -84,7 +85,7 @@ def test_eval_of_a_trained_run_and_checkpoint_equals_numpy(tmp_path, micro_data,
 def test_eval_text_of_a_run_uses_the_run_tokenizer(tmp_path, micro_data, capsys):
     prepared, tok = micro_data
     run = tmp_path / "run"
-    start(micro_recipe(run, prepared, tok, steps=2, save_every=2), None, log=lambda *_: None,
+    start(plan_run(micro_recipe(run, prepared, tok, steps=2, save_every=2)), log=lambda *_: None,
           progress=False).run()
     text = tmp_path / "held.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")

@@ -6,6 +6,7 @@ import pytest
 
 from naohai.errors import UserError
 from naohai.generate import Generator, SamplingConfig, sample_next
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 
@@ -51,7 +52,7 @@ def test_bad_sampling_flags():
 def test_generate_from_checkpoint(tmp_path, micro_data, capsys):
     prepared, tok = micro_data
     recipe = micro_recipe(tmp_path / "run", prepared, tok, steps=4, save_every=4)
-    start(recipe, None, log=lambda *_: None, progress=False).run()
+    start(plan_run(recipe), log=lambda *_: None, progress=False).run()
     gen = Generator(str(tmp_path / "run"))
     assert gen.step == 4
     greedy = gen.generate("The ", SamplingConfig(max_new_tokens=8, temperature=0))

@@ -18,7 +18,7 @@ inlines every layer) and the backend's kernel build (``task_emit``).
 * ``shared`` (``layer_loop: never``; ``auto``'s choice below 12 layers): one cell per layer,
   equal layers sharing one graph
   through MindSpore's ``lazy_inline`` key (``train.reuse_layer_graphs``, policy ``front`` on
-  CPU, set by :func:`naohai.strategy.apply.reuse_layer_graphs`), inlined before the backend;
+  CPU, set by :func:`naohai.strategy.annotate.reuse_layer_graphs`), inlined before the backend;
 * ``separate`` (``layer_loop: never``, ``reuse_layer_graphs: false``): every layer on its own.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def probe(layers: int, form: str) -> Dict[str, float]:
     compile_config.COMPILE_PROFILE = "1"
 
     from naohai.config import MODEL_PRESETS, ModelConfig, recipe_from_dict
-    from naohai.strategy import apply as strategy_apply
+    from naohai.strategy.run_plan import plan_run
     from naohai.train.builder import build
     from naohai.train.job import set_context
 
@@ -63,7 +63,7 @@ def probe(layers: int, form: str) -> Dict[str, float]:
                               where="probe")
     set_context(recipe, "CPU")
     t0 = time.perf_counter()
-    built = build(recipe, None, strategy_apply.init_runtime(None, "CPU"))
+    built = build(plan_run(recipe))
     t_build = time.perf_counter() - t0
     ids = Tensor(np.zeros((PROBE_BATCH, recipe.model.seq_length), np.int32))
     t0 = time.perf_counter()

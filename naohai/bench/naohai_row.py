@@ -72,7 +72,7 @@ class NaohaiRun:
 
     def __init__(self, bm: BenchModel, workdir: str, peak_tflops: float, prepared_dir: Optional[str] = None):
         from naohai.checkpoint.store import CheckpointStore
-        from naohai.strategy import apply as strategy_apply
+        from naohai.strategy.run_plan import plan_run
         from naohai.train import job
         from naohai.train.builder import build
         from naohai.train.callbacks import ConsoleLog, MetricsFiles
@@ -86,15 +86,15 @@ class NaohaiRun:
         self.prepared_dir = prepared
         recipe = bench_recipe(bm, out, prepared)
         job.set_context(recipe, "CPU")
-        runtime = strategy_apply.init_runtime(None, "CPU")
         recipe = job.adopt_token_ids(recipe, prepared, self.lines.append)
+        run = plan_run(recipe)
         self.recipe = recipe
         self.rss_before_build = rss_bytes()
-        built = build(recipe, None, runtime)
+        built = build(run)
         self.rss_after_build = rss_bytes()
         self.built = built
         store = CheckpointStore(out, keep_last=1)
-        manifest = {"recipe": recipe.to_dict(), "seed": recipe.train.seed, "layout": job.layout_info(None, runtime),
+        manifest = {"recipe": recipe.to_dict(), "seed": recipe.train.seed, "layout": job.layout_info(run.strategy, built.runtime),
                     "strategy": None}
         self.timer = StepTimer()
         self.trainer = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=self.lines.append,

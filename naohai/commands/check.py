@@ -85,7 +85,7 @@ def summary(resolved) -> str:
 
 def runs_on(resolved, device, recipe_words: str) -> str:
     """Where this layout can train; with an explicit ``--device`` a layout it cannot run is a UserError."""
-    from naohai.strategy.apply import check_runnable, layout_mode
+    from naohai.strategy.runtime import check_runnable, layout_mode
     if device:
         from naohai.devices import resolve_device
         chosen = resolve_device(device, where="command line", key="--device")
@@ -103,9 +103,8 @@ def _write_yaml(path: Path, data) -> None:
 
 def run(args) -> int:
     from naohai.config import read_yaml
-    from naohai.strategy.batch import adopt_batch
-    from naohai.strategy.compat import check_compat
-    from naohai.strategy.resolve import check_strategy, load_strategy
+    from naohai.strategy.run_plan import plan_run
+    from naohai.strategy.schema import load_strategy
 
     recipe = _recipe(args.recipe, list(args.overrides))
     strategy_path = args.strategy
@@ -131,14 +130,10 @@ def run(args) -> int:
         recipe_file, strategy_file, overrides = None, Path(strategy_path), list(args.overrides)
     from naohai.config import load_recipe
     recipe_for_check = load_recipe(str(recipe_file)) if recipe_file else recipe
-    recipe_for_check, adopted = adopt_batch(recipe_for_check, load_strategy(str(strategy_file)))
-    for note in adopted:
-        print(f"batch from the strategy file: {note}")
-    resolved = check_strategy(load_strategy(str(strategy_file)), recipe_for_check)
     if args.compat_fixes:
         from naohai.strategy.compat import compat_fixes
-        fixed, notes = compat_fixes(read_yaml(str(strategy_file), "strategy file"), resolved,
-                                    recipe_for_check)
+        first = plan_run(recipe_for_check, str(strategy_file), compat=False)
+        fixed, notes = compat_fixes(read_yaml(str(strategy_file), "strategy file"), first.strategy, first.recipe)
         if notes:
             workdir.mkdir(parents=True, exist_ok=True)
             strategy_file = workdir / "compat-strategy.yaml"
@@ -146,8 +141,9 @@ def run(args) -> int:
             print(f"MindSpore 2.10 compatibility fixes (copy in {strategy_file}):")
             for n in notes:
                 print(f"  - {n}")
-            resolved = check_strategy(load_strategy(str(strategy_file)), recipe_for_check)
-    check_compat(resolved, recipe_for_check)
+    run = plan_run(recipe_for_check, str(strategy_file))
+    run.tell()
+    recipe_for_check, resolved = run.recipe, run.strategy
     print(summary(resolved))
     print(runs_on(resolved, args.device, " ".join([args.recipe, *args.overrides])))
     if chosen is not None and not args.compile:
@@ -256,7 +252,7 @@ def _compile_chosen(args, words, recipe, strategy_file, resolved, workdir) -> in
     from naohai.simulate.scale_down import default_depth, reduce_depth
     from naohai.strategy.profiles import load_profile
     from naohai.strategy.rank_memory import GB, rank_rows, render
-    from naohai.strategy.resolve import check_strategy
+    from naohai.strategy.run_plan import plan_run
     from naohai.strategy.schema import parse_strategy
     from naohai.train.compile_target import compile_chosen_ranks, kernel_note
 
@@ -274,7 +270,7 @@ def _compile_chosen(args, words, recipe, strategy_file, resolved, workdir) -> in
         _write_yaml(compile_strategy, strat_raw)
         _write_yaml(workdir / "depth-recipe.yaml", rec_raw)
         compile_recipe = recipe_from_dict(rec_raw, where=str(workdir / "depth-recipe.yaml"))
-        compiled = check_strategy(parse_strategy(strat_raw, str(compile_strategy)), compile_recipe)
+        compiled = plan_run(compile_recipe, parse_strategy(strat_raw, str(compile_strategy)), compat=False).strategy
         print(f"depth: {why}; compiled layout (files in {workdir}):")
         for c in changes:
             print(f"  - {c}")

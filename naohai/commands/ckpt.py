@@ -212,14 +212,15 @@ def _reshard(args, path) -> int:
             from naohai.config import merge_trees, parse_overrides
             raw = merge_trees(dict(man["recipe"]), parse_overrides(list(args.overrides)))
             recipe = recipe_from_dict(raw, where=os.path.join(path, store.MANIFEST))
-        from naohai.strategy.compat import validated_run
+        from naohai.strategy.run_plan import plan_run
         from naohai.train.job import layout_for
-        recipe, resolved = validated_run(recipe, args.to)
-        layout = layout_for(resolved)
+        run = plan_run(recipe, args.to)
+        run.tell()
+        layout = layout_for(run.strategy)
         strategy_dir = work / "strategy"
         strategy_dir.mkdir()
         if layout["signature"] != "full":
-            compiled = Path(args.compiled) if args.compiled else _compile(recipe, args.to, work, args.timeout)
+            compiled = Path(args.compiled) if args.compiled else _compile(run, args.to, work, args.timeout)
             for r in range(int(layout["world"])):
                 src = compiled / f"rank_{r}" / "strategy.ckpt"
                 if not src.exists():
@@ -235,14 +236,14 @@ def _reshard(args, path) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _compile(recipe, strategy, work: Path, timeout: float) -> Path:
-    """Simulated compile of the destination: its per-rank strategy files."""
-    from naohai.strategy.resolve import check_strategy, load_strategy
+def _compile(run, strategy: str, work: Path, timeout: float) -> Path:
+    """Simulated compile of the destination (``run``, planned from the strategy file ``strategy``): its
+    per-rank strategy files."""
     from naohai.train.compile_target import compile_layout
-    resolved = check_strategy(load_strategy(strategy), recipe)
+    resolved = run.strategy
     out = work / "compile"
     print(f"compiling the destination layout on {resolved.device_num} simulated devices ...", flush=True)
-    rep = compile_layout(recipe, strategy, out, stages=resolved.stages, timeout=timeout, ranks=resolved.device_num)
+    rep = compile_layout(run.recipe, strategy, out, stages=resolved.stages, timeout=timeout, ranks=resolved.device_num)
     if not rep.compiled:
         raise UserError(f"the destination strategy did not compile:\n{rep.render()}", where=strategy, key="--to")
     return out

@@ -147,7 +147,9 @@ def run(args) -> int:
                         where="command line", rule="plan arguments")
     from naohai.strategy.plan import build_plan, render_text
     from naohai.strategy.profiles import load_profile
-    from naohai.strategy.resolve import check_strategy, load_strategy
+    from naohai.strategy.resolve import check_strategy
+    from naohai.strategy.run_plan import plan_run
+    from naohai.strategy.schema import load_strategy
     strategy = load_strategy(strategy_path) if strategy_path else None
     if recipe_name is None:
         if strategy is None or not strategy.model:
@@ -163,8 +165,12 @@ def run(args) -> int:
     recipe, cfg, model_name = _load_target(recipe_name)
     if args.search:
         return _run_search(args, recipe, cfg, model_name)
-    resolved = check_strategy(strategy, recipe if recipe is not None else cfg, args.devices,
-                              args.micro_batch_size, args.global_batch)
+    if recipe is not None:     # a run: the batch adopted as naohai train adopts it
+        run = plan_run(recipe, strategy, devices=args.devices, micro_batch_size=args.micro_batch_size,
+                       global_batch=args.global_batch, compat=False)
+        resolved = run.strategy
+    else:                      # a model preset: the strategy's own batch keys
+        resolved = check_strategy(strategy, cfg, args.devices, args.micro_batch_size, args.global_batch)
     plan = build_plan(cfg, resolved, load_profile(args.profile), model_name)
     print(plan.to_json() if args.json else render_text(plan))
     return 0

@@ -58,12 +58,11 @@ def _run(args) -> int:
         # one process: lock the run folder before MindSpore is even imported, so a second job on it
         # is told at once (under msrun rank 0 locks it once the ranks are known, in naohai.train.job)
         lock_folder(recipe.train.output_dir, "training run", key="train.output_dir")
-    from naohai.strategy.compat import validated_run
+    from naohai.strategy.run_plan import plan_run
     from naohai.train.job import train
-    resolved = None
-    if args.strategy:
-        recipe, resolved = validated_run(recipe, args.strategy)
-    result = train(recipe, resolved, resume=not args.no_resume, resume_from=args.resume_from,
+    run = plan_run(recipe, args.strategy)
+    run.tell()
+    result = train(run, resume=not args.no_resume, resume_from=args.resume_from,
                    max_steps=args.max_steps, device=args.device)
     if result.is_writer:
         # the whole run's held-out losses (earlier invocations included), not only this invocation's

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from naohai.config import load_recipe
-from naohai.strategy.apply import check_runnable
-from naohai.strategy.compat import validated_strategy
 from naohai.devices import resolve_device
+from naohai.strategy.run_plan import plan_run
+from naohai.strategy.runtime import check_runnable
 
 
 def preflight(recipe_path: str, overrides: Sequence[str], strategy_path: Optional[str],
@@ -22,14 +21,14 @@ def preflight(recipe_path: str, overrides: Sequence[str], strategy_path: Optiona
 
     A dry run (printing the command for another machine) takes an explicit device as given
     instead of asking whether this machine has it."""
-    recipe = load_recipe(recipe_path, list(overrides))
-    resolved = validated_strategy(recipe, strategy_path) if strategy_path else None
+    run = plan_run(recipe_path, strategy_path, overrides)
+    run.tell()
+    recipe = run.recipe
     where, key = ("command line", "--device") if device else (recipe.source, "train.device")
     wanted = device or recipe.train.device
     if dry_run and wanted != "auto":
         chosen = wanted
     else:
         chosen = resolve_device(wanted, where=where, key=key)
-    if resolved is not None:
-        check_runnable(resolved, chosen, " ".join([recipe_path, *overrides]))
+    check_runnable(run.strategy, chosen, " ".join([recipe_path, *overrides]))
     return chosen

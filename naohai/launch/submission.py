@@ -17,8 +17,8 @@ from naohai.config import load_recipe, resolve_recipe_path
 from naohai.errors import UserError
 from naohai.launch.credentials import (AK_VAR, PROJECT_VAR, SK_VAR, credentials_from_env, mask,
                                        modelarts_endpoint, obs_endpoint)
-from naohai.strategy.apply import check_runnable
-from naohai.strategy.compat import validated_strategy
+from naohai.strategy.run_plan import plan_run
+from naohai.strategy.runtime import check_runnable
 from naohai.launch.modelarts import JobRequest, TrainingJobs, build_job_body
 from naohai.launch.obs_upload import (DEFAULT_EXCLUDES, MULTIPART_THRESHOLD, PART_SIZE, Uploader,
                                       collect_files, obs_client, parse_obs_path, plan_summary)
@@ -73,9 +73,10 @@ def build_request(opts: SubmitOptions) -> JobRequest:
         raise UserError(f"'{opts.device}' is not one of Ascend, GPU, CPU, auto", where="command line",
                         key="--device")
     if opts.strategy:
-        resolved = validated_strategy(recipe, opts.strategy)   # the checks every worker will make
+        run = plan_run(recipe, opts.strategy)   # the checks every worker will make
+        run.tell()
         if opts.device != "auto":
-            check_runnable(resolved, opts.device, opts.recipe)
+            check_runnable(run.strategy, opts.device, opts.recipe)
         strategy_rel = _inside(opts.strategy, opts.code_dir, "--strategy")
     if opts.data and not opts.data_obs:
         raise UserError("--data needs --data-obs /bucket/path/ to upload it to", where="command line",

@@ -5,7 +5,7 @@ and listed by ``shardable_ops()`` under the name the model description
 (:mod:`naohai.model.spec`) gives it; the cells create their parameters from
 that description's lists (names, shapes, initialisers).  These cells contain no parallel logic:
 sharding, stages and recompute are applied from outside by
-``naohai/strategy/apply.py``.
+``naohai/strategy/annotate.py``.
 
 Activations between blocks are 2-D ``[tokens, hidden]`` in float32 (the
 residual stream); matrix multiplications run in ``compute_dtype``; softmax and

@@ -23,7 +23,7 @@ The stack derives the packed window's positions and document mask once, before t
 Dropout inside the loop draws a fresh mask in every iteration and its backward uses that
 mask (MindSpore 2.10 on CPU; ``tests/model/test_model_stack.py``).  MindSpore does not
 recompute inside the loop, so the trainer keeps one cell per layer when a strategy asks for
-recompute (:func:`naohai.strategy.apply.layer_loop_refusal`).
+recompute (:func:`naohai.strategy.annotate.layer_loop_refusal`).
 """
 from __future__ import annotations
 

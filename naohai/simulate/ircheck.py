@@ -37,7 +37,7 @@ COLLECTIVES = frozenset({
 _NODE_RE = re.compile(r"^\s*%\S+\s*=\s*(?:PrimFunc_)?([A-Za-z_][A-Za-z0-9_]*)\((.*)$")
 _INSTANCE_RE = re.compile(r"\{instance name: ([^}]*)\}")
 #: instance names MindSpore gives the all-reduces of the global norm (the square sums that
-#: naohai.strategy.apply.square_sum marks for the parallel passes)
+#: naohai.strategy.gradients.square_sum marks for the parallel passes)
 GLOBALNORM_BETWEEN_STAGES = "PARALLEL_GLOBALNORM_BETWEEN_STAGES"
 GLOBALNORM_IN_STAGES = "PARALLEL_GLOBALNORM_IN_STAGES"
 _ATTRS_RE = re.compile(r"primitive_attrs: \{(.*?)\}\s*(?:cnode_attrs|cnode_primal_attrs|$)")

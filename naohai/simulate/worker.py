@@ -76,7 +76,7 @@ def _layouts(network) -> dict:
 
 
 def _set_strategy_file(network, path: str) -> None:
-    from naohai.strategy.apply import save_strategy_file
+    from naohai.strategy.autoparallel import save_strategy_file
     save_strategy_file(network, path)
 
 

@@ -1,7 +1,7 @@
 """MindSpore 2.10 compatibility rules: strategies our validator accepts but 2.10 cannot compile.
 
 Owns :func:`check_compat(resolved, recipe)`, run after ``check_strategy`` by
-``naohai check`` and by the compile entry (``naohai.train.compile_target``).  Each
+:func:`naohai.strategy.run_plan.plan_run` (every run, check and compile).  Each
 rule was found by compiling with MindSpore's own parallel compiler on simulated
 devices (``naohai check --compile``); the slow tests in ``tests/simulate`` pin the
 MindSpore error behind every rule, so a MindSpore upgrade that fixes one shows up
@@ -96,27 +96,3 @@ def check_compat(resolved, recipe=None) -> None:
     """Raise a UserError for the first MindSpore 2.10 incompatibility in ``resolved``."""
     _loss_class_axis(resolved)
     _pipeline_scheduler(resolved)
-
-
-def validated_run(recipe, path: str, warn=print):
-    """(recipe, resolved): load the strategy at ``path``, adopt its batch keys where the recipe leaves
-    them to defaults (:func:`naohai.strategy.batch.adopt_batch`: an error where both state different
-    values), and validate it against the recipe: our rules plus the MindSpore 2.10 rules above.
-    ``warn`` receives one line per adopted key and per warning.  What ``naohai train`` runs with."""
-    from naohai.strategy.batch import adopt_batch
-    from naohai.strategy.resolve import check_strategy, load_strategy
-    strategy = load_strategy(path)
-    recipe, adopted = adopt_batch(recipe, strategy)
-    resolved = check_strategy(strategy, recipe)
-    check_compat(resolved, recipe)
-    for note in adopted:
-        warn(f"naohai: batch from the strategy file: {note}")
-    for warning in resolved.warnings:
-        warn(f"naohai: warning: {warning}")
-    return recipe, resolved
-
-
-def validated_strategy(recipe, path: str, warn=print):
-    """The resolved strategy of :func:`validated_run` (what ``naohai launch`` / ``submit`` check before
-    any worker starts; each worker's ``naohai train`` adopts the same batch)."""
-    return validated_run(recipe, path, warn)[1]

@@ -156,7 +156,7 @@ class StateBytes:
 def optimizer_group(r: ResolvedStrategy, copies: int) -> int:
     """Ranks a parameter's optimizer state is split over, before the size and divisibility rules.
 
-    ``shard_size`` equal to the data-parallel size is MindSpore's -1 (``naohai.strategy.apply``
+    ``shard_size`` equal to the data-parallel size is MindSpore's -1 (``naohai.strategy.runtime.hsdp_args``
     passes it so): every device holding the same slice, i.e. data x the model-axis replication for
     a parameter the model axis does not split.  Otherwise the given size.
     """
@@ -188,7 +188,7 @@ def place_params(cfg: ModelConfig, r: ResolvedStrategy) -> List[ParamPlacement]:
         stages = tuple(param_stages(p, r, cfg))
         if len(stages) > 1:
             # a table shared by two pipeline stages (the tied word embedding) stays whole for the
-            # optimizer: naohai.strategy.apply sets parallel_optimizer=False (MindSpore 2.10 fails otherwise)
+            # optimizer: naohai.strategy.annotate sets parallel_optimizer=False (MindSpore 2.10 fails otherwise)
             sharded = False
         out.append(ParamPlacement(p.name, p.shape, p.axes, sl, stages, n, copies, g if sharded else 1))
     return out

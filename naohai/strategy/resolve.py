@@ -1,11 +1,12 @@
-"""Resolve a parsed strategy against a model into the concrete plan ``apply.py`` consumes.
+"""Resolve a parsed strategy against a model into the concrete plan the rest of the package applies.
 
 Owns :class:`ResolvedStrategy` and the three entry points:
 
 * ``check_strategy(strategy, recipe_or_model_cfg, devices=None)`` -- every
   semantic rule, then resolution (what the CLI and trainer call);
 * ``resolve(strategy, model_cfg, micro_batch_size)`` -- the same without a recipe;
-* ``default_strategy(model_cfg)`` -- the one-device plan (every slice count 1).
+* ``default_strategy(model_cfg)`` -- the one-device plan (every slice count 1) of
+  :func:`single_device_strategy`, the strategy of a run without a strategy file.
 
 ``micro_batch_size`` is the number of sequences ONE data-parallel rank feeds per
 micro-batch (the recipe's ``train.micro_batch_size``).  Shard tuples refer to the
@@ -18,7 +19,6 @@ biases added after the row-parallel matmuls) is split over data x model.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -26,7 +26,6 @@ from naohai.config import MODEL_PRESETS, ModelConfig, Recipe
 from naohai.errors import UserError, did_you_mean
 from naohai.model.catalog import RENAMED_OPS, OpSpec, layer_op_names, layer_ops, op_catalog
 from naohai.strategy import checks
-from naohai.strategy.batch import adopt_batch
 from naohai.strategy.schema import (LayerEntry, OpTuple, RecomputeEntry, RuleValue, Strategy,  # noqa: F401
                                     load_strategy, parse_strategy)
 from naohai.strategy.stages import layer_placement, stage_split
@@ -76,6 +75,11 @@ class ResolvedStrategy:
     rules: Dict[str, RuleValue] = field(default_factory=dict)              # global rules (incl. vocab)
     model: Optional[str] = None
     warnings: Tuple[str, ...] = ()
+
+    @property
+    def from_file(self) -> bool:
+        """Read from a strategy file (not the built-in one-device strategy of a plain run)."""
+        return self.source != SINGLE_DEVICE_SOURCE
 
     @property
     def data(self) -> int:
@@ -357,21 +361,17 @@ def check_strategy(strategy: Strategy, recipe_or_model_cfg: Union[Recipe, ModelC
     """Every semantic rule, then resolution.
 
     The batch: ``micro_batch_size`` / ``global_batch`` (command-line flags) win; else, with a recipe,
-    the recipe's train section after :func:`naohai.strategy.batch.adopt_batch` (the strategy's own
-    ``micro_batch_size`` / ``global_batch`` where the recipe leaves them to defaults, an error where
-    both state different values); else the strategy's keys, else micro-batch size 1 and no
+    its train section as it stands (:func:`naohai.strategy.run_plan.plan_run` adopts the strategy's
+    batch keys into it first, once); else the strategy's keys, else micro-batch size 1 and no
     global-batch rule.
     """
     s = strategy
     if isinstance(recipe_or_model_cfg, Recipe):
-        # a command-line flag replaces the strategy's key as well as the recipe's
-        flags = {k: None for k, flag in (("micro_batch_size", micro_batch_size), ("global_batch", global_batch))
-                 if flag is not None}
-        r, _ = adopt_batch(recipe_or_model_cfg, dataclasses.replace(s, **flags))
+        r = recipe_or_model_cfg
         mbs = micro_batch_size or r.train.micro_batch_size
         gb = global_batch or r.train.global_batch_size
-        gb_where = ("--global-batch" if global_batch else
-                    f"global_batch in {s.source}" if gb != recipe_or_model_cfg.train.global_batch_size else
+        adopted = "train.global_batch_size" not in r.stated and s.global_batch == gb
+        gb_where = ("--global-batch" if global_batch else f"global_batch in {s.source}" if adopted else
                     f"train.global_batch_size in {r.source or r.name}")
         return _resolve(s, r.model, mbs, devices, gb, gb_where)
     mbs = micro_batch_size or s.micro_batch_size or 1
@@ -380,8 +380,16 @@ def check_strategy(strategy: Strategy, recipe_or_model_cfg: Union[Recipe, ModelC
     return _resolve(s, recipe_or_model_cfg, mbs, devices, gb, gb_where)
 
 
+#: where the built-in one-device strategy says it comes from (no file)
+SINGLE_DEVICE_SOURCE = "built-in single-device strategy"
+
+
+def single_device_strategy() -> Strategy:
+    """The strategy of a run without a strategy file: one device, every slice count 1, no recompute."""
+    return parse_strategy({"name": "single-device", "mesh": {"data": 1, "model": 1, "pipeline": 1}},
+                          where=SINGLE_DEVICE_SOURCE)
+
+
 def default_strategy(model_cfg: ModelConfig, micro_batch_size: int = 1) -> ResolvedStrategy:
     """The single-device plan: every slice count 1, one stage, no recompute."""
-    s = parse_strategy({"name": "single-device", "mesh": {"data": 1, "model": 1, "pipeline": 1}},
-                       where="built-in single-device strategy")
-    return resolve(s, model_cfg, micro_batch_size)
+    return resolve(single_device_strategy(), model_cfg, micro_batch_size)

@@ -1,7 +1,7 @@
 """Builds what a training run compiles: model with strategy applied, optimizer, train and eval steps.
 
 ``naohai train`` and the simulated compile check (``naohai check --compile``) both
-build through :func:`build`, so the graphs checked on a laptop are the graphs
+build a :class:`naohai.strategy.run_plan.Run` through :func:`build`, so the graphs checked on a laptop are the graphs
 trained.  :class:`Steps` is what the training loop calls: ``train(batch)`` runs one
 optimizer step on this rank's rows (one compiled call, or micro-batches accumulated
 on the host for one device / plain data parallel) and ``evaluate(batch)`` the
@@ -24,7 +24,13 @@ from naohai.model.lora import apply_lora
 from naohai.model.params import param_shapes
 from naohai.model.stack import per_layer_names, stacked_count
 from naohai.model.transformer import NaohaiLM
-from naohai.strategy import apply as strategy_apply
+from naohai.strategy.annotate import apply_strategy, layer_loop_refusal
+from naohai.strategy.autoparallel import compile_inputs, compile_parallel, save_strategy_file
+from naohai.strategy.gradients import step_parts
+from naohai.strategy.host_collectives import HostComm
+from naohai.strategy.resolve import ResolvedStrategy
+from naohai.strategy.run_plan import Run
+from naohai.strategy.runtime import Runtime, plan_runtime
 from naohai.train.schedule import learning_rate
 from naohai.checkpoint.entries import file_view
 from naohai.train.step import AccumulateStep, ApplyStep, EvalStep, StepGuard, TrainStep, make_buffers
@@ -57,17 +63,12 @@ def make_optimizer(model: NaohaiLM, recipe: Recipe) -> nn.Optimizer:
                               beta2=t.adam_beta2, eps=t.adam_eps)
 
 
-def host_accumulation(recipe: Recipe, runtime: strategy_apply.Runtime) -> int:
-    """Micro-batches the host loops over per step (one device / plain data parallel)."""
+def host_accumulation(resolved: ResolvedStrategy, runtime: Runtime) -> int:
+    """Micro-batches the host loops over per step (one device / plain data parallel): the global batch
+    over data x micro-batch size, as the strategy was resolved (its divisibility checked there)."""
     if runtime.mode == "semi_auto":
         return 1
-    t = recipe.train
-    per_rank = t.global_batch_size // runtime.dp_size
-    if t.global_batch_size % runtime.dp_size or per_rank % t.micro_batch_size:
-        raise UserError(f"global_batch_size {t.global_batch_size} must be a multiple of micro_batch_size "
-                        f"{t.micro_batch_size} x data-parallel size {runtime.dp_size}", where=recipe.source,
-                        key="train.global_batch_size", rule="global_batch % (micro_batch * dp) == 0")
-    return per_rank // t.micro_batch_size
+    return int(resolved.micro_batches) * int(resolved.gradient_accumulation)
 
 
 def _split(batch: np.ndarray) -> Tuple[Tensor, Tensor]:
@@ -138,7 +139,7 @@ class Steps:
     def compile_targets(self) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
         """(name, cell, zero inputs) of every graph this rank compiles, in the order they run."""
         s = self.seq_length
-        ids = lambda rows: strategy_apply.compile_inputs(rows, s)  # noqa: E731
+        ids = lambda rows: compile_inputs(rows, s)  # noqa: E731
         if self.train_step is not None:
             out = [("train", self.train_step, ids(self.rows))]
         else:
@@ -152,9 +153,9 @@ class Built:
     model: NaohaiLM
     optimizer: nn.Optimizer
     guard: StepGuard
-    runtime: strategy_apply.Runtime
+    runtime: Runtime
     steps: Steps
-    comm: strategy_apply.HostComm
+    comm: HostComm
     frozen: frozenset = frozenset()    # model parameters a fine-tuning run does not train (its base)
 
     def state_params(self) -> List[ms.Parameter]:
@@ -211,7 +212,7 @@ class Built:
 AUTO_LOOP_MIN_LAYERS = 12
 
 
-def layer_loop(recipe: Recipe, resolved, runtime: strategy_apply.Runtime) -> Tuple[bool, Optional[str]]:
+def layer_loop(recipe: Recipe, resolved: ResolvedStrategy, runtime: Runtime) -> Tuple[bool, Optional[str]]:
     """(run the equal layers as one loop, a note for the log) from ``train.layer_loop``: ``auto`` loops
     on CPU where the layout allows (one device, data parallel) and at least
     :data:`AUTO_LOOP_MIN_LAYERS` layers are looped; ``always`` wherever the layout allows, else
@@ -221,7 +222,7 @@ def layer_loop(recipe: Recipe, resolved, runtime: strategy_apply.Runtime) -> Tup
         return False, None
     if wanted == "auto" and stacked_count(recipe.model) < AUTO_LOOP_MIN_LAYERS:
         return False, None
-    refusal = strategy_apply.layer_loop_refusal(recipe.model, resolved, runtime)
+    refusal = layer_loop_refusal(recipe.model, resolved, runtime)
     if refusal and wanted == "always":
         raise UserError(f"train.layer_loop is 'always' but {refusal}; use 'auto' or 'never'", where=recipe.source,
                         key="train.layer_loop",
@@ -233,13 +234,15 @@ def layer_loop(recipe: Recipe, resolved, runtime: strategy_apply.Runtime) -> Tup
     return True, None
 
 
-def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtime] = None,
-          strategy_file: Optional[str] = None, masked_loss: bool = False) -> Built:
-    """Build model, optimizer and the steps for this rank.  ``runtime`` comes from ``init_runtime``;
-    under semi-auto MindSpore writes the step's parameter strategy file to ``strategy_file``.
+def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[str] = None,
+          masked_loss: bool = False) -> Built:
+    """Build model, optimizer and the steps of ``run`` for this rank.  ``runtime`` comes from
+    ``init_runtime`` (left out: one device, :func:`naohai.strategy.runtime.plan_runtime`); under
+    semi-auto MindSpore writes the step's parameter strategy file to ``strategy_file``.
     ``masked_loss``: the steps take SFT batches and normalise by the global batch's learned tokens
     (one device for now)."""
-    runtime = runtime or strategy_apply.Runtime("standalone", 0, 1, 0, 1)
+    recipe, resolved = run.recipe, run.strategy
+    runtime = runtime or plan_runtime(resolved)
     t = recipe.train
     token_weight = None
     if masked_loss:
@@ -254,28 +257,28 @@ def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtim
     model = NaohaiLM(recipe.model, seed=t.seed, layer_loop=loop, masked_loss=masked_loss)
     reuse = t.reuse_layer_graphs
     if recipe.finetune is not None:
-        if resolved is not None or runtime.world > 1:
+        if resolved.from_file or runtime.world > 1:
             raise UserError("finetune runs on one device so far (the adapters have no sharding rules yet); "
                             "drop the strategy file", where=recipe.source, key="finetune")
         apply_lora(model, recipe.finetune, t.seed, recipe.source or "recipe")
         reuse = False        # adapted and plain layers differ: one graph per layer
-    strategy_apply.apply_strategy(model, resolved, reuse)
+    apply_strategy(model, resolved, reuse)
     optimizer = make_optimizer(model, recipe)
     guard = StepGuard(t)
-    parts = strategy_apply.step_parts(model, optimizer.parameters, resolved, runtime)
+    parts = step_parts(model, optimizer.parameters, resolved, runtime)
     rows = t.global_batch_size // runtime.dp_size
     seq = recipe.model.seq_length
     eval_rows = rows if runtime.mode == "semi_auto" else t.micro_batch_size
     steps = Steps(rows, eval_rows, seq, notes=list(parts.notes) + ([loop_note] if loop_note else []),
                   token_weight=token_weight)
-    k = host_accumulation(recipe, runtime)
+    k = host_accumulation(resolved, runtime)
     if k == 1:
         step = TrainStep(parts.network, optimizer, guard, t.grad_clip, parts.micro, parts.collect, parts.reduce_loss,
                          token_weight)
         step.set_train()
-        steps.train_step = strategy_apply.compile_parallel(step, resolved, runtime, train=True)
+        steps.train_step = compile_parallel(step, resolved, runtime, train=True)
         if strategy_file and runtime.mode == "semi_auto":
-            strategy_apply.save_strategy_file(steps.train_step, strategy_file)
+            save_strategy_file(steps.train_step, strategy_file)
     else:
         buffers = make_buffers(optimizer.parameters)
         steps.accumulate_step = AccumulateStep(parts.network, optimizer.parameters, buffers, guard, token_weight)
@@ -284,6 +287,6 @@ def build(recipe: Recipe, resolved=None, runtime: Optional[strategy_apply.Runtim
         steps.micro_batch = t.micro_batch_size
     evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss, token_weight)
     evaluator.set_train(False)
-    steps.eval_step = strategy_apply.compile_parallel(evaluator, resolved, runtime, train=False)
+    steps.eval_step = compile_parallel(evaluator, resolved, runtime, train=False)
     frozen = frozenset(p.name for p in model.get_parameters() if not p.requires_grad) if recipe.finetune else frozenset()
-    return Built(model, optimizer, guard, runtime, steps, strategy_apply.HostComm(runtime), frozen)
+    return Built(model, optimizer, guard, runtime, steps, HostComm(runtime), frozen)

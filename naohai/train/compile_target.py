@@ -2,10 +2,11 @@
 
 Owns :func:`build_for_compile`, the target every simulated-device worker calls
 (``naohai.train.compile_target:build_for_compile``).  It goes through the same
-code path as ``naohai train``: recipe -> ``check_strategy`` (+ the MindSpore 2.10
-compatibility rules of :mod:`naohai.strategy.compat`) -> ``init_runtime`` ->
-``build`` (which applies the strategy and wires the train and eval steps through
-``naohai/strategy/apply.py``), and returns every graph this rank would compile.
+code path as ``naohai train``: recipe + strategy file -> the run plan
+(:func:`naohai.strategy.run_plan.plan_run`: batch adoption, every strategy rule, the
+MindSpore 2.10 compatibility rules) -> ``init_runtime`` -> ``build`` (which marks the
+model and wires the train and eval steps through :mod:`naohai.strategy`), and returns
+every graph this rank would compile.
 
 ``op_overrides`` replaces per-op shard tuples AFTER validation and
 ``check_compat=False`` skips the compatibility rules: both exist to show what
@@ -38,8 +39,8 @@ def kernel_note() -> str:
     return "\n".join(lines)
 
 
-def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, timeout: float = 900.0,
-                   keep_ir: bool = False, save_slices: bool = False, ranks: Optional[int] = None,
+def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, ranks: int, timeout: float = 900.0,
+                   keep_ir: bool = False, save_slices: bool = False,
                    recipe_file: Optional[str] = None, progress=None):
     """Compile what ``naohai train`` runs for ``recipe`` under a strategy file on simulated devices.
 
@@ -53,14 +54,11 @@ def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, timeout:
 
     from naohai.config import write_recipe
     from naohai.simulate.harness import run_compile
-    from naohai.strategy.resolve import check_strategy, load_strategy
 
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     if recipe_file is None:
         recipe_file = write_recipe(recipe, str(workdir / "recipe.yaml"))
-    if ranks is None:
-        ranks = check_strategy(load_strategy(strategy_path), recipe).device_num
     kwargs = {"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy_path).resolve()),
               "overrides": [], "deferred": not save_slices}
     return run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=timeout,
@@ -90,20 +88,6 @@ def compile_chosen_ranks(recipe, strategy_path: str, workdir, *, world: int, ran
                          ir_check={"stages": stages, "clip": recipe.train.grad_clip > 0})
 
 
-def resolve_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
-                        check_compat: bool = True):
-    """(recipe, resolved): the validation ``naohai train`` does, plus the 2.10 compatibility rules."""
-    from naohai.config import load_recipe
-    from naohai.strategy.resolve import check_strategy, load_strategy
-
-    recipe = load_recipe(recipe_path, list(overrides))
-    resolved = check_strategy(load_strategy(strategy_path), recipe)
-    if check_compat:
-        from naohai.strategy.compat import check_compat as _check
-        _check(resolved, recipe)
-    return recipe, resolved
-
-
 def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
                       portable: bool = True, op_overrides: Optional[Dict[str, Any]] = None,
                       check_compat: bool = True, device: str = "GPU",
@@ -121,21 +105,23 @@ def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[
         from naohai.errors import UserError
         raise UserError("only the portable kernel path exists in naohai (no Ascend-only kernels are "
                         "implemented); compile with portable=True", key="portable")
-    from naohai.strategy import apply as strategy_apply
+    from naohai.strategy.autoparallel import skip_parameter_init_in_compile
+    from naohai.strategy.run_plan import plan_run
+    from naohai.strategy.runtime import init_runtime
     from naohai.train.builder import build
 
-    recipe, resolved = resolve_for_compile(recipe_path, strategy_path, overrides, check_compat)
+    run = plan_run(recipe_path, strategy_path, overrides, compat=check_compat)
     if op_overrides:
-        table = dict(resolved.op_strategy)
+        table = dict(run.strategy.op_strategy)
         for name, strat in op_overrides.items():
             table[name] = tuple(tuple(int(d) for d in dims) for dims in strat)
-        resolved = dataclasses.replace(resolved, op_strategy=table)
-    runtime = strategy_apply.init_runtime(resolved, device)
+        run = dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, op_strategy=table))
+    runtime = init_runtime(run.strategy, device)
     if not deferred:
-        return build(recipe, resolved, runtime).steps.compile_targets()
+        return build(run, runtime).steps.compile_targets()
     from naohai.model.layers import deferred_parameters
     with deferred_parameters():
-        targets = build(recipe, resolved, runtime).steps.compile_targets()
+        targets = build(run, runtime).steps.compile_targets()
     for _, network, _ in targets:
-        strategy_apply.skip_parameter_init_in_compile(network)
+        skip_parameter_init_in_compile(network)
     return targets

@@ -1,10 +1,11 @@
 """Starting a training job: device, communication, data, build, then the loop.
 
-``start(recipe, resolved)`` does, in order, what every rank of every layout does
-before its first step: resolve the device (``train.device`` / ``--device``), set the
-MindSpore context and seeds, initialise communication for the strategy
-(:func:`naohai.strategy.apply.init_runtime`, which refuses a layout the device cannot
-run), make sure the data is prepared (rank 0 prepares, the others wait), build the
+``start(run)`` (a :class:`naohai.strategy.run_plan.Run`: the recipe and the strategy
+resolved for it) does, in order, what every rank of every layout does before its
+first step: resolve the device (``train.device`` / ``--device``), set the MindSpore
+context and seeds, initialise communication for the strategy
+(:func:`naohai.strategy.runtime.init_runtime`, which refuses a layout the device
+cannot run), make sure the data is prepared (rank 0 prepares, the others wait), build the
 steps, and return a :class:`naohai.train.loop.Trainer` with its callbacks (the first,
 :class:`RunFiles`, writes the resolved recipe and strategy into the run folder once the
 loop has a step to take) and checkpoint store.  ``train(...)`` also resumes and runs it.
@@ -25,7 +26,10 @@ from naohai.checkpoint.store import CheckpointStore
 from naohai.config import Recipe
 from naohai.errors import UserError
 from naohai.runfiles import check_writable, created_here, lock_folder
-from naohai.strategy import apply as strategy_apply
+from naohai.strategy.host_collectives import HostComm
+from naohai.strategy.resolve import ResolvedStrategy
+from naohai.strategy.run_plan import Run
+from naohai.strategy.runtime import Runtime, check_runnable, describe, init_runtime, plan_runtime
 from naohai.train.builder import build
 from naohai.train.callbacks import ConsoleLog, LossPlot, MetricsFiles
 from naohai.devices import resolve_device
@@ -54,7 +58,7 @@ def set_context(recipe: Recipe, device: str) -> None:
     np.random.seed(recipe.train.seed)
 
 
-def prepare_data(recipe: Recipe, runtime: strategy_apply.Runtime, comm, log, progress: bool) -> str:
+def prepare_data(recipe: Recipe, runtime: Runtime, comm, log, progress: bool) -> str:
     """The prepared data folder; with several ranks rank 0 prepares and the others wait for it."""
     from naohai.data.pipeline import ensure_prepared
     if runtime.world == 1:
@@ -85,7 +89,7 @@ def adopt_token_ids(recipe: Recipe, prepared_dir: str, log) -> Recipe:
     return dataclasses.replace(recipe, model=model)
 
 
-def claim_output_dir(out: str, runtime: strategy_apply.Runtime, comm, where: Optional[str]) -> None:
+def claim_output_dir(out: str, runtime: Runtime, comm, where: Optional[str]) -> None:
     """Rank 0 checks the run folder is writable and locks it for the life of the job (one job per
     folder, :func:`naohai.runfiles.lock_folder`); every rank learns whether it succeeded."""
     error = None
@@ -111,17 +115,12 @@ def run_identity(recipe: Recipe, prepared_dir: str) -> Dict[str, Any]:
             "data": hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()}
 
 
-def layout_for(resolved) -> Dict[str, Any]:
+def layout_for(resolved: ResolvedStrategy) -> Dict[str, Any]:
     """:func:`layout_info` of a strategy without starting it (e.g. the destination of a reshard)."""
-    mode = strategy_apply.layout_mode(resolved)
-    world = int(getattr(resolved, "device_num", 1) or 1) if resolved is not None else 1
-    dp = int(resolved.data) if resolved is not None else 1
-    stages = int(resolved.stages) if resolved is not None else 1
-    runtime = strategy_apply.Runtime(mode, 0, world, 0, dp, stages, strategy_apply.in_graph_micro(resolved))
-    return layout_info(resolved, runtime)
+    return layout_info(resolved, plan_runtime(resolved))
 
 
-def layout_info(resolved, runtime: strategy_apply.Runtime) -> Dict[str, Any]:
+def layout_info(resolved: ResolvedStrategy, runtime: Runtime) -> Dict[str, Any]:
     """What a checkpoint records about the layout that wrote it."""
     if runtime.mode == "semi_auto":
         key = {"mesh": resolved.mesh, "ops": sorted((k, [list(d) for d in v]) for k, v in resolved.op_strategy.items()),
@@ -132,30 +131,28 @@ def layout_info(resolved, runtime: strategy_apply.Runtime) -> Dict[str, Any]:
     else:
         signature, ranks = "full", [0]
     return {"mode": runtime.mode, "world": runtime.world, "signature": signature, "ranks_with_files": ranks,
-            "mesh": dict(getattr(resolved, "mesh", {}) or {"data": 1, "model": 1, "pipeline": 1}),
-            "stages": runtime.stages, "describe": strategy_apply.describe(resolved, runtime)}
+            "mesh": dict(resolved.mesh), "stages": runtime.stages, "describe": describe(resolved, runtime)}
 
 
-def _strategy_text(resolved) -> Optional[str]:
-    src = getattr(resolved, "source", None)
-    if src and os.path.isfile(src):
-        with open(src, "r", encoding="utf-8") as fh:
+def _strategy_text(resolved: ResolvedStrategy) -> Optional[str]:
+    if resolved.from_file and os.path.isfile(resolved.source):
+        with open(resolved.source, "r", encoding="utf-8") as fh:
             return fh.read()
     return None
 
 
-def write_run_files(recipe: Recipe, resolved, out: str) -> None:
-    """The resolved recipe and the strategy (as given and as resolved) in the run folder."""
+def write_run_files(recipe: Recipe, resolved: ResolvedStrategy, out: str) -> None:
+    """The resolved recipe and the strategy (as given and as resolved) in the run folder; a run without
+    a strategy file (the built-in one-device strategy) writes the recipe only."""
     import yaml
     os.makedirs(out, exist_ok=True)
     raw = recipe.to_dict()
     with open(os.path.join(out, "recipe.resolved.yaml"), "w", encoding="utf-8") as fh:
         yaml.safe_dump(raw, fh, sort_keys=False)
-    if resolved is None:
+    if not resolved.from_file:
         return
-    src = getattr(resolved, "source", None)
-    if src and os.path.isfile(src):
-        shutil.copyfile(src, os.path.join(out, "strategy.yaml"))
+    if os.path.isfile(resolved.source):
+        shutil.copyfile(resolved.source, os.path.join(out, "strategy.yaml"))
     summary = {"name": resolved.name, "mesh": resolved.mesh, "micro_batches": resolved.micro_batches,
                "layers_per_stage": list(resolved.layers_per_stage), "stage_of_layer": list(resolved.stage_of_layer),
                "optimizer_parallel": str(resolved.optimizer_parallel), "recompute": [str(r) for r in resolved.recompute],
@@ -178,7 +175,7 @@ class RunFiles:
     stepping (rank 0): a run with nothing left to do (resumed at or past ``train.steps``) keeps the
     recipe its checkpoints were trained with."""
 
-    def __init__(self, recipe: Recipe, resolved, out: str):
+    def __init__(self, recipe: Recipe, resolved: ResolvedStrategy, out: str):
         self.recipe, self.resolved, self.out = recipe, resolved, out
 
     def on_start(self, trainer) -> None:
@@ -186,26 +183,21 @@ class RunFiles:
             write_run_files(self.recipe, self.resolved, self.out)
 
 
-def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: Callable[[str], None] = print,
+def start(run: Run, *, device: Optional[str] = None, log: Callable[[str], None] = print,
           progress: bool = True, max_steps: Optional[int] = None, callbacks: Sequence[Any] = ()) -> Trainer:
     """Everything before the first step (see the module docstring)."""
+    recipe, resolved = run.recipe, run.strategy
     where = "command line" if device else (recipe.source or "recipe")
     device = resolve_device(device or recipe.train.device, where=where,
                             key="--device" if where == "command line" else "train.device")
-    strategy_apply.check_runnable(resolved, device)
-    planned_mbs = getattr(resolved, "micro_batch_size", None)
-    if planned_mbs is not None and planned_mbs != recipe.train.micro_batch_size:
-        # internal misuse: the strategy was resolved for another batch than this recipe's (pass the recipe
-        # that naohai.strategy.compat.validated_run returns: it carries a batch adopted from the strategy)
-        raise ValueError(f"strategy resolved for micro-batch size {planned_mbs}, recipe has "
-                         f"{recipe.train.micro_batch_size}")
+    check_runnable(resolved, device)
     downstream = DownstreamEval(recipe, log)
     downstream.check()            # tasks that do not load stop the run before anything is prepared or compiled
     set_context(recipe, device)
-    runtime = strategy_apply.init_runtime(resolved, device)
+    runtime = init_runtime(resolved, device)
     downstream.check_layout(runtime.mode)
     writer_log = log if runtime.is_writer else (lambda *_: None)
-    comm = strategy_apply.HostComm(runtime)
+    comm = HostComm(runtime)
     out = recipe.train.output_dir
     claim_output_dir(out, runtime, comm, where=recipe.source)
     try:
@@ -215,20 +207,21 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
             _remove_unused_folder(out)
         raise
     recipe = adopt_token_ids(recipe, prepared_dir, writer_log)
+    run = dataclasses.replace(run, recipe=recipe)
     strategy_file = None
     if runtime.mode == "semi_auto":
         strategy_file = os.path.join(out, "strategy", f"rank_{runtime.rank}.ckpt")
         os.makedirs(os.path.dirname(strategy_file), exist_ok=True)
     from naohai.data.sft import is_sft_dir
-    built = build(recipe, resolved, runtime, strategy_file=strategy_file, masked_loss=is_sft_dir(prepared_dir))
+    built = build(run, runtime, strategy_file=strategy_file, masked_loss=is_sft_dir(prepared_dir))
     t = recipe.train
     peak, peak_source = peak_tflops(device, recipe.model.compute_dtype, t.device_peak_tflops, t.device_profile)
     writer_log(f"device: {device} (train.device={t.device if where != 'command line' else device}); "
                f"MFU peak {peak:.3g} TFLOP/s per device: {peak_source}")
     info = layout_info(resolved, runtime)
     manifest = {"recipe": recipe.to_dict(), "seed": t.seed, "layout": info, "identity": run_identity(recipe, prepared_dir),
-                "strategy": None if resolved is None else {"name": resolved.name, "source": resolved.source,
-                                                           "text": _strategy_text(resolved)}}
+                "strategy": None if not resolved.from_file else {"name": resolved.name, "source": resolved.source,
+                                                                 "text": _strategy_text(resolved)}}
     if recipe.finetune is not None:      # the base of the adapters until train.init_from names another
         from naohai.checkpoint.adapters import BASE_KEY, base_record
         manifest[BASE_KEY] = base_record(None, t.seed)
@@ -241,10 +234,10 @@ def start(recipe: Recipe, resolved=None, *, device: Optional[str] = None, log: C
                    max_steps=max_steps, peak_tflops=peak, strategy_file=strategy_file)
 
 
-def train(recipe: Recipe, resolved=None, *, resume: bool = True, resume_from: Optional[str] = None,
-          **kwargs) -> TrainResult:
+def train(run: Run, *, resume: bool = True, resume_from: Optional[str] = None, **kwargs) -> TrainResult:
     """Start, resume (unless told not to) or else start from ``train.init_from``'s weights, run."""
-    trainer = start(recipe, resolved, **kwargs)
+    recipe = run.recipe
+    trainer = start(run, **kwargs)
     resumed = False
     finetune_base = recipe.finetune is not None and recipe.train.init_from
     if finetune_base:             # adapters-only checkpoints: the base first, then (maybe) the adapters

@@ -7,7 +7,7 @@ called as ``step(input_ids, labels) -> (loss, grad_norm, applied, loss_scale)``:
    micro`` (``micro`` = micro-batches summed inside ``network`` by a pipeline or an
    in-graph accumulation wrapper, else 1);
 2. ``collect(grads, 1 / loss_scale)`` returns unscaled gradients reduced over data
-   parallel as the layout needs (the collectors live in ``naohai/strategy/apply.py``);
+   parallel as the layout needs (the collectors live in ``naohai/strategy/gradients.py``);
 3. the global gradient norm in fp32 (see :func:`global_norm`), identical on every
    rank and every pipeline stage;
 4. the update is applied only when the norm is finite and, when the spike guard is
@@ -41,7 +41,7 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from naohai.config import TrainConfig
-from naohai.strategy.apply import scale_by, square_sum
+from naohai.strategy.gradients import scale_by, square_sum
 
 _add_into = C.MultitypeFuncGraph("naohai_add_into")
 

@@ -17,6 +17,7 @@ import mindspore as ms
 from naohai.checkpoint import store
 from naohai.cli import main
 from naohai.model.stack import per_layer_names
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 
@@ -29,7 +30,7 @@ def trained(tmp_path_factory, micro_data):
     prepared, tok = micro_data
     out = tmp_path_factory.mktemp("trained") / "run"
     recipe = micro_recipe(out, prepared, tok, steps=8, save_every=4)
-    start(recipe, None, log=lambda *_: None, progress=False).run()
+    start(plan_run(recipe), log=lambda *_: None, progress=False).run()
     return out, recipe
 
 
@@ -75,7 +76,7 @@ def test_damaged_latest_checkpoint_is_reported_and_the_previous_used(trained, tm
     hurt(latest)
     lines = []
     recipe = micro_recipe(run, recipe.data.prepared_dir, recipe.data.tokenizer, steps=8, save_every=4)
-    trainer = start(recipe, None, log=lines.append, progress=False)
+    trainer = start(plan_run(recipe), log=lines.append, progress=False)
     assert trainer.resume()
     assert trainer.step == 4, lines
     if reason is None:   # no manifest: the folder is not a published checkpoint at all
@@ -94,7 +95,7 @@ def test_resume_from_a_chosen_checkpoint_and_refusing_a_bad_one(trained, tmp_pat
     run = tmp_path / "run"
     shutil.copytree(out, run)
     recipe = micro_recipe(run, recipe.data.prepared_dir, recipe.data.tokenizer, steps=8, save_every=4)
-    trainer = start(recipe, None, log=lambda *_: None, progress=False)
+    trainer = start(plan_run(recipe), log=lambda *_: None, progress=False)
     assert trainer.resume(store.step_dir(str(run), 4)) and trainer.step == 4
     _flip_byte(Path(store.step_dir(str(run), 4)) / "rank_0.ckpt")
     code = main(["train", str(_write_recipe(tmp_path, recipe)), "--resume-from", store.step_dir(str(run), 4)])
@@ -111,6 +112,7 @@ FAILING_SAVE = r"""
 import resource, signal, sys
 sys.path.insert(0, {root!r})
 from tests.conftest import micro_recipe
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 
 class LimitFileSize:
@@ -121,7 +123,7 @@ class LimitFileSize:
             resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, resource.RLIM_INFINITY))
 
 recipe = micro_recipe({out!r}, {prepared!r}, {tok!r}, steps=8, save_every=4, log_every=100)
-res = start(recipe, None, log=print, progress=False, callbacks=[LimitFileSize()]).run()
+res = start(plan_run(recipe), log=print, progress=False, callbacks=[LimitFileSize()]).run()
 print("finished", res.steps_done)
 """
 
@@ -174,7 +176,7 @@ def test_non_finite_loss_is_skipped_logged_and_training_continues(tmp_path, micr
     lines = []
     poison = PoisonOnce(at=3)
     recipe = micro_recipe(tmp_path / "run", prepared, tok, steps=6, save_every=100, log_every=1)
-    trainer = start(recipe, None, log=lines.append, progress=False, callbacks=[poison])
+    trainer = start(plan_run(recipe), log=lines.append, progress=False, callbacks=[poison])
     before = {p.name: p.asnumpy().copy() for p in trainer.built.model.get_parameters()}
     res = trainer.run()
     assert res.skipped == [3]
@@ -240,7 +242,7 @@ def test_too_many_skipped_steps_stop_the_run_after_a_checkpoint(tmp_path, micro_
     recipe = micro_recipe(tmp_path / "run", prepared, tok, steps=20, save_every=100, log_every=1,
                           max_skipped_steps=3)
     from naohai.train.loop import TrainingStopped
-    trainer = start(recipe, None, log=lambda *_: None, progress=False, callbacks=[PoisonFrom(4)])
+    trainer = start(plan_run(recipe), log=lambda *_: None, progress=False, callbacks=[PoisonFrom(4)])
     with pytest.raises(TrainingStopped) as info:
         trainer.run()
     message = " ".join(str(info.value).split())
@@ -263,11 +265,11 @@ def test_async_save_gives_the_same_checkpoints_and_exact_resume(tmp_path, micro_
     """train.async_save: files written in the background, published at the next save / the end;
     the checkpoints hold the same tensors as synchronous saves and resume exactly."""
     prepared, tok = micro_data
-    sync = start(micro_recipe(tmp_path / "sync", prepared, tok, steps=8, save_every=2), None,
+    sync = start(plan_run(micro_recipe(tmp_path / "sync", prepared, tok, steps=8, save_every=2)),
                  log=lambda *_: None, progress=False).run()
     lines = []
     part = micro_recipe(tmp_path / "async", prepared, tok, steps=8, save_every=2, async_save=True, keep_checkpoints=10)
-    first = start(part, None, log=lines.append, progress=False, max_steps=5).run()
+    first = start(plan_run(part), log=lines.append, progress=False, max_steps=5).run()
     assert first.steps_done == 5
     steps = [store.read_manifest(c)["step"] for c in store.list_checkpoints(str(tmp_path / "async"))]
     assert steps == [2, 4, 5]                      # 2 and 4 published in the background, 5 at the end
@@ -278,7 +280,7 @@ def test_async_save_gives_the_same_checkpoints_and_exact_resume(tmp_path, micro_
             if os.path.exists(store.step_dir(str(tmp_path / "sync"), step)) else None
         if b is not None:
             assert set(a) == set(b) and all(np.array_equal(a[k].asnumpy(), b[k].asnumpy()) for k in a)
-    trainer = start(part, None, log=lambda *_: None, progress=False)
+    trainer = start(plan_run(part), log=lambda *_: None, progress=False)
     assert trainer.resume() and trainer.step == 5
     second = trainer.run()
     for step in range(6, 9):

@@ -11,6 +11,7 @@ import pytest
 
 from naohai.checkpoint import store
 from naohai.cli import main
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 
@@ -19,8 +20,8 @@ from tests.conftest import micro_recipe
 def ckpt(tmp_path_factory, micro_data):
     prepared, tok = micro_data
     out = tmp_path_factory.mktemp("integrity") / "run"
-    start(micro_recipe(out, prepared, tok, steps=2, save_every=2, eval_every=2, eval_batches=1),
-          None, log=lambda *_: None, progress=False).run()
+    start(plan_run(micro_recipe(out, prepared, tok, steps=2, save_every=2, eval_every=2, eval_batches=1)),
+          log=lambda *_: None, progress=False).run()
     return Path(store.step_dir(str(out), 2))
 
 

@@ -20,7 +20,7 @@ from naohai.checkpoint.files import sha256_file, write_json
 from naohai.checkpoint.reshard import reshard_checkpoint
 from naohai.config import load_recipe
 from naohai.model.transformer import NaohaiLM
-from naohai.strategy.resolve import check_strategy, load_strategy
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import layout_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +34,8 @@ LAYOUTS = {
 def _layout(key):
     name, override = LAYOUTS[key]
     recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), [override])
-    resolved = check_strategy(load_strategy(str(ROOT / "strategies" / f"{name}.yaml")), recipe)
-    return recipe, layout_for(resolved)
+    run = plan_run(recipe, str(ROOT / "strategies" / f"{name}.yaml"))
+    return run.recipe, layout_for(run.strategy)
 
 
 def _compiled(compiled_layout, key):

@@ -25,6 +25,7 @@ from naohai.data.corpus import pydoc_documents
 from naohai.data.score import ScoreSettings, score
 from naohai.data.tokenizer import Tokenizer
 from naohai.errors import UserError
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 
@@ -38,7 +39,7 @@ def trained(tmp_path_factory, micro_data):
     recipe = micro_recipe(run, prepared, tok, steps=300, save_every=300, eval_every=300, log_every=300)
     recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, eod_reset=True, eod_id=6,
                                                                    loss_pad_id=6))
-    start(recipe, None, log=lambda *_: None, progress=False).run()
+    start(plan_run(recipe), log=lambda *_: None, progress=False).run()
     return str(run), tok
 
 

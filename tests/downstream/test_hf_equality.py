@@ -12,6 +12,7 @@ import pytest
 
 from naohai.cli import main
 from naohai.config import recipe_from_dict
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from tests.downstream.test_tasks import GEN_YAML, MC_YAML as BASE_MC_YAML, write_task
 
@@ -43,7 +44,7 @@ def llama_run(tmp_path_factory):
         "train": dict(steps=6, global_batch_size=4, micro_batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=2,
                       log_every=2, eval_every=6, eval_batches=1, save_every=6, output_dir=str(root / "run"))},
         where="test recipe")
-    start(recipe, None, log=lambda *_: None, progress=False).run()
+    start(plan_run(recipe), log=lambda *_: None, progress=False).run()
     assert main(["ckpt", "export", str(root / "run"), "--to", "hf", "--out", str(root / "hf")]) == 0
     folder = root / "tasks"
     write_task(folder, "eq_mc", MC_YAML, MC_ROWS)

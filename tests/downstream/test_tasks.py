@@ -13,6 +13,7 @@ import pytest
 from naohai.cli import main
 from naohai.downstream import tasks as dt
 from naohai.errors import UserError
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 
@@ -71,7 +72,7 @@ def micro_run(tmp_path_factory, micro_data):
     prepared, tok = micro_data
     out = tmp_path_factory.mktemp("dsrun") / "run"
     recipe = micro_recipe(out, prepared, tok, steps=4, save_every=4)
-    start(recipe, None, log=lambda *_: None, progress=False).run()
+    start(plan_run(recipe), log=lambda *_: None, progress=False).run()
     return str(out)
 
 

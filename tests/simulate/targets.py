@@ -229,15 +229,17 @@ def naohai_value_and_grad_pipeline(recipe_path, strategy_path, overrides=()):
     by ``ops.value_and_grad`` inside ``@jit``, gradients / micro, AdamWeightDecay."""
     from mindspore.ops import functional as F
     from mindspore.parallel.nn import Pipeline
-    from naohai.strategy import apply as strategy_apply
+    from naohai.strategy.annotate import apply_strategy
+    from naohai.strategy.run_plan import plan_run
+    from naohai.strategy.runtime import init_runtime
     from naohai.train.builder import make_optimizer
-    from naohai.train.compile_target import resolve_for_compile
     from naohai.model.transformer import NaohaiLM
 
-    recipe, resolved = resolve_for_compile(recipe_path, strategy_path, overrides)
-    strategy_apply.init_runtime(resolved, "GPU")
+    run = plan_run(recipe_path, strategy_path, overrides)
+    recipe, resolved = run.recipe, run.strategy
+    init_runtime(resolved, "GPU")
     model = NaohaiLM(recipe.model, seed=0)
-    strategy_apply.apply_strategy(model, resolved)
+    apply_strategy(model, resolved)
     # the old step kept the tied table optimizer-sharded (today's step keeps it whole; the old
     # wiring without accumulation buffers fails to compile with a whole table: grad_accu is null)
     model.embedding.word_embedding.parallel_optimizer = True

@@ -1,6 +1,6 @@
 """MindSpore 2.10 traps on the pipeline + optimizer-parallel path, pinned by compiling them.
 
-naohai's own pipeline step (``AccumulatedGrads`` in naohai/strategy/apply.py) avoids both: it
+naohai's own pipeline step (``AccumulatedGrads`` in naohai/strategy/gradients.py) avoids both: it
 uses no PipelineGradReducer; it reads the ``accu_grads`` buffers MindSpore's pipeline pass
 fills and, with optimizer parallel, the returned reduce-scattered gradients while clearing
 the buffers (as MindFormers' ``MFPipelineWithLossScaleCell`` does).  If a MindSpore upgrade

@@ -12,8 +12,8 @@ from naohai.cli import main
 from naohai.config import load_recipe
 from naohai.errors import UserError
 from naohai.strategy.batch import adopt_batch
-from naohai.strategy.compat import validated_run
-from naohai.strategy.resolve import check_strategy, load_strategy
+from naohai.strategy.resolve import load_strategy
+from naohai.strategy.run_plan import plan_run
 
 STRATEGY = {"name": "s", "model": "tiny", "mesh": {"data": 2, "model": 1, "pipeline": 1},
             "global_batch": 32, "micro_batch_size": 4}
@@ -37,7 +37,7 @@ def test_recipe_silent_adopts_the_strategys_batch(tmp_path):
     assert (adopted.train.global_batch_size, adopted.train.micro_batch_size) == (32, 4)
     assert len(notes) == 2 and "global_batch in" in notes[0] and "recipe default" in notes[0]
     # 32 sequences = data 2 x micro-batch 4 x 1 micro-batch x 4 accumulation steps
-    resolved = check_strategy(load_strategy(s), recipe)
+    resolved = plan_run(recipe, s).strategy
     assert resolved.micro_batch_size == 4 and resolved.gradient_accumulation == 4
 
 
@@ -50,7 +50,7 @@ def test_recipe_stating_another_batch_is_refused_naming_both(tmp_path):
     assert r in msg and "train.global_batch_size 16" in msg and "global_batch 32" in msg
     assert "train.global_batch_size=32" in msg                      # the way out is spelled
     with pytest.raises(UserError):
-        check_strategy(load_strategy(s), load_recipe(r))            # the planner's entry agrees
+        plan_run(load_recipe(r), s)                                 # the run plan agrees
 
 
 def test_an_override_counts_as_stated(tmp_path):
@@ -76,7 +76,8 @@ def test_agreeing_or_silent_strategy_changes_nothing(tmp_path):
 def test_command_line_flag_replaces_both(tmp_path):
     r, s = _files(tmp_path, train={"global_batch_size": 16, "micro_batch_size": 4})
     # --global-batch 64: 64 = data 2 x 4 x 1 micro-batch x 8
-    assert check_strategy(load_strategy(s), load_recipe(r), global_batch=64).gradient_accumulation == 8
+    run = plan_run(load_recipe(r), s, global_batch=64)
+    assert run.strategy.gradient_accumulation == 8 and run.recipe.train.global_batch_size == 64
 
 
 def test_adopted_batch_must_fit_the_recipe_rules(tmp_path):
@@ -92,9 +93,9 @@ def test_train_command_runs_with_the_adopted_recipe_and_records_it(tmp_path, mon
     r, s = _files(tmp_path)
     seen = {}
 
-    def fake_train(recipe, resolved, **kwargs):
+    def fake_train(run, **kwargs):
         from naohai.train.job import write_run_files
-        seen["recipe"], seen["resolved"] = recipe, resolved
+        recipe, resolved = seen["recipe"], seen["resolved"] = run.recipe, run.strategy
         write_run_files(recipe, resolved, str(tmp_path / "run"))
         raise SystemExit(0)
 
@@ -128,9 +129,10 @@ def test_launch_preflight_and_check_agree_with_train(tmp_path, capsys):
     assert main(["check", r, s, "train.global_batch_size=64"]) == 2
 
 
-def test_validated_run_returns_the_recipe_the_job_needs(tmp_path):
+def test_the_run_plan_holds_the_recipe_the_job_needs(tmp_path):
     r, s = _files(tmp_path)
-    recipe, resolved = validated_run(load_recipe(r), s, warn=lambda *_: None)
-    assert recipe.train.micro_batch_size == resolved.micro_batch_size == 4
+    run = plan_run(r, s)
+    assert run.recipe.train.micro_batch_size == run.strategy.micro_batch_size == 4
+    assert sum("batch from the strategy file" in note for note in run.notes) == 2
     assert "train.global_batch_size" not in load_recipe(r).stated and "train.global_batch_size" in \
         load_recipe(r, ["train.global_batch_size=32"]).stated

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from naohai.checkpoint.store import list_checkpoints
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from tests.conftest import MICRO_MODEL
 
@@ -66,7 +67,7 @@ def test_two_workers_match_one_process(tmp_path, micro_data):
 
     from naohai.config import load_recipe
     single = load_recipe(_recipe_file(tmp_path, "single", prepared, tok, micro_batch_size=8))
-    ref = start(single, None, log=lambda *_: None, progress=False).run()
+    ref = start(plan_run(single), log=lambda *_: None, progress=False).run()
 
     got = _metrics(str(tmp_path / "dp"))
     train = {r["step"]: r["loss"] for r in got if r["split"] == "train"}

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from naohai.errors import UserError
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 from tests.downstream.test_tasks import MC_ROWS, MC_YAML, write_task
@@ -29,7 +30,7 @@ def test_rows_at_the_right_steps_equal_the_checkpoint_scored_later(tmp_path, mic
     recipe = micro_recipe(out, prepared, tok, steps=8, save_every=4,
                           eval={"tasks": ["loop_probe"], "every": 4, "include_path": [str(folder)], "batch": 2})
     logs = []
-    start(recipe, None, log=logs.append, progress=False).run()
+    start(plan_run(recipe), log=logs.append, progress=False).run()
     rows = [r for r in _rows(str(out)) if r["split"] == "downstream"]
     assert [r["step"] for r in rows] == [0, 4, 8]
     assert all(r["task"] == "loop_probe" and r["n"] == 9 and 0 <= r["acc"] <= 1 and "acc_norm" in r for r in rows)
@@ -53,7 +54,7 @@ def test_a_task_that_does_not_load_stops_the_run_before_anything(tmp_path, micro
     out = tmp_path / "run"
     recipe = micro_recipe(out, prepared, tok, eval={"tasks": ["no_such_task_xyz"], "every": 4})
     with pytest.raises(UserError, match="train.eval.tasks.*no task named 'no_such_task_xyz'"):
-        start(recipe, None, log=lambda *_: None, progress=False)
+        start(plan_run(recipe), log=lambda *_: None, progress=False)
     assert not os.path.exists(out)
 
 

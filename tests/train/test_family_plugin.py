@@ -11,6 +11,7 @@ from naohai.config import load_recipe, recipe_from_dict
 from naohai.errors import UserError
 from naohai.model import families
 from naohai.model.families import Family
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 
 # A family none of the shipped ones is: ALiBi, exact GeLU, RMSNorm, no biases, an untied head.
@@ -63,7 +64,7 @@ def test_an_unregistered_family_is_a_user_error(tmp_path):
 def test_the_new_family_trains(toy, tmp_path, micro_data):
     prepared, tok = micro_data
     recipe = _recipe({"preset": "toy-micro"}, tmp_path / "run", prepared, tok)
-    trainer = start(recipe, None, log=lambda *_: None, progress=False)
+    trainer = start(plan_run(recipe), log=lambda *_: None, progress=False)
     result = trainer.run()
     assert sorted(result.losses) == list(range(1, 9))
     first, last = result.losses[1], result.losses[8]

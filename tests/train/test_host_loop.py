@@ -23,7 +23,7 @@ from mindspore import Parameter, Tensor
 
 from naohai.checkpoint.store import CheckpointStore, list_checkpoints, read_manifest
 from naohai.data.loader import TokenWindowLoader
-from naohai.strategy.apply import Runtime
+from naohai.strategy.runtime import Runtime
 from naohai.train.builder import StepResult
 from naohai.train.callbacks import ConsoleLog, MetricsFiles
 from naohai.train.job import run_identity
@@ -239,7 +239,7 @@ def _pipeline_checkpoint(tmp_path, micro_data, compiled_layout):
     same model: ``(checkpoint folder, recipe, layout record, {rank: slices}, tiny recipe)``."""
     from naohai.checkpoint.files import sha256_file, write_json
     from naohai.config import load_recipe
-    from naohai.strategy.resolve import check_strategy, load_strategy
+    from naohai.strategy.run_plan import plan_run
     from naohai.train.job import layout_for
 
     prepared, tok = micro_data
@@ -247,7 +247,7 @@ def _pipeline_checkpoint(tmp_path, micro_data, compiled_layout):
     rc, workdir, out = compiled_layout(["tiny", str(strategy), "train.micro_batch_size=2"])
     assert rc == 0, out[-2000:]
     tiny = load_recipe(str(ROOT / "recipes" / "tiny.yaml"), ["train.micro_batch_size=2"])
-    layout = layout_for(check_strategy(load_strategy(str(strategy)), tiny))
+    layout = layout_for(plan_run(tiny, str(strategy)).strategy)
     slices = {r: ms.load_checkpoint(str(workdir / f"rank_{r}" / "slices.ckpt")) for r in range(WORLD)}
 
     sharded = tmp_path / "sharded"

@@ -21,12 +21,13 @@ from naohai.convert.model_dir import write_model_dir
 from naohai.data.loader import TokenWindowLoader
 from naohai.errors import UserError
 from naohai.evaluate import evaluate
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import train
 from tests.conftest import micro_recipe
 
 
 def _quiet(recipe, **kw):
-    return train(recipe, None, log=lambda *_: None, progress=False, **kw)
+    return train(plan_run(recipe), log=lambda *_: None, progress=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_starts_from_a_run_at_step_zero(tmp_path, micro_data, source):
     src_run, src = source
     logs = []
     recipe = micro_recipe(tmp_path / "b", prepared, tok, steps=4, init_from=str(src_run))
-    result = train(recipe, None, log=logs.append, progress=False)
+    result = train(plan_run(recipe), log=logs.append, progress=False)
     # step 0 evaluates the source's final weights on the held-out batches the source evaluated at step 8
     assert result.evals[0] == pytest.approx(src.evals[8], rel=1e-6)
     # the first train loss is the source weights' loss on this run's first batch
@@ -68,7 +69,7 @@ def test_starts_from_a_run_at_step_zero(tmp_path, micro_data, source):
     # run again: the run resumes from its own checkpoint; init_from is not applied a second time
     logs.clear()
     again = micro_recipe(tmp_path / "b", prepared, tok, steps=6, init_from=str(src_run))
-    resumed = train(again, None, log=logs.append, progress=False)
+    resumed = train(plan_run(again), log=logs.append, progress=False)
     assert sorted(resumed.losses) == [5, 6]
     assert any("not used: this run resumed" in x for x in logs)
 

@@ -13,8 +13,9 @@ from mindspore import Tensor
 
 from naohai.config import load_recipe
 from naohai.errors import UserError
-from naohai.strategy import apply as A
-from naohai.strategy.resolve import RecomputeSpec, check_strategy
+from naohai.strategy.resolve import RecomputeSpec, check_strategy, default_strategy
+from naohai.strategy.run_plan import Run, plan_run
+from naohai.strategy.runtime import Runtime
 from naohai.strategy.schema import parse_strategy
 from naohai.train.builder import AUTO_LOOP_MIN_LAYERS, build, layer_loop
 from naohai.train.job import start
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(recipe, steps=None, resume=False):
-    trainer = start(recipe, None, log=lambda *_: None, progress=False, max_steps=steps)
+    trainer = start(plan_run(recipe), log=lambda *_: None, progress=False, max_steps=steps)
     assert trainer.built.model.layer_loop == (recipe.train.layer_loop == "always")
     if resume:
         trainer.resume()
@@ -70,6 +71,16 @@ def _tiny(*over):
     return load_recipe(str(ROOT / "recipes/tiny.yaml"), ["train.micro_batch_size=8", *over])
 
 
+def _plain(recipe):
+    return default_strategy(recipe.model, recipe.train.micro_batch_size)
+
+
+def _loop(*over_and_runtime):
+    *over, runtime = over_and_runtime
+    recipe = _tiny(*over)
+    return layer_loop(recipe, _plain(recipe), runtime)
+
+
 def _strategy(recipe, layers):
     raw = {"name": "t", "mesh": {"data": 1, "model": 1, "pipeline": 1}, "layers": layers}
     return check_strategy(parse_strategy(raw, "inline"), recipe)
@@ -77,20 +88,20 @@ def _strategy(recipe, layers):
 
 def test_where_the_loop_runs_and_where_it_is_refused():
     ms.set_device("CPU")
-    one = A.Runtime("standalone", 0, 1, 0, 1)
-    semi = A.Runtime("semi_auto", 0, 8, 0, 2, stages=2)
+    one = Runtime("standalone", 0, 1, 0, 1)
+    semi = Runtime("semi_auto", 0, 8, 0, 2, stages=2)
     deep = f"model.num_layers={AUTO_LOOP_MIN_LAYERS}"
     # auto: one cell per layer for shallow models, the loop from AUTO_LOOP_MIN_LAYERS looped layers
-    assert layer_loop(_tiny(), None, one) == (False, None)
-    assert layer_loop(_tiny(f"model.num_layers={AUTO_LOOP_MIN_LAYERS - 1}"), None, one) == (False, None)
-    assert layer_loop(_tiny(deep), None, one) == (True, None)
-    assert layer_loop(_tiny(deep), None, A.Runtime("data_parallel", 0, 2, 0, 2)) == (True, None)
-    assert layer_loop(_tiny("train.layer_loop=always"), None, one) == (True, None)
-    assert layer_loop(_tiny(deep, "train.layer_loop=never"), None, one) == (False, None)
-    loop, note = layer_loop(_tiny(deep), None, semi)
+    assert _loop(one) == (False, None)
+    assert _loop(f"model.num_layers={AUTO_LOOP_MIN_LAYERS - 1}", one) == (False, None)
+    assert _loop(deep, one) == (True, None)
+    assert _loop(deep, Runtime("data_parallel", 0, 2, 0, 2)) == (True, None)
+    assert _loop("train.layer_loop=always", one) == (True, None)
+    assert _loop(deep, "train.layer_loop=never", one) == (False, None)
+    loop, note = _loop(deep, semi)
     assert not loop and "one graph per layer" in note
     with pytest.raises(UserError) as err:
-        layer_loop(_tiny("train.layer_loop=always"), None, semi)
+        _loop("train.layer_loop=always", semi)
     assert err.value.key == "train.layer_loop"
     # MindSpore does not recompute inside a loop: a strategy with recompute keeps one cell per layer
     recipe = _tiny("train.layer_loop=always", "model.num_layers=4")
@@ -112,7 +123,7 @@ def test_bad_layer_loop_value_is_a_recipe_error():
 def test_a_strategy_with_recompute_builds_one_recomputed_cell_per_layer():
     ms.set_context(mode=ms.GRAPH_MODE)
     recipe = _tiny(f"model.num_layers={AUTO_LOOP_MIN_LAYERS}")
-    built = build(recipe, _strategy(recipe, {f"0-{AUTO_LOOP_MIN_LAYERS - 1}": {"recompute": "full"}}))
+    built = build(Run(recipe, _strategy(recipe, {f"0-{AUTO_LOOP_MIN_LAYERS - 1}": {"recompute": "full"}})))
     assert not built.model.layer_loop
     assert all(cell._has_config_recompute for cell in built.model.layer_cells())
     assert any("does not recompute inside a loop" in note for note in built.steps.notes)
@@ -178,8 +189,8 @@ def test_state_written_after_steps_have_run_reaches_the_compiled_loop():
             "train.warmup_steps=0"]
     tokens = np.random.RandomState(0).randint(0, 2048, (3, 2, 33)).astype(np.int32)
     batch = [(Tensor(t[:, :-1]), Tensor(t[:, 1:])) for t in tokens]
-    flat = build(_tiny(*over, "train.layer_loop=never"), None)
-    loop = build(_tiny(*over, "train.seed=7", "train.layer_loop=always"), None)
+    flat = build(plan_run(_tiny(*over, "train.layer_loop=never")))
+    loop = build(plan_run(_tiny(*over, "train.seed=7", "train.layer_loop=always")))
     assert loop.model.layer_loop
     flat.steps.train_step(*batch[0])
     for ids, labels in batch[1:]:

@@ -13,6 +13,7 @@ from naohai.data.loader import TokenWindowLoader
 from naohai.errors import UserError
 from naohai.model.lora import adapter_params, lora_ops
 from naohai.model.transformer import TokenNLLNet
+from naohai.strategy.run_plan import plan_run
 from naohai.train.builder import build
 from tests.conftest import micro_recipe
 
@@ -46,7 +47,7 @@ def _nll(model, batch):
 
 def test_twenty_lora_steps_leave_every_base_tensor_bit_identical(tmp_path, micro_data):
     ms.set_context(mode=ms.GRAPH_MODE)
-    built = build(_lora_recipe(tmp_path, micro_data))
+    built = build(plan_run(_lora_recipe(tmp_path, micro_data)))
     adapters = {p.name for p in adapter_params(built.model)}
     want = {f"{op}.lora_{ab}" for op in lora_ops(built.model.cfg) if re.search(TARGETS, op) for ab in "ab"}
     assert adapters == want and len(want) == 2 * 3 * 2          # 2 layers x (q, v, down) x (A, B)
@@ -70,8 +71,8 @@ def test_twenty_lora_steps_leave_every_base_tensor_bit_identical(tmp_path, micro
 def test_adapter_starts_equal_to_base_and_merges_into_it(tmp_path, micro_data):
     ms.set_context(mode=ms.GRAPH_MODE)
     batch = _batch(micro_data)
-    plain = build(micro_recipe(tmp_path / "p", *micro_data)).model
-    lora = build(_lora_recipe(tmp_path / "l", micro_data)).model
+    plain = build(plan_run(micro_recipe(tmp_path / "p", *micro_data))).model
+    lora = build(plan_run(_lora_recipe(tmp_path / "l", micro_data))).model
     np.testing.assert_array_equal(_nll(lora, batch), _nll(plain, batch))       # B = 0 at the start
     rng = np.random.default_rng(3)
     params = {p.name: p for p in lora.get_parameters()}
@@ -90,8 +91,8 @@ def test_adapter_starts_equal_to_base_and_merges_into_it(tmp_path, micro_data):
 
 
 def test_init_depends_on_the_op_name_only(tmp_path, micro_data):
-    one = build(_lora_recipe(tmp_path / "a", micro_data)).model
-    two = build(_lora_recipe(tmp_path / "b", micro_data, targets=r"layers\.1\.attention\.v$")).model
+    one = build(plan_run(_lora_recipe(tmp_path / "a", micro_data))).model
+    two = build(plan_run(_lora_recipe(tmp_path / "b", micro_data, targets=r"layers\.1\.attention\.v$"))).model
     a1 = {p.name: p.asnumpy() for p in adapter_params(one)}
     a2 = {p.name: p.asnumpy() for p in adapter_params(two)}
     assert set(a2) == {"layers.1.attention.v.lora_a", "layers.1.attention.v.lora_b"}
@@ -111,7 +112,7 @@ def test_init_depends_on_the_op_name_only(tmp_path, micro_data):
 ])
 def test_bad_targets_and_ranks_name_the_key(tmp_path, micro_data, finetune, key, message):
     with pytest.raises(UserError, match=rf"key '{re.escape(key)}'.*{message}"):
-        build(_lora_recipe(tmp_path, micro_data, **finetune))
+        build(plan_run(_lora_recipe(tmp_path, micro_data, **finetune)))
 
 
 @pytest.mark.parametrize("finetune, key", [({"rank": 0}, "finetune.rank"), ({"method": "prefix"}, "finetune.method"),

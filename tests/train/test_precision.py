@@ -10,6 +10,7 @@ from mindspore import Tensor, nn
 
 from naohai.config import TrainConfig, LossScaleConfig
 from naohai.errors import UserError
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from naohai.train.metrics import read_metrics
 from naohai.train.step import StepGuard
@@ -17,7 +18,7 @@ from tests.conftest import micro_recipe
 
 
 def _run(recipe, **kw):
-    return start(recipe, None, log=lambda *_: None, progress=False, **kw).run()
+    return start(plan_run(recipe), log=lambda *_: None, progress=False, **kw).run()
 
 
 class _GuardProbe(nn.Cell):
@@ -82,7 +83,7 @@ def test_overflow_skips_steps_and_lowers_the_scale(tmp_path, micro_data):
     r = micro_recipe(tmp_path / "ovf", prepared, tok, steps=30, log_every=1, eval_every=30,
                      loss_scale={"dynamic": True, "init": 2.0 ** 32, "window": 1000})
     r.model.compute_dtype = "float16"
-    trainer = start(r, None, log=lambda *_: None, progress=False)
+    trainer = start(plan_run(r), log=lambda *_: None, progress=False)
     result = trainer.run()
     rows = [m for m in read_metrics(str(tmp_path / "ovf")) if m["split"] == "train"]
     skipped = [m["step"] for m in rows if m["skipped"]]
@@ -100,4 +101,4 @@ def test_bfloat16_on_cpu_is_a_clear_error(tmp_path, micro_data):
     r = micro_recipe(tmp_path / "bf", prepared, tok)
     r.model.compute_dtype = "bfloat16"
     with pytest.raises(UserError, match="model.compute_dtype"):
-        start(r, None, log=lambda *_: None, progress=False)
+        start(plan_run(r), log=lambda *_: None, progress=False)

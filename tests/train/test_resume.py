@@ -5,13 +5,14 @@ import math
 
 import pytest
 
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from naohai.train.metrics import read_metrics
 from tests.conftest import micro_recipe
 
 
 def _run(recipe, steps=None, resume=True):
-    trainer = start(recipe, None, log=lambda *_: None, progress=False, max_steps=steps)
+    trainer = start(plan_run(recipe), log=lambda *_: None, progress=False, max_steps=steps)
     if resume:
         trainer.resume()
     return trainer.run()
@@ -91,7 +92,7 @@ def test_finished_run_has_nothing_to_do_and_keeps_its_recipe(tmp_path, micro_dat
     files = {name: (out / name).read_bytes() for name in ("recipe.resolved.yaml", "metrics.jsonl", "loss.png")}
     lines = []
     for steps in (4, 2):          # the same recipe again; a shorter one with another learning rate
-        trainer = start(micro_recipe(out, prepared, tok, steps=steps, lr=1e-3), None, log=lines.append,
+        trainer = start(plan_run(micro_recipe(out, prepared, tok, steps=steps, lr=1e-3)), log=lines.append,
                         progress=False)
         trainer.resume()
         again = trainer.run()

@@ -13,6 +13,7 @@ import pytest
 from naohai.checkpoint import store
 from naohai.cli import main
 from naohai.config import write_recipe
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
 from naohai.train.metrics import read_metrics
 from tests.conftest import micro_recipe
@@ -95,10 +96,10 @@ def test_resume_drops_metrics_rows_past_the_checkpoint(tmp_path, micro_data):
     recipe = micro_recipe(tmp_path / "run", prepared, tok, steps=8, save_every=4, eval_every=4, eval_batches=1,
                           log_every=1)
     with pytest.raises(RuntimeError):
-        start(recipe, None, log=lambda *_: None, progress=False, callbacks=[_Crash(6)]).run()
+        start(plan_run(recipe), log=lambda *_: None, progress=False, callbacks=[_Crash(6)]).run()
     assert [r["step"] for r in read_metrics(str(tmp_path / "run")) if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
     lines = []
-    trainer = start(recipe, None, log=lines.append, progress=False)
+    trainer = start(plan_run(recipe), log=lines.append, progress=False)
     assert trainer.resume() and trainer.step == 4
     trainer.run()
     rows = read_metrics(str(tmp_path / "run"))

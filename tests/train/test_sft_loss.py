@@ -12,7 +12,8 @@ from naohai.data.sft import SFTLoader, load_sft, masked_labels, prepare_sft
 from naohai.data.tokenizer import Tokenizer
 from naohai.errors import UserError
 from naohai.model.transformer import TokenNLLNet
-from naohai.strategy.apply import Runtime
+from naohai.strategy.runtime import Runtime
+from naohai.strategy.run_plan import plan_run
 from naohai.train.builder import build
 from tests.conftest import micro_recipe
 
@@ -65,12 +66,12 @@ def _moments(built):
 
 def test_loss_equals_reference_and_accumulation_equals_one_batch(tmp_path, sft_batch):
     ms.set_context(mode=ms.GRAPH_MODE)
-    one = build(_recipe(tmp_path / "a", 4), masked_loss=True)
+    one = build(plan_run(_recipe(tmp_path / "a", 4)), masked_loss=True)
     ref = _reference_loss(one.model, sft_batch)
     res_one = one.steps.train(sft_batch)
     assert res_one.applied
     assert abs(res_one.loss - ref) <= 1e-5 * abs(ref)
-    four = build(_recipe(tmp_path / "b", 1), masked_loss=True)
+    four = build(plan_run(_recipe(tmp_path / "b", 1)), masked_loss=True)
     assert four.steps.train_step is None and four.steps.accumulate_step is not None
     res_four = four.steps.train(sft_batch)
     assert abs(res_four.loss - res_one.loss) <= 1e-6 * abs(ref)
@@ -93,4 +94,4 @@ def test_per_micro_batch_normalisation_would_differ(sft_batch):
 
 def test_masked_loss_refuses_data_parallel(tmp_path):
     with pytest.raises(UserError, match="one device so far"):
-        build(_recipe(tmp_path, 1), runtime=Runtime("data_parallel", 0, 2, 0, 2), masked_loss=True)
+        build(plan_run(_recipe(tmp_path, 1)), runtime=Runtime("data_parallel", 0, 2, 0, 2), masked_loss=True)

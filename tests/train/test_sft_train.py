@@ -8,6 +8,7 @@ import numpy as np
 
 from naohai.config import recipe_from_dict
 from naohai.data.sft import load_sft
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start, train
 from tests.conftest import micro_recipe
 
@@ -28,7 +29,7 @@ def _recipe(tmp_path, tok, steps=8):
 def test_sft_lora_run_learns_saves_adapters_and_resumes(tmp_path, micro_data):
     _, tok = micro_data
     logs = []
-    trainer = start(_recipe(tmp_path, tok), None, log=logs.append, progress=False)
+    trainer = start(plan_run(_recipe(tmp_path, tok)), log=logs.append, progress=False)
     assert trainer.sft and trainer.steps.token_weight is not None
     result = trainer.run()
     assert sorted(result.losses) == list(range(1, 9))
@@ -42,5 +43,5 @@ def test_sft_lora_run_learns_saves_adapters_and_resumes(tmp_path, micro_data):
     metrics = [json.loads(line) for line in open(Path(tmp_path) / "run" / "metrics.jsonl")]
     held = [m["loss"] for m in metrics if m.get("split") == "valid"]
     assert len(held) >= 2 and held[-1] < held[0] and np.isfinite(held).all()
-    resumed = train(_recipe(tmp_path, tok, steps=10), None, log=lambda *_: None, progress=False)
+    resumed = train(plan_run(_recipe(tmp_path, tok, steps=10)), log=lambda *_: None, progress=False)
     assert sorted(resumed.losses) == [9, 10]

@@ -1,4 +1,4 @@
-"""apply.py on plain CPU: what MindSpore will see per op, per cell and per parameter.
+"""naohai/strategy/annotate.py on plain CPU: what MindSpore will see per op, per cell and per parameter.
 
 The model is built and the tiny strategies applied (no compile, no communication).
 MindSpore 2.10 keeps a shard strategy in the primitive's ``in_strategy`` attribute,
@@ -15,8 +15,9 @@ import pytest
 
 from naohai.config import load_recipe
 from naohai.model.transformer import NaohaiLM
-from naohai.strategy import apply as A
-from naohai.strategy.resolve import check_strategy, load_strategy
+from naohai.strategy import annotate as A
+from naohai.strategy.resolve import check_strategy, default_strategy, load_strategy
+from naohai.strategy.run_plan import plan_run
 from naohai.strategy.schema import parse_strategy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,7 +209,7 @@ def test_layer_graph_keys_group_layers_by_strategy_recompute_and_stage():
     assert [keys.index(k) for k in keys] == [0, 1, 1, 0]
 
     recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), ["model.preset=tiny-pangu"])
-    keys = A.layer_graph_keys(NaohaiLM(recipe.model), None)
+    keys = A.layer_graph_keys(NaohaiLM(recipe.model), default_strategy(recipe.model))
     assert keys[0] == keys[1] == keys[2] != keys[3]
 
 
@@ -233,7 +234,7 @@ def test_shared_layer_graphs_train_exactly_like_separate_ones(preset):
     for reuse in (False, True):
         recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"),
                              over + [f"train.reuse_layer_graphs={reuse}", "train.layer_loop=never"])
-        built = build(recipe)
+        built = build(plan_run(recipe))
         graphs = {layer.cell_init_args for layer in built.model.layers if hasattr(layer, "_cell_init_args")}
         assert len(graphs) == (0 if not reuse else 1 if preset == "tiny" else 2)
         losses = [float(built.steps.train_step(Tensor(t[:, :-1]), Tensor(t[:, 1:]))[0].asnumpy()) for t in tokens]
