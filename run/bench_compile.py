@@ -34,14 +34,15 @@ def main() -> int:
     import yaml
     from naohai.config import load_recipe, read_yaml
     from naohai.strategy.compat import compat_fixes
-    from naohai.strategy.resolve import check_strategy, load_strategy
+    from naohai.strategy.run_plan import plan_run
     recipe = load_recipe(str(Path(args.recipe).resolve()), overrides)
-    fixed, notes = compat_fixes(read_yaml(strategy), check_strategy(load_strategy(strategy), recipe), recipe)
+    first = plan_run(recipe, strategy, compat=False)
+    fixed, notes = compat_fixes(read_yaml(strategy), first.strategy, first.recipe)
     if notes:
         strategy = str(Path(workdir) / "compat-strategy.yaml")
         Path(strategy).write_text(yaml.safe_dump(fixed, sort_keys=False))
     kwargs = {"recipe_path": str(Path(args.recipe).resolve()), "strategy_path": strategy, "overrides": overrides}
-    resolved = check_strategy(load_strategy(strategy), recipe)
+    resolved = plan_run(recipe, strategy).strategy
     rep = run_compile("naohai.train.compile_target:build_for_compile", args.ranks, workdir, kwargs=kwargs,
                       ir_check={"stages": resolved.stages, "clip": recipe.train.grad_clip > 0})
     compile_s = [r.result.get("compile_s") for r in rep.per_rank if r.result and r.result.get("compile_s")]

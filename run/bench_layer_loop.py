@@ -214,13 +214,14 @@ def trainer_probe(form: str, layers: int, steps: int) -> dict:
     import numpy as np
     import mindspore as ms
     from naohai.config import load_recipe
+    from naohai.strategy.run_plan import plan_run
     from naohai.train.builder import build
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     recipe = load_recipe(str(Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"),
                          [f"train.layer_loop={form}", f"model.num_layers={layers}"])
-    built = build(recipe)
+    built = build(plan_run(recipe))
     batch = np.random.RandomState(0).randint(0, recipe.model.vocab_size,
                                              (recipe.train.global_batch_size, recipe.model.seq_length + 1))
     built.steps.train(batch)                      # compile and first step, not timed

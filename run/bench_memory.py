@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from naohai.bench.naohai_row import bench_recipe
     from naohai.bench.randdata import write_random_prepared
     from naohai.data.loader import TokenWindowLoader
-    from naohai.strategy import apply as strategy_apply
+    from naohai.strategy.run_plan import plan_run
     from naohai.train import job
     from naohai.train.builder import build
 
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                                                                    reuse_layer_graphs=not a.separate))
     say("import")
     job.set_context(recipe, "CPU")
-    built = build(recipe, None, strategy_apply.init_runtime(None, "CPU"))
+    built = build(plan_run(recipe))
     say("build")
     steps = built.steps
     for name, cell, args in steps.compile_targets():

@@ -15,6 +15,7 @@ from naohai.convert.hf.convert import open_hf
 from naohai.data.loader import TokenWindowLoader
 from naohai.data.pipeline import default_prepared_dir
 from naohai.errors import UserError
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import train
 from tests.conftest import micro_recipe
 from tests.convert import hf_models
@@ -54,7 +55,7 @@ def test_twenty_steps_from_a_hugging_face_folder(tmp_path, hf_llama):
     model, folder, corpus = hf_llama
     recipe = _recipe(tmp_path / "run", folder, corpus)
     logs = []
-    result = train(recipe, None, log=logs.append, progress=False)
+    result = train(plan_run(recipe), log=logs.append, progress=False)
     assert sorted(result.losses) == list(range(1, 21))
     line = next(x for x in logs if x.startswith("initialised from"))
     assert "hugging face folder" in line and "step 0" in line
@@ -70,12 +71,12 @@ def test_a_hugging_face_folder_with_another_tokenizer_or_shape_is_refused(tmp_pa
     # the micro model's sentencepiece data: other token ids than the folder's tokenizer.json
     recipe = micro_recipe(tmp_path / "a", prepared, tok, init_from=folder)
     with pytest.raises(UserError) as info:
-        train(recipe, None, log=lambda *_: None, progress=False)
+        train(plan_run(recipe), log=lambda *_: None, progress=False)
     assert info.value.key == "train.init_from"
     assert "do not fit" in info.value.message or "another tokenizer" in info.value.message
     # the folder's own tokenizer, but a model of another width
     recipe = _recipe(tmp_path / "b", folder, corpus, steps=2)
     recipe.model.ffn_hidden_size = 256
     with pytest.raises(UserError, match="do not fit") as info:
-        train(recipe, None, log=lambda *_: None, progress=False)
+        train(plan_run(recipe), log=lambda *_: None, progress=False)
     assert info.value.key == "train.init_from"

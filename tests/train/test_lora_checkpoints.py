@@ -24,12 +24,13 @@ from naohai.errors import UserError
 from naohai.model.lora import apply_lora
 from naohai.model.params import param_shapes
 from naohai.model.transformer import NaohaiLM
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import train
 from tests.conftest import micro_recipe
 
 
 def _quiet(recipe, **kw):
-    return train(recipe, None, log=lambda *_: None, progress=False, **kw)
+    return train(plan_run(recipe), log=lambda *_: None, progress=False, **kw)
 
 
 def _sft_recipe(root, tok, out, init_from, steps):
