@@ -9,6 +9,7 @@ import pytest
 from naohai.config import recipe_from_dict
 from naohai.errors import UserError
 from naohai.train.exact_match import answer_spans, count_exact
+from naohai.strategy.run_plan import plan_run
 from naohai.train.job import train
 from tests.conftest import micro_recipe
 
@@ -82,7 +83,7 @@ def _recipe(tmp_path, tok, steps):
 
 def test_a_short_run_logs_exact_match_rows(tmp_path, micro_data):
     logs = []
-    train(_recipe(tmp_path, micro_data[1], steps=4), None, log=logs.append, progress=False)
+    train(plan_run(_recipe(tmp_path, micro_data[1], steps=4)), log=logs.append, progress=False)
     rows = [json.loads(line) for line in open(Path(tmp_path) / "run" / "metrics.jsonl")]
     em = [r for r in rows if "exact_match" in r]
     assert [r["step"] for r in em] == [0, 3, 4]
