@@ -68,14 +68,20 @@ def _source(recipe) -> dict:
     return fingerprint(recipe.data.corpus, recipe.data.jsonl_key)
 
 
-def is_up_to_date(prepared_dir: str, tokenizer: Tokenizer, recipe) -> bool:
-    meta = read_meta(prepared_dir)
+def _made_for(meta: dict, tokenizer: Tokenizer, recipe, source: dict) -> bool:
+    """Prepared data (its ``meta``) made from ``source`` for this recipe: same tokenizer, seq_length,
+    holdout and seed (whether it is reused; :func:`naohai.data.prepare.check_compatible` then refuses
+    data that does not fit the model)."""
     return bool(meta) and (
         meta.get("tokenizer", {}).get("sha256") == tokenizer.sha256
         and meta.get("seq_length") == recipe.model.seq_length
         and meta.get("holdout_fraction") == float(recipe.data.holdout_fraction)
         and meta.get("seed") == int(recipe.data.shuffle_seed)
-        and meta.get("source") == _source(recipe))
+        and meta.get("source") == source)
+
+
+def is_up_to_date(prepared_dir: str, tokenizer: Tokenizer, recipe) -> bool:
+    return _made_for(read_meta(prepared_dir), tokenizer, recipe, _source(recipe))
 
 
 def _ensure_sft(recipe, tok: Tokenizer, out_dir: str, rebuild: bool, log: Log) -> None:
@@ -85,10 +91,7 @@ def _ensure_sft(recipe, tok: Tokenizer, out_dir: str, rebuild: bool, log: Log) -
     d = recipe.data
     source = dict(fingerprint(expand_paths(d.corpus), "sft"), truncation=d.truncation)
     if not rebuild and is_sft_dir(out_dir):
-        meta = load_sft(out_dir).meta
-        if (meta["tokenizer"]["sha256"] == tok.sha256 and meta["seq_length"] == recipe.model.seq_length
-                and meta["holdout_fraction"] == float(d.holdout_fraction) and meta["seed"] == int(d.shuffle_seed)
-                and meta["source"] == source):
+        if _made_for(load_sft(out_dir).meta, tok, recipe, source):
             if log:
                 log(f"prepared SFT data in {out_dir} is up to date")
             return
