@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List
 
-from naohai.bench.worker import PREFIX, worker_env
+from naohai.bench.worker import PREFIX, WorkerProcess
 
 BATCH = 16
 
@@ -95,37 +95,8 @@ def worker(argv: List[str]) -> int:
     return 0
 
 
-class _Proc:
-    def __init__(self, row: str, folder: str, seq: int, log_path: str):
-        import subprocess
-        self._log = open(log_path, "w", encoding="utf-8")
-        self.proc = subprocess.Popen([sys.executable, "-m", "naohai.bench.lm_eval_rate", row, folder, str(seq)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     bufsize=1, env=worker_env())
-        self.log_path = log_path
-        self.ready = self.answer()
-
-    def answer(self) -> Dict[str, Any]:
-        for line in self.proc.stdout:
-            if line.startswith(PREFIX):
-                return json.loads(line[len(PREFIX):])
-        self.proc.wait()
-        raise RuntimeError(f"lm-eval rate worker exited with {self.proc.returncode} (log: {self.log_path})")
-
-    def round(self) -> float:
-        self.proc.stdin.write(json.dumps({"cmd": "round"}) + "\n")
-        self.proc.stdin.flush()
-        return float(self.answer()["seconds"])
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
-            except Exception:  # noqa: BLE001 - a worker that will not quit is killed
-                self.proc.kill()
-        self._log.close()
+def _worker(row: str, folder: str, seq: int, log_path: str) -> WorkerProcess:
+    return WorkerProcess(f"lm-eval rate worker {row}", ["naohai.bench.lm_eval_rate", row, folder, str(seq)], log_path)
 
 
 def measure(workdir: str, rounds: int = 3, log: Callable[[str], None] = print) -> Dict[str, Any]:
@@ -137,15 +108,15 @@ def measure(workdir: str, rounds: int = 3, log: Callable[[str], None] = print) -
     except ImportError as exc:
         return {"note": f"not measured: {exc.name} is not installed (pip install -e \".[eval,test]\")"}
     models = build_model(workdir)
-    procs: Dict[str, _Proc] = {}
+    procs: Dict[str, WorkerProcess] = {}
     best: Dict[str, float] = {}
     try:
         for row in ("naohai", "hf"):
-            procs[row] = _Proc(row, models[row], models["seq_length"], os.path.join(workdir, f"lm-eval-{row}.log"))
+            procs[row] = _worker(row, models[row], models["seq_length"], os.path.join(workdir, f"lm-eval-{row}.log"))
         n = int(procs["naohai"].ready["requests"])
         for r in range(rounds):
             for row, proc in procs.items():
-                seconds = proc.round()
+                seconds = float(proc.request(cmd="round")["seconds"])
                 best[row] = min(best.get(row, float("inf")), seconds)
                 log(f"lm-eval loglikelihood round {r + 1}/{rounds}: {row} {n / seconds:,.1f} requests/s")
     finally:

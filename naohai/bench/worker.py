@@ -33,16 +33,15 @@ def worker_env() -> Dict[str, str]:
     return dict(os.environ)
 
 
-class Worker:
-    """Start a worker process and exchange commands with it."""
+class WorkerProcess:
+    """A Python module run as a worker process: JSON commands on its stdin, ``PREFIX`` + JSON answers on its
+    stdout, its stderr in ``log_path``; ``ready`` is its first answer."""
 
-    def __init__(self, row: str, model: str, prepared_dir: str, workdir: str, peak: float):
-        self.row = row
-        self.log_path = os.path.join(workdir, f"worker-{model}-{row}.log")
-        self._log = open(self.log_path, "w", encoding="utf-8")
-        cmd = [sys.executable, "-m", "naohai.bench.worker", row, model, prepared_dir, workdir, repr(float(peak))]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     bufsize=1, env=worker_env())
+    def __init__(self, name: str, module_args, log_path: str):
+        self.name, self.log_path = name, log_path
+        self._log = open(log_path, "w", encoding="utf-8")
+        self.proc = subprocess.Popen([sys.executable, "-m", *module_args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1, env=worker_env())
         self.ready = self._answer()
 
     def _answer(self) -> Dict[str, Any]:
@@ -53,7 +52,8 @@ class Worker:
         self._log.flush()
         with open(self.log_path, "r", encoding="utf-8", errors="replace") as fh:
             tail = [l for l in fh.read().splitlines() if l.strip()][-3:]
-        raise RuntimeError(f"bench worker {self.row} exited with {self.proc.returncode}: {' | '.join(tail)}")
+        raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {' | '.join(tail)} "
+                           f"(log: {self.log_path})")
 
     def request(self, **cmd) -> Dict[str, Any]:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
@@ -71,6 +71,16 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self._log.close()
+
+
+class Worker(WorkerProcess):
+    """A benchmark row's worker (this module's :func:`main`)."""
+
+    def __init__(self, row: str, model: str, prepared_dir: str, workdir: str, peak: float):
+        self.row = row
+        super().__init__(f"bench worker {row}", ["naohai.bench.worker", row, model, prepared_dir, workdir,
+                                                 repr(float(peak))],
+                         os.path.join(workdir, f"worker-{model}-{row}.log"))
 
 
 def peak_rss_bytes() -> int:

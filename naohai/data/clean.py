@@ -381,10 +381,26 @@ def _duplicates(work: str, units: int, cfg: CleanConfig, file_index: Dict[str, i
     return exact, near
 
 
+def _dedup_drops(doc, key, dedups) -> bool:
+    """Whether a deduplication step drops ``doc`` (its place ``key`` is in that step's duplicates); each
+    step that sees it counts it, the first that drops it records why."""
+    text, where = doc["text"], doc["where"]
+    for step, dups, reason in dedups:
+        step.seen(text)
+        if key in dups:
+            step.drop(where, reason, text)
+            return True
+        step.keep(text, text, where)
+    return False
+
+
 def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, files: Sequence[str], progress: bool, lm=None):
     steps = {name: StepStats() for name in STEPS}
     ex, near, per = _Step(cfg.samples), _Step(cfg.samples), _Step(cfg.samples)
     exact_dups, near_dups = _duplicates(work, units, cfg, {f: i for i, f in enumerate(files)})
+    dedups = [(step, dups, reason) for on, step, dups, reason in (
+        (cfg.exact_dedup.enabled, ex, exact_dups, "exact duplicate"),
+        (cfg.near_dedup.enabled, near, near_dups, "near duplicate")) if on]
     scored: List[float] = []
     remove_outputs(out_dir)                 # shards of an interrupted stage 2 (no report yet)
     shard, in_shard, written, fh = 0, 0, 0, None
@@ -401,22 +417,7 @@ def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, files: Sequen
             for name, st in stats["steps"].items():
                 steps[name].merge(st, cfg.samples)
             docs, _ = _load_unit(work, u)
-            survivors = []
-            for i, d in enumerate(docs):
-                text, where = d["text"], d["where"]
-                if cfg.exact_dedup.enabled:
-                    ex.seen(text)
-                    if (u, i) in exact_dups:
-                        ex.drop(where, "exact duplicate", text)
-                        continue
-                    ex.keep(text, text, where)
-                if cfg.near_dedup.enabled:
-                    near.seen(text)
-                    if (u, i) in near_dups:
-                        near.drop(where, "near duplicate", text)
-                        continue
-                    near.keep(text, text, where)
-                survivors.append(d)
+            survivors = [d for i, d in enumerate(docs) if not _dedup_drops(d, (u, i), dedups)]
             ppl = (_unit_perplexities(work, u, [d["text"] for d in survivors], lm, cfg.perplexity.batch)
                    if lm is not None else None)
             for i, d in enumerate(survivors):

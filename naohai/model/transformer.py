@@ -272,12 +272,15 @@ class TokenNLLNet(nn.Cell):
         self.expand = ops.ExpandDims()
         self.squeeze = ops.Squeeze(-1)
 
-    def construct(self, input_ids, labels):
-        logp = self.log_softmax(self.lm.logits(input_ids))
+    def label_nll(self, logp, labels):
+        """``-logp`` at ``labels`` ([b, s, v] log-probabilities, [b, s] ids -> [b, s])."""
         return -self.squeeze(self.gather(logp, 2, self.expand(labels, -1)))
 
+    def construct(self, input_ids, labels):
+        return self.label_nll(self.log_softmax(self.lm.logits(input_ids)), labels)
 
-class PackedScoreNet(nn.Cell):
+
+class PackedScoreNet(TokenNLLNet):
     """Downstream scoring of packed rows through the explicit-bias step path: ``construct(input_ids [b, s],
     labels [b, s], positions [b, s], bias [b, 1 or heads, s, s]) -> (nll [b, s], argmax [b, s])`` as
     ``-log p(label | inputs up to it)`` (softmax over the padded vocabulary, as the model's loss) and the
@@ -285,16 +288,10 @@ class PackedScoreNet(nn.Cell):
     share a row (block-diagonal ``bias``), each with its own positions."""
 
     def __init__(self, lm: NaohaiLM):
-        super().__init__(auto_prefix=False)
-        self.lm = lm
-        self.log_softmax = ops.LogSoftmax(-1)
-        self.gather = ops.GatherD()
-        self.expand = ops.ExpandDims()
-        self.squeeze = ops.Squeeze(-1)
+        super().__init__(lm)
         self.argmax = ops.Argmax(-1, ms.int32)
 
     def construct(self, input_ids, labels, positions, bias):
         logits, _ = self.lm.step(input_ids, positions, bias)
         logp = self.log_softmax(logits)
-        nll = -self.squeeze(self.gather(logp, 2, self.expand(labels, -1)))
-        return nll, self.argmax(logp)
+        return self.label_nll(logp, labels), self.argmax(logp)
