@@ -72,20 +72,133 @@ class DataConfig:
 
 
 # --------------------------------------------------------------------------- train
+# The ``train`` section of a recipe is one flat mapping (``train.lr``, ``train.save_every``, ...).  In
+# Python it is a TrainConfig made of small configs, each with its own validation: the learning-rate
+# schedule, the optimizer, the step guard (loss scale, spike guard), checkpoints, logging and held-out
+# evaluation.  TRAIN_SECTIONS says which flat keys each one holds.
 DEVICES = ("auto", "CPU", "GPU", "Ascend")
 LAYER_LOOP = ("auto", "always", "never")
+SCHEDULES = ("naohai", "pangu")
+DECAYS = ("cosine", "linear", "constant")
+
+
+def _complainer(where: str, prefix: str):
+    def bad(key, msg, rule=None):
+        raise UserError(msg, where=where, key=f"{prefix}.{key}", rule=rule)
+    return bad
+
+
+def _positive(cfg, keys, bad, least: int = 1) -> None:
+    for key in keys:
+        if getattr(cfg, key) < least:
+            bad(key, f"must be a positive integer, got {getattr(cfg, key)}")
+
+
+@dataclass
+class LRScheduleConfig:
+    """The learning rate per optimizer step (naohai/train/schedule.py)."""
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 30
+    decay: str = "cosine"            # cosine | linear | constant
+    decay_steps: Optional[int] = None  # None = train.steps
+    schedule: str = "naohai"         # naohai | pangu (the references' LearningRate; see naohai/train/schedule.py)
+
+    def validate(self, where: str, prefix: str) -> None:
+        bad = _complainer(where, prefix)
+        if self.decay not in DECAYS:
+            bad("decay", f"'{self.decay}' is not one of {', '.join(DECAYS)}.{did_you_mean(self.decay, DECAYS)}")
+        if self.schedule not in SCHEDULES:
+            bad("schedule", f"'{self.schedule}' is not one of {', '.join(SCHEDULES)}.{did_you_mean(self.schedule, SCHEDULES)}")
+        if self.schedule == "pangu" and self.decay == "constant":
+            bad("decay", "the pangu schedule decays (cosine, or linear = PolynomialDecayLR of power 1); "
+                         "'constant' has no reference counterpart", "schedule pangu -> decay cosine | linear")
+        if self.decay_steps is not None and self.decay_steps <= 0:
+            bad("decay_steps", f"must be a positive integer (or left out for train.steps), got {self.decay_steps}")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            bad("min_lr", f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}")
+        if self.warmup_steps < 0:
+            bad("warmup_steps", "must be >= 0")
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW (decoupled weight decay on the matrices) and the global-norm clip."""
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0           # global-norm clip; 0 disables
+
+    def validate(self, where: str, prefix: str) -> None:
+        if self.grad_clip < 0:
+            _complainer(where, prefix)("grad_clip", "must be >= 0 (0 disables clipping)")
 
 
 @dataclass
 class LossScaleConfig:
-    dynamic: bool = False      # on by default only for float16 compute (see Recipe.validate)
+    dynamic: bool = False      # off unless set (float16 compute usually wants it on)
     init: float = 2.0 ** 16
     window: int = 1000         # steps without overflow before the scale grows
     factor: float = 2.0
     min_scale: float = 1.0
 
 
-SCHEDULES = ("naohai", "pangu")
+@dataclass
+class GuardConfig:
+    """The step guard (naohai/train/step.py StepGuard): loss scale and the gradient-norm spike guard, and
+    how many skipped steps in a row stop the run."""
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    spike_factor: float = 0.0        # skip a step whose gradient norm exceeds this x its running mean; 0 = off
+    spike_warmup: int = 50           # applied steps before the spike guard starts judging
+    spike_window: int = 100          # steps in the running mean of the gradient norm
+    max_skipped_steps: int = 25      # consecutive skipped steps (non-finite or spike) that stop the run
+
+    def validate(self, where: str, prefix: str) -> None:
+        bad = _complainer(where, prefix)
+        if self.spike_factor != 0 and self.spike_factor <= 1:
+            bad("spike_factor", f"must be 0 (off) or > 1, got {self.spike_factor}")
+        _positive(self, ("spike_warmup", "spike_window", "max_skipped_steps"), bad)
+        ls = self.loss_scale
+        if ls.window < 1 or ls.factor <= 1 or ls.min_scale <= 0 or ls.init < ls.min_scale:
+            bad("loss_scale", f"need window >= 1, factor > 1, min_scale > 0 and init >= min_scale, got "
+                              f"window={ls.window} factor={ls.factor} min_scale={ls.min_scale} init={ls.init}")
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written and which are kept (naohai/checkpoint/store.py)."""
+    save_every: int = 100
+    keep_checkpoints: int = 3        # keep the last K checkpoints ...
+    keep_every: int = 0              # ... and every checkpoint whose step is a multiple of this (0 = none)
+    async_save: bool = False         # write checkpoint files in the background while training goes on
+
+    def validate(self, where: str, prefix: str) -> None:
+        _positive(self, ("save_every",), _complainer(where, prefix))
+
+
+@dataclass
+class LoggingConfig:
+    """The console / metrics line of every ``log_every``-th step, and the peak its MFU is measured against."""
+    log_every: int = 10
+    device_profile: Optional[str] = None  # planner profile for the MFU peak; None = detect on Ascend
+    device_peak_tflops: Optional[float] = None  # MFU denominator per device; None = profile / measured on CPU
+
+    def validate(self, where: str, prefix: str) -> None:
+        bad = _complainer(where, prefix)
+        _positive(self, ("log_every",), bad)
+        if self.device_peak_tflops is not None and not 0 < self.device_peak_tflops < 1e6:
+            bad("device_peak_tflops", f"must be a positive number of TFLOP/s, got {self.device_peak_tflops}")
+
+
+@dataclass
+class HeldOutConfig:
+    """The held-out loss: every ``eval_every`` steps, over ``eval_batches`` batches of the valid split."""
+    eval_every: int = 100
+    eval_batches: int = 8
+
+    def validate(self, where: str, prefix: str) -> None:
+        _positive(self, ("eval_every", "eval_batches"), _complainer(where, prefix))
 
 
 @dataclass
@@ -99,12 +212,8 @@ class DownstreamEvalConfig:
     batch: int = 16                  # rows of the one compiled scoring graph
 
     def validate(self, where: str, prefix: str) -> None:
-        def bad(key, msg):
-            raise UserError(msg, where=where, key=f"{prefix}.{key}")
-        if self.every <= 0:
-            bad("every", f"must be a positive integer, got {self.every}")
-        if self.batch <= 0:
-            bad("batch", f"must be a positive integer, got {self.batch}")
+        bad = _complainer(where, prefix)
+        _positive(self, ("every", "batch"), bad)
         if self.num_fewshot is not None and self.num_fewshot < 0:
             bad("num_fewshot", f"must be >= 0, got {self.num_fewshot}")
         if self.limit is not None and self.limit <= 0:
@@ -114,100 +223,90 @@ class DownstreamEvalConfig:
             bad("tasks", f"needs distinct, non-empty task names, got {self.tasks}")
 
 
+#: the small configs of TrainConfig, by attribute: their fields are written flat in ``train``
+TRAIN_SECTIONS = {"lr_schedule": LRScheduleConfig, "optimizer": OptimizerConfig, "guard": GuardConfig,
+                  "checkpoints": CheckpointConfig, "logging": LoggingConfig, "held_out": HeldOutConfig}
+
+
 @dataclass
 class TrainConfig:
     steps: int = 300
     global_batch_size: int = 16      # sequences per optimizer step, across all data-parallel ranks
     micro_batch_size: int = 16       # sequences per device per forward; accumulation fills the rest
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 30
-    decay: str = "cosine"            # cosine | linear | constant
-    decay_steps: Optional[int] = None  # None = steps
-    schedule: str = "naohai"         # naohai | pangu (the references' LearningRate; see naohai/train/schedule.py)
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0           # global-norm clip; 0 disables
-    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
-    spike_factor: float = 0.0        # skip a step whose gradient norm exceeds this x its running mean; 0 = off
-    spike_warmup: int = 50           # applied steps before the spike guard starts judging
-    spike_window: int = 100          # steps in the running mean of the gradient norm
-    max_skipped_steps: int = 25      # consecutive skipped steps (non-finite or spike) that stop the run
+    lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     seed: int = 42
     mode: str = "graph"              # graph | pynative
     reuse_layer_graphs: bool = True  # compile equal decoder layers once (lazy_inline; CPU and Ascend)
     layer_loop: str = "auto"         # auto | always | never: equal layers as one loop over stacked weights
     #                                  (naohai.model.stack); auto = on CPU, one device or data parallel,
     #                                  from 12 looped layers (naohai.train.builder.AUTO_LOOP_MIN_LAYERS)
-    log_every: int = 10
-    eval_every: int = 100
-    eval_batches: int = 8
-    save_every: int = 100
-    keep_checkpoints: int = 3        # keep the last K checkpoints ...
-    keep_every: int = 0              # ... and every checkpoint whose step is a multiple of this (0 = none)
-    async_save: bool = False         # write checkpoint files in the background while training goes on
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    held_out: HeldOutConfig = field(default_factory=HeldOutConfig)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
     output_dir: str = "runs/default"
     init_from: Optional[str] = None  # start from these model weights (a run, a checkpoint, a model folder or a
     #                                  Hugging Face folder):
     #                                  fresh optimizer, step 0, data from the start; a run that has its own
     #                                  checkpoints resumes from them instead
     device: str = "auto"             # auto | CPU | GPU | Ascend (auto: Ascend, else GPU, else CPU)
-    device_profile: Optional[str] = None  # planner profile for the MFU peak; None = detect on Ascend
-    device_peak_tflops: Optional[float] = None  # MFU denominator per device; None = profile / measured on CPU
     eval: DownstreamEvalConfig = field(default_factory=DownstreamEvalConfig)  # downstream tasks in the loop
     exact_match: bool = False        # sft: held-out answers reproduced exactly (naohai/train/exact_match.py),
     #                                  before step 1, every eval_every steps and at the end
 
-    def validate(self, where: str = "recipe", prefix: str = "train") -> None:
-        def bad(key, msg, rule=None):
-            raise UserError(msg, where=where, key=f"{prefix}.{key}", rule=rule)
+    @classmethod
+    def from_keys(cls, **keys: Any) -> "TrainConfig":
+        """A TrainConfig from the flat keys of a recipe's ``train`` section (``lr=...``, ``save_every=...``),
+        each given to the small config that holds it."""
+        parts: Dict[str, Dict[str, Any]] = {name: {} for name in TRAIN_SECTIONS}
+        for key, value in list(keys.items()):
+            section = train_key_section(key)
+            if section is not None:
+                parts[section][key] = keys.pop(key)
+        return cls(**keys, **{name: TRAIN_SECTIONS[name](**given) for name, given in parts.items()})
 
-        if self.decay not in ("cosine", "linear", "constant"):
-            bad("decay", f"'{self.decay}' is not one of cosine, linear, constant."
-                         f"{did_you_mean(self.decay, ('cosine', 'linear', 'constant'))}")
-        if self.schedule not in SCHEDULES:
-            bad("schedule", f"'{self.schedule}' is not one of {', '.join(SCHEDULES)}.{did_you_mean(self.schedule, SCHEDULES)}")
-        if self.schedule == "pangu" and self.decay == "constant":
-            bad("decay", "the pangu schedule decays (cosine, or linear = PolynomialDecayLR of power 1); "
-                         "'constant' has no reference counterpart", "schedule pangu -> decay cosine | linear")
-        if self.decay_steps is not None and self.decay_steps <= 0:
-            bad("decay_steps", f"must be a positive integer (or left out for train.steps), got {self.decay_steps}")
+    def flat(self) -> Dict[str, Any]:
+        """The recipe's ``train`` mapping of this config (the inverse of :meth:`from_keys`)."""
+        out: Dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out.update(dataclasses.asdict(value) if f.name in TRAIN_SECTIONS else {f.name: _plain(value)})
+        return out
+
+    def validate(self, where: str = "recipe", prefix: str = "train") -> None:
+        bad = _complainer(where, prefix)
         if self.mode not in ("graph", "pynative"):
             bad("mode", f"'{self.mode}' is not one of graph, pynative")
         if self.layer_loop not in LAYER_LOOP:
             bad("layer_loop", f"'{self.layer_loop}' is not one of {', '.join(LAYER_LOOP)}."
                               f"{did_you_mean(str(self.layer_loop), LAYER_LOOP)}")
-        for key in ("steps", "global_batch_size", "micro_batch_size"):
-            if getattr(self, key) <= 0:
-                bad(key, f"must be a positive integer, got {getattr(self, key)}")
+        _positive(self, ("steps", "global_batch_size", "micro_batch_size"), bad)
         if self.global_batch_size % self.micro_batch_size:
             bad("global_batch_size", f"{self.global_batch_size} is not a multiple of micro_batch_size "
                                      f"{self.micro_batch_size}", "global_batch_size % micro_batch_size == 0")
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            bad("min_lr", f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}")
-        if self.warmup_steps < 0:
-            bad("warmup_steps", "must be >= 0")
-        for key in ("log_every", "eval_every", "save_every", "eval_batches"):
-            if getattr(self, key) <= 0:
-                bad(key, f"must be a positive integer, got {getattr(self, key)}")
-        if self.grad_clip < 0:
-            bad("grad_clip", "must be >= 0 (0 disables clipping)")
         if self.device not in DEVICES:
             bad("device", f"'{self.device}' is not one of {', '.join(DEVICES)}.{did_you_mean(self.device, DEVICES)}")
-        if self.spike_factor != 0 and self.spike_factor <= 1:
-            bad("spike_factor", f"must be 0 (off) or > 1, got {self.spike_factor}")
-        for key in ("spike_warmup", "spike_window", "max_skipped_steps"):
-            if getattr(self, key) < 1:
-                bad(key, f"must be a positive integer, got {getattr(self, key)}")
-        if self.device_peak_tflops is not None and not 0 < self.device_peak_tflops < 1e6:
-            bad("device_peak_tflops", f"must be a positive number of TFLOP/s, got {self.device_peak_tflops}")
+        for name in TRAIN_SECTIONS:
+            getattr(self, name).validate(where, prefix)
         self.eval.validate(where, f"{prefix}.eval")
-        ls = self.loss_scale
-        if ls.window < 1 or ls.factor <= 1 or ls.min_scale <= 0 or ls.init < ls.min_scale:
-            bad("loss_scale", f"need window >= 1, factor > 1, min_scale > 0 and init >= min_scale, got "
-                              f"window={ls.window} factor={ls.factor} min_scale={ls.min_scale} init={ls.init}")
+
+
+def train_key_section(key: str) -> Optional[str]:
+    """The small config of TrainConfig that holds the flat ``train`` key ``key`` (None: TrainConfig itself)."""
+    for name, cls in TRAIN_SECTIONS.items():
+        if any(f.name == key for f in dataclasses.fields(cls)):
+            return name
+    return None
+
+
+def train_keys() -> List[str]:
+    """Every key of a recipe's ``train`` section, in the order a written recipe has them."""
+    return list(TrainConfig().flat())
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 # --------------------------------------------------------------------------- finetune
@@ -265,6 +364,7 @@ class Recipe:
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
+        d["train"] = self.train.flat()
         d.pop("source", None)
         d.pop("stated", None)
         if d.get("finetune") is None:
@@ -319,11 +419,22 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
     return value
 
 
+def _key_types(cls) -> Dict[str, Any]:
+    """The YAML keys of section ``cls`` and their types (TrainConfig: its flat keys, TRAIN_SECTIONS)."""
+    hints = typing.get_type_hints(cls)
+    types = {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name != "source"}
+    if cls is TrainConfig:
+        for name, section in TRAIN_SECTIONS.items():
+            del types[name]
+            types.update(_key_types(section))
+    return types
+
+
 def build_section(cls, data: Dict[str, Any], where: str, prefix: str):
     """The dataclass ``cls`` from a YAML mapping: unknown keys and wrong types are UserErrors naming
     ``where`` and the dotted key under ``prefix``."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
+    hints = _key_types(cls)
+    names = list(hints)
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}.{key}" if prefix else str(key)
@@ -331,7 +442,7 @@ def build_section(cls, data: Dict[str, Any], where: str, prefix: str):
             raise UserError(f"unknown key '{key}'.{did_you_mean(key, names)} Known keys: {', '.join(names)}.",
                             where=where, key=path)
         kwargs[key] = _coerce(value, hints[key], where, path)
-    return cls(**kwargs)
+    return cls.from_keys(**kwargs) if cls is TrainConfig else cls(**kwargs)
 
 
 def _set_dotted(tree: Dict[str, Any], dotted: str, value: Any, where: str) -> None:

@@ -44,7 +44,7 @@ def main() -> int:
     kwargs = {"recipe_path": str(Path(args.recipe).resolve()), "strategy_path": strategy, "overrides": overrides}
     resolved = plan_run(recipe, strategy).strategy
     rep = run_compile("naohai.train.compile_target:build_for_compile", args.ranks, workdir, kwargs=kwargs,
-                      ir_check={"stages": resolved.stages, "clip": recipe.train.grad_clip > 0})
+                      ir_check={"stages": resolved.stages, "clip": recipe.train.optimizer.grad_clip > 0})
     compile_s = [r.result.get("compile_s") for r in rep.per_rank if r.result and r.result.get("compile_s")]
     rss = [r.result.get("peak_rss_mb", 0) for r in rep.per_rank if r.result]
     graphs = (rep.per_rank[0].result or {}).get("graphs") if rep.per_rank else None

@@ -27,7 +27,7 @@ parallel and once with the weights split over the 2 devices, and prints each ran
 the IR checks' (Send/Receive pairing, the same collectives in every group) for graphs that compiled.
 
 ``--trainer`` instead times naohai's own train step (``naohai.train.builder.build`` on the tiny
-recipe, ``Steps.train``) with ``train.layer_loop`` ``never`` and ``always``, each form in a fresh
+recipe, ``CompiledSteps.train``) with ``train.layer_loop`` ``never`` and ``always``, each form in a fresh
 process, rounds alternating between the forms; it prints ms per step (best round) and the last loss.
 
 Usage::

@@ -22,7 +22,7 @@ def _write(tmp_path, text, name="r.yaml"):
 
 def test_tiny_recipe_loads_with_overrides():
     r = load_recipe("tiny", ["train.lr=1e-3", "model.num_layers=2", "data.corpus=[builtin:pydoc]"])
-    assert r.train.lr == 1e-3 and r.model.num_layers == 2 and r.data.corpus == ["builtin:pydoc"]
+    assert r.train.lr_schedule.lr == 1e-3 and r.model.num_layers == 2 and r.data.corpus == ["builtin:pydoc"]
     assert r.model.padded_vocab_size % 128 == 0
 
 
@@ -173,3 +173,45 @@ def test_preset_token_ids_follow_their_roles_into_another_tokenizer():
     assert (got.eod_id, got.loss_pad_id) == (1, 3)
     tiny = ModelConfig(**MODEL_PRESETS["tiny"]).with_token_ids(eod_id=1, pad_id=0)
     assert (tiny.eod_id, tiny.loss_pad_id) == (None, None)
+
+
+def test_train_keys_stay_flat_and_land_in_their_small_config(tmp_path):
+    """The recipe's ``train`` keys are flat (as every shipped recipe writes them); in Python each one lives
+    in the small config that validates it, and a written recipe has the same flat keys."""
+    import yaml
+    r = load_recipe("tiny", ["train.lr=2e-3", "train.weight_decay=0.05", "train.spike_factor=4",
+                             "train.save_every=7", "train.log_every=3", "train.eval_batches=2",
+                             "train.loss_scale.dynamic=true"])
+    t = r.train
+    assert (t.lr_schedule.lr, t.optimizer.weight_decay, t.guard.spike_factor, t.checkpoints.save_every,
+            t.logging.log_every, t.held_out.eval_batches, t.guard.loss_scale.dynamic) == (2e-3, 0.05, 4.0, 7, 3, 2,
+                                                                                          True)
+    written = yaml.safe_load(open(write_recipe(r, str(tmp_path / "r.yaml")), encoding="utf-8"))["train"]
+    for key in ("lr", "weight_decay", "spike_factor", "save_every", "log_every", "eval_batches", "loss_scale",
+                "steps", "eval"):
+        assert key in written
+    assert not {"lr_schedule", "optimizer", "guard", "checkpoints", "logging", "held_out"} & set(written)
+    for path in sorted(os.listdir(os.path.join(REPO, "recipes"))):       # every shipped recipe still loads
+        load_recipe(os.path.join(REPO, "recipes", path))
+
+
+@pytest.mark.parametrize("override,key,words", [
+    ("train.min_lr=1", "train.min_lr", "0 <= min_lr <= lr"),
+    ("train.grad_clip=-1", "train.grad_clip", "must be >= 0"),
+    ("train.spike_factor=0.5", "train.spike_factor", "0 (off) or > 1"),
+    ("train.save_every=0", "train.save_every", "positive integer"),
+    ("train.log_every=0", "train.log_every", "positive integer"),
+    ("train.device_peak_tflops=-2", "train.device_peak_tflops", "TFLOP/s"),
+    ("train.eval_every=0", "train.eval_every", "positive integer"),
+    ("train.loss_scale.factor=1", "train.loss_scale", "factor > 1"),
+])
+def test_each_small_train_config_names_its_flat_key(override, key, words):
+    with pytest.raises(UserError) as info:
+        load_recipe("tiny", [override])
+    assert info.value.key == key and words in info.value.message
+
+
+def test_an_unknown_train_key_lists_the_flat_keys(tmp_path):
+    with pytest.raises(UserError) as info:
+        load_recipe(_write(tmp_path, "model: {preset: tiny}\ntrain: {optimizer: {weight_decay: 0.1}}\n"))
+    assert info.value.key == "train.optimizer" and "weight_decay" in info.value.message

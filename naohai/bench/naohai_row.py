@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 
 from naohai.bench.models import BenchModel
 from naohai.bench.randdata import write_random_prepared
+from naohai.train.callbacks import Callback
 
 
 def rss_bytes(field: str = "VmRSS") -> int:
@@ -33,7 +34,7 @@ def rss_bytes(field: str = "VmRSS") -> int:
     return 0
 
 
-class StepTimer:
+class StepTimer(Callback):
     """Callback: the start of every loop iteration, and the end of the last one."""
 
     def __init__(self):
@@ -75,7 +76,8 @@ class NaohaiRun:
         from naohai.strategy.run_plan import plan_run
         from naohai.train import job
         from naohai.train.builder import build
-        from naohai.train.callbacks import ConsoleLog, MetricsFiles
+        from naohai.model.flops import flops_per_token
+        from naohai.train.callbacks import ConsoleLog, MetricsFiles, Throughput
         from naohai.train.loop import Trainer
 
         self.bm = bm
@@ -94,12 +96,14 @@ class NaohaiRun:
         self.rss_after_build = rss_bytes()
         self.built = built
         store = CheckpointStore(out, keep_last=1)
-        manifest = {"recipe": recipe.to_dict(), "seed": recipe.train.seed, "layout": job.layout_info(run.strategy, built.runtime),
+        manifest = {"recipe": recipe.to_dict(), "seed": recipe.train.seed, "layout": job.checkpoint_layout(run.strategy, built.runtime),
                     "strategy": None}
         self.timer = StepTimer()
         self.trainer = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=self.lines.append,
-                               callbacks=[ConsoleLog(self.lines.append), MetricsFiles(out), self.timer],
-                               peak_tflops=peak_tflops)
+                               callbacks=[Throughput(recipe.train.global_batch_size * recipe.model.seq_length,
+                                                     flops_per_token(recipe.model), peak_tflops, 1,
+                                                     recipe.train.logging.log_every),
+                                          ConsoleLog(self.lines.append), MetricsFiles(out), self.timer])
         self.rss_after_first_round = 0
         self.first_step_s = None
 

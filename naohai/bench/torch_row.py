@@ -44,9 +44,10 @@ class TorchRun:
             torch.set_num_threads(int(os.environ["NAOHAI_BENCH_TORCH_THREADS"]))
         torch.manual_seed(seed)
         self.model = peer.make_peer(bm.model, seed=seed)
-        self.step = peer.make_train_step(self.model, lr=train.lr, weight_decay=train.weight_decay,
-                                         betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_eps,
-                                         grad_clip=train.grad_clip, compile=compiled)
+        opt = train.optimizer
+        self.step = peer.make_train_step(self.model, lr=train.lr_schedule.lr, weight_decay=opt.weight_decay,
+                                         betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps,
+                                         grad_clip=opt.grad_clip, compile=compiled)
         self.loader = TokenWindowLoader(prepared_dir, "train", bm.batch, seed=1)
         self.first_step_s: Optional[float] = None
 

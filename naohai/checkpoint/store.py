@@ -228,21 +228,21 @@ def verified(path: str, files: Optional[Sequence[str]] = None, hash_files: bool 
     return read_manifest(path)
 
 
-def identity_difference(saved: Dict[str, Any], mine: Dict[str, Any]) -> List[str]:
+def identity_difference(saved: Dict[str, Any], current: Dict[str, Any]) -> List[str]:
     """What differs between the identity (model, tokenizer, data) a checkpoint's manifest records and
-    this run's; a checkpoint from before identities were recorded is compared on its model only."""
+    this run's (``current``); a checkpoint from before identities were recorded is compared on its model only."""
     diff = []
     old_model = _model_dict(saved.get("recipe") or {})
-    new_model = dict(mine.get("model") or {})
+    new_model = dict(current.get("model") or {})
     for k in sorted(set(old_model) | set(new_model)):
         if old_model.get(k) != new_model.get(k):
             diff.append(f"model.{k}: {old_model.get(k)!r} in the checkpoint, {new_model.get(k)!r} now")
     old_id = saved.get("identity") or {}
     for k in ("tokenizer_sha256", "data"):
-        if k in old_id and k in mine and old_id[k] != mine[k]:
+        if k in old_id and k in current and old_id[k] != current[k]:
             label = "tokenizer (SHA-256 of its model file)" if k.startswith("tokenizer") else \
                 "prepared data (corpus, holdout, seed)"
-            diff.append(f"{label}: {str(old_id[k])[:16]}... in the checkpoint, {str(mine[k])[:16]}... now")
+            diff.append(f"{label}: {str(old_id[k])[:16]}... in the checkpoint, {str(current[k])[:16]}... now")
     return diff
 
 

@@ -24,16 +24,16 @@ naohai parameter name: a checkpoint of a sharded layout is merged first, optimiz
 moments and step state are left out.
 
 ``naohai generate``, ``naohai eval`` and ``naohai data score`` read through
-:func:`load_model`; ``train.init_from`` through :func:`find_weights` (naohai checkpoints
-are resharded straight to the run's layout, as on resume; other sources are written as
-one full checkpoint first, :func:`write_full_checkpoint`).
+:func:`load_model`; ``train.init_from`` through :func:`start_checkpoint` (naohai checkpoints
+are resharded straight to the run's layout by :mod:`naohai.checkpoint.relayout`, as on resume; other
+sources are written as one full checkpoint first, :func:`write_full_checkpoint`).
 """
 from __future__ import annotations
 
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -224,15 +224,15 @@ def load_model(path: str, seed: int = 0, verify: bool = True):
 def check_fits(found: Weights, recipe: Recipe, where: str) -> None:
     """Refuse weights whose parameters (names and shapes) are not those of ``recipe``'s model."""
     from naohai.model.params import param_shapes
-    mine = {p.name: tuple(p.shape) for p in param_shapes(recipe.model)}
-    theirs = {p.name: tuple(p.shape) for p in param_shapes(found.recipe.model)}
-    missing = sorted(set(mine) - set(theirs))
-    extra = sorted(set(theirs) - set(mine))
-    shapes = sorted(n for n in set(mine) & set(theirs) if mine[n] != theirs[n])
+    wanted = {p.name: tuple(p.shape) for p in param_shapes(recipe.model)}
+    given = {p.name: tuple(p.shape) for p in param_shapes(found.recipe.model)}
+    missing = sorted(set(wanted) - set(given))
+    extra = sorted(set(given) - set(wanted))
+    shapes = sorted(n for n in set(wanted) & set(given) if wanted[n] != given[n])
     if missing or extra or shapes:
         detail = "; ".join(part for part in (
             f"missing {missing[:3]}" if missing else "", f"not in this model {extra[:3]}" if extra else "",
-            ", ".join(f"{n} {theirs[n]} vs {mine[n]}" for n in shapes[:3]) if shapes else "") if part)
+            ", ".join(f"{n} {given[n]} vs {wanted[n]}" for n in shapes[:3]) if shapes else "") if part)
         raise UserError(f"the weights of {found.describe()} do not fit this recipe's model ({detail})",
                         where=where, key="train.init_from")
 
@@ -261,3 +261,33 @@ def write_full_checkpoint(found: Weights, out: str, manifest: Dict[str, object])
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def start_checkpoint(path: str, recipe: Recipe, tokenizer_sha256: Optional[str], run_dir: str, *, rank: int,
+                     all_ok: Callable[[bool], bool]) -> Tuple[Weights, str]:
+    """``(weights, checkpoint folder)`` a run starts from for ``train.init_from: path``: the weights must
+    fit ``recipe``'s model and come from the run's tokenizer (``tokenizer_sha256``, when both are known);
+    a source that is not a naohai checkpoint is first written by rank 0 as one full checkpoint in
+    ``<run_dir>/init/`` (every rank waits).  Mistakes are :class:`UserError` naming ``train.init_from``."""
+    where = recipe.source or "recipe"
+    try:
+        found = find_weights(path)
+    except UserError as exc:
+        raise UserError(exc.message, where=exc.where, key="train.init_from") from None
+    check_fits(found, recipe, where)
+    if found.tokenizer_sha256 and tokenizer_sha256 and found.tokenizer_sha256 != tokenizer_sha256:
+        raise UserError(f"the weights of {found.describe()} were trained with another tokenizer (SHA-256 "
+                        f"{found.tokenizer_sha256[:12]}..., this run's is {tokenizer_sha256[:12]}...): their token "
+                        f"ids mean other pieces here. Give the source's tokenizer as data.tokenizer "
+                        f"({found.tokenizer_file()}) in a new output folder", where=where, key="train.init_from")
+    if found.checkpoint is not None and found.adapters is None:     # adapters: merged into a full one first
+        return found, found.checkpoint
+    chosen, error = os.path.join(run_dir, "init", os.path.basename(os.path.normpath(found.path)) + "-full"), None
+    if rank == 0:
+        try:
+            write_full_checkpoint(found, chosen, {"seed": recipe.train.seed})
+        except UserError as exc:
+            error = exc
+    if not all_ok(error is None):
+        raise error or UserError("rank 0 could not read the weights (see its log)", where=path, key="train.init_from")
+    return found, chosen

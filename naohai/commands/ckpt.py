@@ -213,10 +213,10 @@ def _reshard(args, path) -> int:
             raw = merge_trees(dict(man["recipe"]), parse_overrides(list(args.overrides)))
             recipe = recipe_from_dict(raw, where=os.path.join(path, store.MANIFEST))
         from naohai.strategy.run_plan import plan_run
-        from naohai.train.job import layout_for
+        from naohai.train.job import planned_checkpoint_layout
         run = plan_run(recipe, args.to)
         run.tell()
-        layout = layout_for(run.strategy)
+        layout = planned_checkpoint_layout(run.strategy)
         strategy_dir = work / "strategy"
         strategy_dir.mkdir()
         if layout["signature"] != "full":

@@ -221,9 +221,9 @@ class Scorer:
         if self._twin is None:
             self._twin = NaohaiLM(self.cfg, seed=0, layer_loop=False)
             self._twin.set_train(False)
-        mine = {p.name: p for p in self._twin.get_parameters()}
+        twin_params = {p.name: p for p in self._twin.get_parameters()}
         for entry in file_view(self.cfg, list(self.model.get_parameters())):
-            mine[entry.name].set_data(_tensor(entry.asnumpy()))
+            twin_params[entry.name].set_data(_tensor(entry.asnumpy()))
         return self._twin
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,

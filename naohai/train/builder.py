@@ -2,12 +2,12 @@
 
 ``naohai train`` and the simulated compile check (``naohai check --compile``) both
 build a :class:`naohai.strategy.run_plan.Run` through :func:`build`, so the graphs checked on a laptop are the graphs
-trained.  :class:`Steps` is what the training loop calls: ``train(batch)`` runs one
+trained.  :class:`CompiledSteps` is what the training loop calls: ``train(batch)`` runs one
 optimizer step on this rank's rows (one compiled call, or micro-batches accumulated
 on the host for one device / plain data parallel) and ``evaluate(batch)`` the
 held-out loss; both return global means, identical on every rank.  :func:`layer_loop`
 decides the model's form (one cell per layer, or the layers as one loop over stacked
-weights); :meth:`Built.saved_params` names the state as checkpoint files do in either form.
+weights); :meth:`TrainSetup.saved_params` names the state as checkpoint files do in either form.
 """
 from __future__ import annotations
 
@@ -52,15 +52,15 @@ def make_optimizer(model: NaohaiLM, recipe: Recipe) -> nn.Optimizer:
     skips = [per_layer_names(recipe.model, p.name)[0] in no_decay for p in params]
     decay = [p for p, skip in zip(params, skips) if not skip]
     plain = [p for p, skip in zip(params, skips) if skip]
-    t = recipe.train
-    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    t, opt = recipe.train, recipe.train.optimizer
+    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": plain, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     # The schedule is a table indexed in-graph by the optimizer's global_step (saved in
     # checkpoints), so resumed runs see exactly the same rates and skipped steps do not
     # advance it.
     table = np.array([learning_rate(t, i) for i in range(t.steps + 1)], np.float32)
-    return nn.AdamWeightDecay(groups, learning_rate=Tensor(table), beta1=t.adam_beta1,
-                              beta2=t.adam_beta2, eps=t.adam_eps)
+    return nn.AdamWeightDecay(groups, learning_rate=Tensor(table), beta1=opt.adam_beta1,
+                              beta2=opt.adam_beta2, eps=opt.adam_eps)
 
 
 def host_accumulation(resolved: ResolvedStrategy, runtime: Runtime) -> int:
@@ -90,7 +90,7 @@ def _masked_split(batch, token_weight, micro: int) -> Tuple[Tensor, Tensor]:
 
 
 @dataclass
-class Steps:
+class CompiledSteps:
     """The compiled steps of one rank and how the loop calls them."""
 
     rows: int                          # sequences this rank feeds per optimizer step
@@ -149,12 +149,15 @@ class Steps:
 
 
 @dataclass
-class Built:
+class TrainSetup:
+    """What :func:`build` makes for one rank: the model, its optimizer and step guard, the runtime, the
+    compiled steps and the host collectives; the state a checkpoint holds and the current rates."""
+
     model: NaohaiLM
     optimizer: nn.Optimizer
     guard: StepGuard
     runtime: Runtime
-    steps: Steps
+    steps: CompiledSteps
     comm: HostComm
     frozen: frozenset = frozenset()    # model parameters a fine-tuning run does not train (its base)
 
@@ -235,7 +238,7 @@ def layer_loop(recipe: Recipe, resolved: ResolvedStrategy, runtime: Runtime) -> 
 
 
 def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[str] = None,
-          masked_loss: bool = False) -> Built:
+          masked_loss: bool = False) -> TrainSetup:
     """Build model, optimizer and the steps of ``run`` for this rank.  ``runtime`` comes from
     ``init_runtime`` (left out: one device, :func:`naohai.strategy.runtime.plan_runtime`); under
     semi-auto MindSpore writes the step's parameter strategy file to ``strategy_file``.
@@ -269,11 +272,11 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
     rows = t.global_batch_size // runtime.dp_size
     seq = recipe.model.seq_length
     eval_rows = rows if runtime.mode == "semi_auto" else t.micro_batch_size
-    steps = Steps(rows, eval_rows, seq, notes=list(parts.notes) + ([loop_note] if loop_note else []),
+    steps = CompiledSteps(rows, eval_rows, seq, notes=list(parts.notes) + ([loop_note] if loop_note else []),
                   token_weight=token_weight)
     k = host_accumulation(resolved, runtime)
     if k == 1:
-        step = TrainStep(parts.network, optimizer, guard, t.grad_clip, parts.micro, parts.collect, parts.reduce_loss,
+        step = TrainStep(parts.network, optimizer, guard, t.optimizer.grad_clip, parts.micro, parts.collect, parts.reduce_loss,
                          token_weight)
         step.set_train()
         steps.train_step = compile_parallel(step, resolved, runtime, train=True)
@@ -283,10 +286,10 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
         buffers = make_buffers(optimizer.parameters)
         steps.accumulate_step = AccumulateStep(parts.network, optimizer.parameters, buffers, guard, token_weight)
         steps.accumulate_step.set_train()
-        steps.apply_step = ApplyStep(optimizer, buffers, guard, t.grad_clip, k, parts.collect)
+        steps.apply_step = ApplyStep(optimizer, buffers, guard, t.optimizer.grad_clip, k, parts.collect)
         steps.micro_batch = t.micro_batch_size
     evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss, token_weight)
     evaluator.set_train(False)
     steps.eval_step = compile_parallel(evaluator, resolved, runtime, train=False)
     frozen = frozenset(p.name for p in model.get_parameters() if not p.requires_grad) if recipe.finetune else frozenset()
-    return Built(model, optimizer, guard, runtime, steps, HostComm(runtime), frozen)
+    return TrainSetup(model, optimizer, guard, runtime, steps, HostComm(runtime), frozen)

@@ -63,7 +63,7 @@ def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, ranks: i
               "overrides": [], "deferred": not save_slices}
     return run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=timeout,
                        kwargs=kwargs, keep_ir=keep_ir, save_slices=save_slices, progress=progress,
-                       ir_check={"stages": stages, "clip": recipe.train.grad_clip > 0})
+                       ir_check={"stages": stages, "clip": recipe.train.optimizer.grad_clip > 0})
 
 
 def compile_chosen_ranks(recipe, strategy_path: str, workdir, *, world: int, ranks, stages: int,
@@ -85,7 +85,7 @@ def compile_chosen_ranks(recipe, strategy_path: str, workdir, *, world: int, ran
               "overrides": [], "deferred": True}
     return compile_ranks("naohai.train.compile_target:build_for_compile", world, list(ranks), workdir,
                          timeout=timeout, kwargs=kwargs, keep_ir=keep_ir, progress=progress,
-                         ir_check={"stages": stages, "clip": recipe.train.grad_clip > 0})
+                         ir_check={"stages": stages, "clip": recipe.train.optimizer.grad_clip > 0})
 
 
 def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),

@@ -19,6 +19,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from naohai.config import Recipe
+from naohai.train.callbacks import Callback
 
 
 def task_names(recipe: Recipe) -> List[str]:
@@ -27,7 +28,7 @@ def task_names(recipe: Recipe) -> List[str]:
     return split_names(items, recipe.source or "recipe", "train.eval.tasks") if items else []
 
 
-class DownstreamEval:
+class DownstreamEval(Callback):
     """The ``train.eval`` callback (see the module docstring)."""
 
     def __init__(self, recipe: Recipe, log=print):
@@ -132,7 +133,7 @@ class DownstreamEval:
             row["seconds"] = seconds
             row["graph_seconds"] = self.lm.scorer.graph_seconds - graph_before
             row["truncated"] = self.lm.scorer.truncated.total() - before
-        trainer._emit("on_downstream", trainer.step, out)
+        trainer.callbacks.on_downstream(trainer, trainer.step, out)
         return out
 
 

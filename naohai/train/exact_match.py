@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from naohai.train.callbacks import Callback
+
 TASK = "sft_heldout"
 
 
@@ -75,7 +77,7 @@ def predictions(net, tokens: np.ndarray, rows: int, vocab: int) -> np.ndarray:
     return np.concatenate(out)
 
 
-class ExactMatch:
+class ExactMatch(Callback):
     """The ``train.exact_match`` callback (see the module docstring)."""
 
     def __init__(self, recipe, log=print):
@@ -103,7 +105,7 @@ class ExactMatch:
         if not self.enabled:
             return
         end = trainer.total_steps if trainer.max_steps is None else None
-        if trainer.step % self.recipe.train.eval_every == 0 or trainer.step == end:
+        if trainer.step % self.recipe.train.held_out.eval_every == 0 or trainer.step == end:
             self.evaluate(trainer)
 
     def on_end(self, trainer) -> None:
@@ -124,5 +126,5 @@ class ExactMatch:
         row = {"split": "downstream", "step": trainer.step, "task": TASK, "n": total, "num_fewshot": 0,
                "exact_match": score, "matched": hits, "seconds": time.time() - t0, "graph_seconds": 0.0,
                "truncated": 0}
-        trainer._emit("on_downstream", trainer.step, [row])    # noqa: SLF001 - the loop's own event bus
+        trainer.callbacks.on_downstream(trainer, trainer.step, [row])
         return row

@@ -25,13 +25,14 @@ import mindspore as ms
 from naohai.checkpoint.store import CheckpointStore
 from naohai.config import Recipe
 from naohai.errors import UserError
+from naohai.model.flops import flops_per_token
 from naohai.runfiles import check_writable, created_here, lock_folder
 from naohai.strategy.host_collectives import HostComm
 from naohai.strategy.resolve import ResolvedStrategy
 from naohai.strategy.run_plan import Run
 from naohai.strategy.runtime import Runtime, check_runnable, describe, init_runtime, plan_runtime
 from naohai.train.builder import build
-from naohai.train.callbacks import ConsoleLog, LossPlot, MetricsFiles
+from naohai.train.callbacks import Callback, ConsoleLog, LossPlot, MetricsFiles, Throughput
 from naohai.devices import resolve_device
 from naohai.train.device import peak_tflops
 from naohai.train.downstream import DownstreamEval
@@ -115,12 +116,12 @@ def run_identity(recipe: Recipe, prepared_dir: str) -> Dict[str, Any]:
             "data": hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()}
 
 
-def layout_for(resolved: ResolvedStrategy) -> Dict[str, Any]:
-    """:func:`layout_info` of a strategy without starting it (e.g. the destination of a reshard)."""
-    return layout_info(resolved, plan_runtime(resolved))
+def planned_checkpoint_layout(resolved: ResolvedStrategy) -> Dict[str, Any]:
+    """:func:`checkpoint_layout` of a strategy without starting it (e.g. the destination of a reshard)."""
+    return checkpoint_layout(resolved, plan_runtime(resolved))
 
 
-def layout_info(resolved: ResolvedStrategy, runtime: Runtime) -> Dict[str, Any]:
+def checkpoint_layout(resolved: ResolvedStrategy, runtime: Runtime) -> Dict[str, Any]:
     """What a checkpoint records about the layout that wrote it."""
     if runtime.mode == "semi_auto":
         key = {"mesh": resolved.mesh, "ops": sorted((k, [list(d) for d in v]) for k, v in resolved.op_strategy.items()),
@@ -170,7 +171,7 @@ def _remove_unused_folder(out: str) -> None:
         shutil.rmtree(out, ignore_errors=True)
 
 
-class RunFiles:
+class RunFiles(Callback):
     """Writes the run folder's recipe and strategy files (:func:`write_run_files`) when the loop starts
     stepping (rank 0): a run with nothing left to do (resumed at or past ``train.steps``) keeps the
     recipe its checkpoints were trained with."""
@@ -215,10 +216,11 @@ def start(run: Run, *, device: Optional[str] = None, log: Callable[[str], None] 
     from naohai.data.sft import is_sft_dir
     built = build(run, runtime, strategy_file=strategy_file, masked_loss=is_sft_dir(prepared_dir))
     t = recipe.train
-    peak, peak_source = peak_tflops(device, recipe.model.compute_dtype, t.device_peak_tflops, t.device_profile)
+    peak, peak_source = peak_tflops(device, recipe.model.compute_dtype, t.logging.device_peak_tflops,
+                                    t.logging.device_profile)
     writer_log(f"device: {device} (train.device={t.device if where != 'command line' else device}); "
                f"MFU peak {peak:.3g} TFLOP/s per device: {peak_source}")
-    info = layout_info(resolved, runtime)
+    info = checkpoint_layout(resolved, runtime)
     manifest = {"recipe": recipe.to_dict(), "seed": t.seed, "layout": info, "identity": run_identity(recipe, prepared_dir),
                 "strategy": None if not resolved.from_file else {"name": resolved.name, "source": resolved.source,
                                                                  "text": _strategy_text(resolved)}}
@@ -226,12 +228,15 @@ def start(run: Run, *, device: Optional[str] = None, log: Callable[[str], None] 
         from naohai.checkpoint.adapters import BASE_KEY, base_record
         manifest[BASE_KEY] = base_record(None, t.seed)
     store = CheckpointStore(out, runtime.rank, runtime.world, writes=runtime.rank in info["ranks_with_files"],
-                            all_ok=comm.all_ok, keep_last=t.keep_checkpoints, keep_every=t.keep_every)
+                            all_ok=comm.all_ok, keep_last=t.checkpoints.keep_checkpoints,
+                            keep_every=t.checkpoints.keep_every)
     downstream.recipe, downstream.log = recipe, (log if runtime.is_writer else (lambda *_: None))
-    hooks = [RunFiles(recipe, resolved, out), ConsoleLog(log), MetricsFiles(out), LossPlot(out, log), downstream,
-             ExactMatch(recipe, log if runtime.is_writer else (lambda *_: None)), *callbacks]
+    throughput = Throughput(t.global_batch_size * recipe.model.seq_length, flops_per_token(recipe.model), peak,
+                            runtime.world, t.logging.log_every)
+    hooks = [RunFiles(recipe, resolved, out), throughput, ConsoleLog(log), MetricsFiles(out), LossPlot(out, log),
+             downstream, ExactMatch(recipe, log if runtime.is_writer else (lambda *_: None)), *callbacks]
     return Trainer(recipe, built, prepared_dir, store=store, manifest=manifest, log=log, callbacks=hooks,
-                   max_steps=max_steps, peak_tflops=peak, strategy_file=strategy_file)
+                   max_steps=max_steps, strategy_file=strategy_file)
 
 
 def train(run: Run, *, resume: bool = True, resume_from: Optional[str] = None, **kwargs) -> TrainResult:

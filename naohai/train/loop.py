@@ -5,20 +5,21 @@ the global batch (data-parallel rank ``d`` of ``D`` gets rows ``[d*B/D, (d+1)*B/
 model-parallel peers and pipeline stages of a data-parallel group read the same rows),
 calls ``built.steps.train`` (a compiled step that returns the global mean loss, the
 global gradient norm and whether the update was applied) and hands a record to its
-callbacks (:mod:`naohai.train.callbacks`).  Held-out loss every ``eval_every`` steps;
-a checkpoint every ``save_every`` steps and at the end, written by every rank that
-holds parameters of its own (:mod:`naohai.checkpoint.store`).
+callbacks, whose hooks it calls in order (:class:`naohai.train.callbacks.Callback`: console,
+metrics files, throughput and MFU, plots, downstream tasks).  Held-out loss every
+``train.eval_every`` steps; a checkpoint every ``train.save_every`` steps and at the end,
+written by every rank that holds parameters of its own (:mod:`naohai.checkpoint.store`).
 
 Exact resume: weights, optimizer state, step guard (loss scale, norm statistics),
 step and data position are in the checkpoint and the learning rate is a pure function
-of the optimizer's own step, so "N steps, stop, resume, N more" equals 2N steps.
+of the optimizer's own step, so "N steps, stop, resume, N more" equals 2N steps.  A
+checkpoint of another layout is loaded through :mod:`naohai.checkpoint.relayout`.
 A run stops with :class:`TrainingStopped` (after a checkpoint) when ``max_skipped_steps``
 updates in a row were skipped (non-finite or spiking gradient norm).
 """
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -26,9 +27,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from naohai import interrupt
+from naohai.checkpoint import relayout
 from naohai.checkpoint import store as ckpt_store
 from naohai.config import Recipe
 from naohai.errors import UserError
+from naohai.train.builder import TrainSetup
+from naohai.train.callbacks import Callback, CallbackList
 
 
 #: what ``--no-resume`` moves aside: the files of a run that a new run at step 0 would replace
@@ -61,11 +65,10 @@ class TrainResult:
 class Trainer:
     """One rank's training loop over a built step (see the module docstring)."""
 
-    def __init__(self, recipe: Recipe, built, prepared_dir: str, *, store: ckpt_store.CheckpointStore,
-                 manifest: Dict[str, Any], log: Callable[[str], None] = print, callbacks: Sequence[Any] = (),
-                 max_steps: Optional[int] = None, peak_tflops: float = 0.0, strategy_file: Optional[str] = None):
+    def __init__(self, recipe: Recipe, built: TrainSetup, prepared_dir: str, *, store: ckpt_store.CheckpointStore,
+                 manifest: Dict[str, Any], log: Callable[[str], None] = print, callbacks: Sequence[Callback] = (),
+                 max_steps: Optional[int] = None, strategy_file: Optional[str] = None):
         from naohai.data.loader import TokenWindowLoader
-        from naohai.model.flops import flops_per_token
 
         self.recipe = recipe
         self.built = built
@@ -77,7 +80,7 @@ class Trainer:
         self.manifest = manifest
         self.writer = self.runtime.is_writer
         self.log = log if self.writer else (lambda *_: None)
-        self.callbacks = list(callbacks)
+        self.callbacks = CallbackList(callbacks)
         self.out = recipe.train.output_dir
         self.strategy_file = strategy_file
         t = recipe.train
@@ -89,68 +92,37 @@ class Trainer:
         self.step = 0
         self.total_steps = t.steps
         self.max_steps = max_steps
-        self.flops_token = flops_per_token(recipe.model)
-        self.peak = float(peak_tflops)
+        self.end = t.steps        # the last step of this call of run() (max_steps may end it sooner)
         self.skip_streak = 0
         self.pending = None       # a checkpoint save in flight (train.async_save)
         self.last_save_s: Optional[float] = None    # wall time of the last synchronous save
         self.failed_saves: List[int] = []           # steps whose checkpoint could not be written
 
-    # ------------------------------------------------------------------ hooks
-    def _emit(self, event: str, *args) -> None:
-        for cb in self.callbacks:
-            fn = getattr(cb, event, None)
-            if fn is not None:
-                fn(self, *args)
-
     # ------------------------------------------------------------------ checkpoints
-    def _same_layout(self, manifest: Dict[str, Any]) -> bool:
-        return (manifest.get("layout") or {}).get("signature") == self.manifest["layout"]["signature"]
+    def _files_to_read(self, manifest: Dict[str, Any]) -> List[str]:
+        return relayout.files_for_rank(manifest, self.manifest["layout"], self.runtime.rank,
+                                       sharded=self.runtime.mode == "semi_auto")
 
-    def _needed_files(self, manifest: Dict[str, Any]) -> List[str]:
-        """The files this rank checks in a checkpoint: its own parameter file for this layout; for a
-        checkpoint of another layout (to be resharded by rank 0) rank 0 checks every file."""
-        if not self._same_layout(manifest):
-            return sorted((manifest.get("files") or {})) if self.runtime.rank == 0 else []
-        if self.runtime.mode == "semi_auto":
-            return [ckpt_store.rank_file(self.runtime.rank)]
-        return [ckpt_store.rank_file(0)]
-
-    def _reshard(self, chosen: str, man: Dict[str, Any], folder: str = "resharded") -> str:
-        """Rank 0 writes ``chosen`` for this run's layout (strategy files of this run's own compile) into
-        ``<run>/<folder>/``; every rank then loads from the result."""
-        from naohai.checkpoint.reshard import reshard_checkpoint
-        mine = self.manifest["layout"]
-        out = os.path.join(self.out, folder, f"{os.path.basename(chosen)}-{mine['signature']}")
-        error = None
-        if self.runtime.rank == 0 and not os.path.exists(out):
-            self.log(f"checkpoint {chosen} was written by another layout ({(man.get('layout') or {}).get('describe')}); "
-                     f"resharding it for {mine['describe']} -> {out}")
-            try:
-                strategy_dir = os.path.join(self.out, "strategy") if mine["signature"] != "full" else None
-                reshard_checkpoint(chosen, out, strategy_dir, mine if strategy_dir else None)
-            except UserError as exc:
-                error = exc
-        if not self.comm.all_ok(error is None):
-            raise error or UserError("rank 0 could not reshard the checkpoint (see its log)", where=chosen)
-        return out
+    def _load(self, chosen: str, params, folder: str) -> str:
+        """Load checkpoint ``chosen`` into ``params`` at this run's layout; returns the folder read."""
+        return relayout.load_at_layout(chosen, self.manifest["layout"], self.out, params, rank=self.runtime.rank,
+                                       sharded=self.runtime.mode == "semi_auto", all_ok=self.comm.all_ok,
+                                       log=self.log, optional=self.built.optional_in_checkpoint, folder=folder)
 
     def resume(self, path: Optional[str] = None) -> bool:
         """Load the newest checkpoint that verifies (or ``path``); False when there is none.  A checkpoint
-        of another layout is resharded for this one first (MindSpore's checkpoint transform)."""
+        of another layout is resharded for this one first (:mod:`naohai.checkpoint.relayout`)."""
         started = time.time()
         self.log("compiling the train and eval steps ...")
         self.steps.compile()      # semi-auto parameters are sliced by the compile: load after it
         self.log(f"compiled in {time.time() - started:.1f} s")
         self.comm.barrier()       # ... and every rank's strategy file is written
-        chosen = self.store.select(self.manifest["identity"], self._needed_files, explicit=path, log=self.log)
+        chosen = self.store.select(self.manifest["identity"], self._files_to_read, explicit=path, log=self.log)
         if chosen is None:
             return False
         man = ckpt_store.read_manifest(chosen)
         self._check_base(chosen, man)
-        source = chosen if self._same_layout(man) else self._reshard(chosen, man)
-        ckpt_store.load_into(source, self._needed_files(ckpt_store.read_manifest(source)), self.built.saved_params(),
-                             optional=self.built.optional_in_checkpoint)
+        self._load(chosen, self.built.saved_params(), folder="resharded")
         self.step = int(man["step"])
         self.loader.load_state_dict(man["data"]["loader"])
         self.log(f"resumed from {chosen} at step {self.step} (loss scale {self.built.loss_scale():.0f})")
@@ -185,39 +157,14 @@ class Trainer:
         :mod:`naohai.checkpoint.weights`.  Weights only: the optimizer state, the step guard, the step
         (0) and the data position (the start) stay fresh.  A checkpoint of another layout is resharded
         for this one as on resume; any other source is first written as one full checkpoint."""
-        from naohai.checkpoint import weights as ckpt_weights
+        from naohai.checkpoint.weights import start_checkpoint
         from naohai.model.params import param_shapes
-        where = self.recipe.source or "recipe"
         self.steps.compile()      # semi-auto parameters are sliced by the compile: load after it
         self.comm.barrier()
-        try:
-            found = ckpt_weights.find_weights(path)
-        except UserError as exc:
-            raise UserError(exc.message, where=exc.where, key="train.init_from") from None
-        ckpt_weights.check_fits(found, self.recipe, where)
-        mine = (self.manifest.get("identity") or {}).get("tokenizer_sha256")
-        if found.tokenizer_sha256 and mine and found.tokenizer_sha256 != mine:
-            raise UserError(f"the weights of {found.describe()} were trained with another tokenizer (SHA-256 "
-                            f"{found.tokenizer_sha256[:12]}..., this run's is {mine[:12]}...): their token ids mean "
-                            f"other pieces here. Give the source's tokenizer as data.tokenizer "
-                            f"({found.tokenizer_file()}) in a new output folder", where=where, key="train.init_from")
-        chosen, error = (found.checkpoint if found.adapters is None else None), None   # adapters: merged first
-        if chosen is None:
-            chosen = os.path.join(self.out, "init", os.path.basename(os.path.normpath(found.path)) + "-full")
-            if self.runtime.rank == 0:
-                try:
-                    ckpt_weights.write_full_checkpoint(found, chosen, {"seed": self.recipe.train.seed})
-                except UserError as exc:
-                    error = exc
-            if not self.comm.all_ok(error is None):
-                raise error or UserError("rank 0 could not read the weights (see its log)", where=path,
-                                         key="train.init_from")
-        man = ckpt_store.read_manifest(chosen)
-        source = chosen if self._same_layout(man) else self._reshard(chosen, man, folder="init")
+        found, chosen = start_checkpoint(path, self.recipe, (self.manifest.get("identity") or {}).get("tokenizer_sha256"),
+                                         self.out, rank=self.runtime.rank, all_ok=self.comm.all_ok)
         names = {p.name for p in param_shapes(self.recipe.model)}
-        params = [p for p in self.built.model_params() if p.name in names]
-        ckpt_store.load_into(source, self._needed_files(ckpt_store.read_manifest(source)), params,
-                             optional=self.built.optional_in_checkpoint)
+        source = self._load(chosen, [p for p in self.built.model_params() if p.name in names], folder="init")
         if self.recipe.finetune is not None:        # the adapters' checkpoints name this base
             from naohai.checkpoint.adapters import BASE_KEY, base_record
             self.manifest[BASE_KEY] = base_record(found, self.recipe.train.seed)
@@ -233,7 +180,7 @@ class Trainer:
         man = dict(self.manifest)
         man["data"] = {"loader": self.loader.state_dict()}
         man["loss_scale"] = self.built.loss_scale()
-        background = bool(self.recipe.train.async_save) and not wait
+        background = bool(self.recipe.train.checkpoints.async_save) and not wait
         t0 = time.time()
         self.pending = self.store.save_async(self.step, self.built.saved_params(), man, self.strategy_file,
                                              background=background)
@@ -253,7 +200,7 @@ class Trainer:
             previous = ckpt_store.list_checkpoints(self.out)
             self.log(f"WARNING: checkpoint at step {pending.step} FAILED ({outcome.error}); the previous checkpoint "
                      f"{previous[-1] if previous else '(none)'} is intact; training continues")
-        self._emit("on_save", outcome.path)
+        self.callbacks.on_save(self, outcome.path)
         return outcome.path
 
     # ------------------------------------------------------------------ steps
@@ -264,9 +211,9 @@ class Trainer:
         if self.sft:
             from naohai.data.sft import SFTLoader
             held = SFTLoader(self.prepared_dir, "valid", rows * dp, self.runtime.dp_rank, dp, seed=0, shuffle=False)
-            batches = (held.next_batch() for _ in range(t.eval_batches))
+            batches = (held.next_batch() for _ in range(t.held_out.eval_batches))
         else:
-            batches = eval_batches(self.prepared_dir, rows * dp, t.eval_batches, self.runtime.dp_rank, dp)
+            batches = eval_batches(self.prepared_dir, rows * dp, t.held_out.eval_batches, self.runtime.dp_rank, dp)
         losses = [self.steps.evaluate(batch) for batch in batches]
         return self.comm.mean(float(np.mean(losses)))
 
@@ -276,7 +223,7 @@ class Trainer:
                "skipped": 0.0 if res.applied else 1.0}
         if not res.applied:
             rec["skip_reason"] = "non-finite gradient norm" if not math.isfinite(res.grad_norm) else \
-                f"gradient norm spike (> {self.recipe.train.spike_factor} x running mean)"
+                f"gradient norm spike (> {self.recipe.train.guard.spike_factor} x running mean)"
             rec["next_scale"] = self.built.loss_scale()
         return rec
 
@@ -284,7 +231,7 @@ class Trainer:
     def run(self) -> TrainResult:
         t = self.recipe.train
         result = TrainResult(self.out, self.step, is_writer=self.writer)
-        end = t.steps if self.max_steps is None else min(t.steps, self.step + self.max_steps)
+        self.end = t.steps if self.max_steps is None else min(t.steps, self.step + self.max_steps)
         if self.step >= t.steps:
             # a finished run: no step, no file of the run rewritten (recipe, metrics, plots)
             past = "at" if self.step == t.steps else f"past train.steps={t.steps}, at"
@@ -293,27 +240,25 @@ class Trainer:
                      f"train.output_dir (--output-dir) or --no-resume")
             result.checkpoint = (ckpt_store.list_checkpoints(self.out) or [None])[-1]
             return result
-        tokens_step = t.global_batch_size * self.recipe.model.seq_length
-        self._emit("on_start")
+        self.callbacks.on_start(self)
         self.log(f"layout: {self.manifest['layout']['describe']}; {self.steps.rows} rows per rank per step")
         for note in self.steps.notes:
             self.log(f"note: {note}")
         if self.step == 0:
             ev = self.evaluate()
             result.evals[0] = ev
-            self._emit("on_eval", 0, ev)
-        window_t, window_steps, t_start, start_step = time.time(), 0, time.time(), self.step
+            self.callbacks.on_eval(self, 0, ev)
         stop = interrupt.current().watch()
         stop.deferring = True
         try:
-            self._steps(result, stop, end, tokens_step, window_t, window_steps, t_start, start_step)
+            self._steps(result, stop)
         finally:
             stop.deferring = False
             stop.release()
         result.checkpoint = self.finish_save() or result.checkpoint
         result.steps_done = self.step
         try:
-            self._emit("on_end")
+            self.callbacks.on_end(self)
         finally:
             self._check_final_save()
         return result
@@ -354,7 +299,7 @@ class Trainer:
                 note = (f"no final checkpoint: a save takes ~{need:.0f} s, {max(0.0, left):.0f} s of the "
                         f"{interrupt.grace_seconds():.0f} s grace (NAOHAI_STOP_GRACE) were left")
         self.finish_save()
-        self._emit("on_end")
+        self.callbacks.on_end(self)
         self.comm.barrier()       # every rank has written what it writes before any exits
         newest = ckpt_store.list_checkpoints(self.out)
         resume = (f"run the same command to resume from step {int(ckpt_store.read_manifest(newest[-1])['step'])}"
@@ -362,16 +307,15 @@ class Trainer:
         raise interrupt.Interrupted(signum, f"stopped by {interrupt.signal_name(signum)} after step {self.step}"
                                     + (f"; {note}" if note else "") + f"; {resume}")
 
-    def _steps(self, result, stop, end, tokens_step, window_t, window_steps, t_start, start_step) -> None:
+    def _steps(self, result: TrainResult, stop) -> None:
         t = self.recipe.train
         if self._stop_agreed(stop):
             self._stop(stop, saved_this_step=True)
-        while self.step < end:
-            self._emit("on_step_begin")
+        while self.step < self.end:
+            self.callbacks.on_step_begin(self)
             lr = self.built.learning_rate(self.recipe)
             res = self.steps.train(self.loader.next_batch())
             self.step += 1
-            window_steps += 1
             rec = self._record(res, lr)
             result.losses[self.step] = rec["loss"]
             if res.applied:
@@ -379,33 +323,23 @@ class Trainer:
             else:
                 self.skip_streak += 1
                 result.skipped.append(self.step)
-            if self.step % t.log_every == 0 or self.step == end:
-                dt = (time.time() - window_t) / window_steps
-                tps = tokens_step / dt
-                tflops = tps * self.flops_token / 1e12
-                rec.update({"tokens_per_s": tps, "tflops": tflops, "step_time": dt,
-                            "mfu": tflops / (self.peak * self.runtime.world) if self.peak > 0 else None,
-                            "eta_s": (time.time() - t_start) / (self.step - start_step) * (end - self.step)})
-                window_t, window_steps = time.time(), 0
-            self._emit("on_step", rec)
-            if self.skip_streak >= t.max_skipped_steps:
+            self.callbacks.on_step(self, rec)
+            if self.skip_streak >= t.guard.max_skipped_steps:
                 result.checkpoint = self.save(wait=True)
-                self._emit("on_end")
+                self.callbacks.on_end(self)
                 raise TrainingStopped(
                     f"{self.skip_streak} updates in a row were skipped (last: {rec['skip_reason']}, gradient norm "
                     f"{rec['grad_norm']:.3g}, loss {rec['loss']:.4g}); the weights are those of step "
                     f"{self.step - self.skip_streak}. Checkpoint: {result.checkpoint}. Lower train.lr, check the data "
                     f"near this step, or raise train.max_skipped_steps", where=self.recipe.source,
                     key="train.max_skipped_steps")
-            if self.step % t.eval_every == 0 or self.step == t.steps:
+            if self.step % t.held_out.eval_every == 0 or self.step == t.steps:
                 ev = self.evaluate()
                 result.evals[self.step] = ev
-                self._emit("on_eval", self.step, ev)
-                window_t = time.time()
-            saved = self.step % t.save_every == 0 or self.step == end
+                self.callbacks.on_eval(self, self.step, ev)
+            saved = self.step % t.checkpoints.save_every == 0 or self.step == self.end
             if saved:
-                result.checkpoint = self.save(wait=self.step == end) or result.checkpoint
-                window_t = time.time()
+                result.checkpoint = self.save(wait=self.step == self.end) or result.checkpoint
             stop.rearm()
             if self._stop_agreed(stop):
-                self._stop(stop, saved_this_step=saved and not self.recipe.train.async_save)
+                self._stop(stop, saved_this_step=saved and not t.checkpoints.async_save)

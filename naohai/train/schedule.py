@@ -19,29 +19,29 @@ from __future__ import annotations
 
 import math
 
-from naohai.config import TrainConfig
+from naohai.config import LRScheduleConfig, TrainConfig
 
 
-def learning_rate(cfg: TrainConfig, step: int) -> float:
+def learning_rate(train: TrainConfig, step: int) -> float:
     """Rate used for the optimizer update whose counter reads ``step`` (0-based)."""
+    cfg, total = train.lr_schedule, train.lr_schedule.decay_steps or train.steps
     if cfg.schedule == "pangu":
-        return _pangu(cfg, step)
+        return _pangu(cfg, total, step)
     if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.decay == "constant":
         return cfg.lr
-    total = cfg.decay_steps or cfg.steps
     span = max(1, total - cfg.warmup_steps)
     return _decayed(cfg, (step - cfg.warmup_steps) / span)
 
 
-def _pangu(cfg: TrainConfig, step: int) -> float:
+def _pangu(cfg: LRScheduleConfig, total: int, step: int) -> float:
     if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps
-    return _decayed(cfg, step / (cfg.decay_steps or cfg.steps))
+    return _decayed(cfg, step / total)
 
 
-def _decayed(cfg: TrainConfig, progress: float) -> float:
+def _decayed(cfg: LRScheduleConfig, progress: float) -> float:
     progress = min(1.0, max(0.0, progress))
     if cfg.decay == "cosine":
         frac = 0.5 * (1.0 + math.cos(math.pi * progress))

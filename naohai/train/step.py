@@ -40,7 +40,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-from naohai.config import TrainConfig
+from naohai.config import GuardConfig
 from naohai.strategy.gradients import scale_by, square_sum
 
 _add_into = C.MultitypeFuncGraph("naohai_add_into")
@@ -83,9 +83,9 @@ class StepGuard(nn.Cell):
     (running mean of the norms of applied steps over at most ``spike_window`` steps).
     """
 
-    def __init__(self, train: TrainConfig):
+    def __init__(self, cfg: GuardConfig):
         super().__init__(auto_prefix=False)
-        ls = train.loss_scale
+        ls = cfg.loss_scale
         self.dynamic = bool(ls.dynamic)
         self.loss_scale = Parameter(Tensor(float(ls.init) if ls.dynamic else 1.0, ms.float32),
                                     name="guard.loss_scale", requires_grad=False)
@@ -95,9 +95,9 @@ class StepGuard(nn.Cell):
         self.window = int(ls.window)
         self.factor = float(ls.factor)
         self.min_scale = Tensor(float(ls.min_scale), ms.float32)
-        self.spike_factor = float(train.spike_factor)
-        self.spike_warmup = int(train.spike_warmup)
-        self.spike_window = Tensor(float(train.spike_window), ms.float32)
+        self.spike_factor = float(cfg.spike_factor)
+        self.spike_warmup = int(cfg.spike_warmup)
+        self.spike_window = Tensor(float(cfg.spike_window), ms.float32)
 
     def decide(self, norm):
         """(finite, applied) for a step whose global gradient norm is ``norm`` (shape (1,))."""

@@ -18,6 +18,7 @@ from naohai.checkpoint import store
 from naohai.cli import main
 from naohai.model.stack import per_layer_names
 from naohai.strategy.run_plan import plan_run
+from naohai.train.callbacks import Callback
 from naohai.train.job import start
 from tests.conftest import micro_recipe
 
@@ -113,9 +114,10 @@ import resource, signal, sys
 sys.path.insert(0, {root!r})
 from tests.conftest import micro_recipe
 from naohai.strategy.run_plan import plan_run
+from naohai.train.callbacks import Callback
 from naohai.train.job import start
 
-class LimitFileSize:
+class LimitFileSize(Callback):
     # after step 4 is saved, any file over 16 KB fails to grow (EFBIG, not a signal)
     def on_step_begin(self, trainer):
         if trainer.step == 5:
@@ -143,7 +145,7 @@ def test_save_that_fails_part_way_keeps_the_previous_checkpoint(tmp_path, micro_
     assert not os.path.exists(store.step_dir(str(out), 8))
 
 
-class PoisonOnce:
+class PoisonOnce(Callback):
     """Sets one weight to +inf before step ``at`` and puts the original back after it."""
 
     def __init__(self, at):
@@ -223,7 +225,7 @@ def test_ckpt_inspect_merge_export(trained, tmp_path, capsys):
     assert main(["ckpt", "merge", ckpt, "--out", str(tmp_path / "merged")]) == 2
 
 
-class PoisonFrom:
+class PoisonFrom(Callback):
     """From step ``at`` on, one weight is +inf before every step: every update is skipped."""
 
     def __init__(self, at):

@@ -21,7 +21,7 @@ from naohai.checkpoint.reshard import reshard_checkpoint
 from naohai.config import load_recipe
 from naohai.model.transformer import NaohaiLM
 from naohai.strategy.run_plan import plan_run
-from naohai.train.job import layout_for
+from naohai.train.job import planned_checkpoint_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = {
@@ -35,7 +35,7 @@ def _layout(key):
     name, override = LAYOUTS[key]
     recipe = load_recipe(str(ROOT / "recipes/tiny.yaml"), [override])
     run = plan_run(recipe, str(ROOT / "strategies" / f"{name}.yaml"))
-    return run.recipe, layout_for(run.strategy)
+    return run.recipe, planned_checkpoint_layout(run.strategy)
 
 
 def _compiled(compiled_layout, key):

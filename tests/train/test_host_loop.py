@@ -240,14 +240,14 @@ def _pipeline_checkpoint(tmp_path, micro_data, compiled_layout):
     from naohai.checkpoint.files import sha256_file, write_json
     from naohai.config import load_recipe
     from naohai.strategy.run_plan import plan_run
-    from naohai.train.job import layout_for
+    from naohai.train.job import planned_checkpoint_layout
 
     prepared, tok = micro_data
     strategy = ROOT / "strategies" / "tiny-dp2-mp2-pp2.yaml"
     rc, workdir, out = compiled_layout(["tiny", str(strategy), "train.micro_batch_size=2"])
     assert rc == 0, out[-2000:]
     tiny = load_recipe(str(ROOT / "recipes" / "tiny.yaml"), ["train.micro_batch_size=2"])
-    layout = layout_for(plan_run(tiny, str(strategy)).strategy)
+    layout = planned_checkpoint_layout(plan_run(tiny, str(strategy)).strategy)
     slices = {r: ms.load_checkpoint(str(workdir / f"rank_{r}" / "slices.ckpt")) for r in range(WORLD)}
 
     sharded = tmp_path / "sharded"

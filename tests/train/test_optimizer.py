@@ -39,7 +39,7 @@ def reference_decays(ref_name: str) -> bool:
 def test_decay_groups_follow_the_reference_rule(preset, extra):
     cfg = ModelConfig(**dict(MODEL_PRESETS[preset], **SMALL, **extra, dropout=0.0))
     lr, wd = 0.25, 0.5
-    recipe = Recipe(model=cfg, train=TrainConfig(steps=2, lr=lr, min_lr=lr, warmup_steps=0, decay="constant",
+    recipe = Recipe(model=cfg, train=TrainConfig.from_keys(steps=2, lr=lr, min_lr=lr, warmup_steps=0, decay="constant",
                                                  weight_decay=wd))
     recipe.validate()
     model = NaohaiLM(cfg)
@@ -76,8 +76,9 @@ PCM = dict(adam_beta1=0.9, adam_beta2=0.98, adam_eps=1e-8, weight_decay=0.1, gra
 def test_recipes_carry_the_reference_optimizer(name, want):
     from naohai.config import load_recipe
     t = load_recipe(name).train
-    assert t.schedule == "pangu" and t.decay == "cosine" and t.loss_scale.dynamic
-    assert (t.loss_scale.init, t.loss_scale.window, t.loss_scale.factor) == want["ls"]
+    ls = t.guard.loss_scale
+    assert t.lr_schedule.schedule == "pangu" and t.lr_schedule.decay == "cosine" and ls.dynamic
+    assert (ls.init, ls.window, ls.factor) == want["ls"]
     for key, value in want.items():
         if key != "ls":
-            assert getattr(t, key) == value, key
+            assert t.flat()[key] == value, key

@@ -8,7 +8,7 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from naohai.config import TrainConfig, LossScaleConfig
+from naohai.config import GuardConfig, LossScaleConfig
 from naohai.errors import UserError
 from naohai.strategy.run_plan import plan_run
 from naohai.train.job import start
@@ -33,10 +33,10 @@ class _GuardProbe(nn.Cell):
         return ms.ops.depend(applied, self.guard.update(finite, applied, norm))
 
 
-def _feed(train: TrainConfig, norms):
+def _feed(cfg: GuardConfig, norms):
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    guard = StepGuard(train)
+    guard = StepGuard(cfg)
     probe = _GuardProbe(guard)
     out = []
     for n in norms:
@@ -47,7 +47,7 @@ def _feed(train: TrainConfig, norms):
 
 def test_dynamic_loss_scale_state_machine():
     """Halve on a non-finite norm (never below min_scale), double after `window` clean steps."""
-    t = TrainConfig(loss_scale=LossScaleConfig(dynamic=True, init=1024.0, window=2, factor=2.0, min_scale=1.0))
+    t = GuardConfig(loss_scale=LossScaleConfig(dynamic=True, init=1024.0, window=2, factor=2.0, min_scale=1.0))
     got = _feed(t, [math.inf, 1.0, 1.0, math.nan, 1.0] + [math.inf] * 20)
     # expected from the rule, step by step: inf -> 512 (skip); clean -> 512 (1 good); clean -> 1024 (2 good);
     # nan -> 512 (skip); clean -> 512; then 20 overflows halve down to the floor 1.0
@@ -57,7 +57,7 @@ def test_dynamic_loss_scale_state_machine():
 
 
 def test_spike_guard_skips_a_spike_and_keeps_the_mean():
-    t = TrainConfig(spike_factor=3.0, spike_warmup=3, spike_window=100)
+    t = GuardConfig(spike_factor=3.0, spike_warmup=3, spike_window=100)
     got = _feed(t, [1.0, 2.0, 3.0, 100.0, 2.0, 2.5])
     assert [a for a, _, _ in got] == [True, True, True, False, True, True]
     # running mean of the applied norms only: (1+2+3)/3 = 2 after three, then (1+2+3+2)/4, (1+2+3+2+2.5)/5

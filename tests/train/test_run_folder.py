@@ -14,6 +14,7 @@ from naohai.checkpoint import store
 from naohai.cli import main
 from naohai.config import write_recipe
 from naohai.strategy.run_plan import plan_run
+from naohai.train.callbacks import Callback
 from naohai.train.job import start
 from naohai.train.metrics import read_metrics
 from tests.conftest import micro_recipe
@@ -80,7 +81,7 @@ def test_a_second_job_on_a_locked_folder_exits_2_naming_the_holder(tmp_path, mic
         holder.wait()
 
 
-class _Crash:
+class _Crash(Callback):
     """Stops the process (as a kill would) after ``at`` steps, metrics rows for those steps written."""
 
     def __init__(self, at):

@@ -66,7 +66,7 @@ def numpy_reference(lr, end_lr, warmup, decay_steps, cosine, steps):
     ("cosine", 12, 10, 20),     # warmup longer than the horizon: end_lr right after warmup
 ])
 def test_pangu_schedule_equals_reference_learning_rate(decay, warmup, decay_steps, steps):
-    cfg = TrainConfig(steps=steps, lr=6e-5, min_lr=1e-6, warmup_steps=warmup, decay=decay,
+    cfg = TrainConfig.from_keys(steps=steps, lr=6e-5, min_lr=1e-6, warmup_steps=warmup, decay=decay,
                       decay_steps=decay_steps, schedule="pangu")
     cfg.validate()
     ours = np.array([learning_rate(cfg, k) for k in range(steps)])
@@ -79,19 +79,19 @@ def test_pangu_schedule_equals_reference_learning_rate(decay, warmup, decay_step
 
 
 def test_naohai_schedule_by_hand():
-    cfg = TrainConfig(steps=14, lr=1.0, min_lr=0.0, warmup_steps=4, decay="linear", schedule="naohai")
+    cfg = TrainConfig.from_keys(steps=14, lr=1.0, min_lr=0.0, warmup_steps=4, decay="linear", schedule="naohai")
     got = [learning_rate(cfg, k) for k in range(14)]
     # warmup (k+1)/4, then linear from 1 at k=4 to 0 at k=14 over 10 steps
     want = [0.25, 0.5, 0.75, 1.0] + [1.0 - j / 10 for j in range(10)]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
-    cfg.decay = "cosine"
+    cfg.lr_schedule.decay = "cosine"
     assert learning_rate(cfg, 9) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
 
 
 def test_optimizer_update_k_uses_rate_of_global_step_k():
     recipe = preset_recipe("tiny-pangu")
-    recipe.train.steps, recipe.train.warmup_steps, recipe.train.decay_steps = 12, 3, 10
-    recipe.train.lr, recipe.train.min_lr, recipe.train.schedule = 1e-3, 1e-5, "pangu"
+    recipe.train.steps, sched = 12, recipe.train.lr_schedule
+    sched.warmup_steps, sched.decay_steps, sched.lr, sched.min_lr, sched.schedule = 3, 10, 1e-3, 1e-5, "pangu"
     recipe.validate()
     opt = make_optimizer(NaohaiLM(recipe.model), recipe)
     want = numpy_reference(1e-3, 1e-5, 3, 10, True, 13)
@@ -106,7 +106,7 @@ def test_optimizer_update_k_uses_rate_of_global_step_k():
     (dict(decay_steps=0), "train.decay_steps"),
 ])
 def test_schedule_errors_name_the_key(changes, key):
-    cfg = TrainConfig(**changes)
+    cfg = TrainConfig.from_keys(**changes)
     with pytest.raises(UserError) as e:
         cfg.validate()
     assert key in str(e.value)
