@@ -1,11 +1,14 @@
 """Recipes: the model, data and training settings of one job.
 
-A recipe is a YAML file with three sections, ``model``, ``data`` and ``train``
-(plus an optional ``name``).  The ``model`` section becomes a
+A recipe is a YAML file with three sections, ``model``, ``data`` and ``train`` (plus an
+optional ``finetune`` section and ``name``).  The ``model`` section becomes a
 :class:`~naohai.model.config.ModelConfig`: ``model.preset`` names one of the published
 configurations and ``model.family`` a model family (both from :mod:`naohai.model.families`,
 :data:`MODEL_PRESETS` lists every preset); other ``model`` keys override them.
-Dotted ``key=value`` overrides from the command line are applied on top.
+The ``train`` section is one flat mapping; it becomes a :class:`TrainConfig` made of small
+configs, each checking its own keys (:data:`TRAIN_SECTIONS`: learning-rate schedule, optimizer,
+step guard, checkpoints, logging, held-out evaluation).  Dotted ``key=value`` overrides from the
+command line are applied on top.
 
 Every mistake (missing file, bad YAML, unknown key, wrong type, impossible value)
 raises :class:`naohai.errors.UserError` naming the file and the key path.

@@ -6,9 +6,11 @@ first step: resolve the device (``train.device`` / ``--device``), set the MindSp
 context and seeds, initialise communication for the strategy
 (:func:`naohai.strategy.runtime.init_runtime`, which refuses a layout the device
 cannot run), make sure the data is prepared (rank 0 prepares, the others wait), build the
-steps, and return a :class:`naohai.train.loop.Trainer` with its callbacks (the first,
-:class:`RunFiles`, writes the resolved recipe and strategy into the run folder once the
-loop has a step to take) and checkpoint store.  ``train(...)`` also resumes and runs it.
+steps, and return a :class:`naohai.train.loop.Trainer` with its checkpoint store and its
+callbacks, in the order the loop calls them: :class:`RunFiles` (writes the resolved recipe
+and strategy into the run folder once the loop has a step to take), throughput / MFU, the
+console, the metrics files, the plots, the downstream tasks, held-out exact match, then the
+caller's.  ``train(...)`` also resumes and runs it.
 """
 from __future__ import annotations
 
