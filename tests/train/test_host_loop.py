@@ -25,7 +25,7 @@ from naohai.checkpoint.store import CheckpointStore, list_checkpoints, read_mani
 from naohai.data.loader import TokenWindowLoader
 from naohai.strategy.runtime import Runtime
 from naohai.train.builder import StepResult
-from naohai.train.callbacks import ConsoleLog, MetricsFiles
+from naohai.train.callbacks import ConsoleLog, MetricsFiles, Throughput
 from naohai.train.job import run_identity
 from naohai.train.loop import Trainer
 from tests.conftest import micro_recipe
@@ -170,7 +170,9 @@ def _run_ranks(recipe, prepared, max_steps, resume):
                                "ranks_with_files": list(range(WORLD))}}
         log = logs[rank].append
         trainers[rank] = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=log,
-                                 callbacks=[ConsoleLog(log), MetricsFiles(t.output_dir)], max_steps=max_steps)
+                                 callbacks=[Throughput(t.global_batch_size * recipe.model.seq_length, 1.0, 0.0,
+                                                       WORLD, t.logging.log_every),
+                                            ConsoleLog(log), MetricsFiles(t.output_dir)], max_steps=max_steps)
 
     def body(rank):
         if resume:
