@@ -267,7 +267,7 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
         reuse = False        # adapted and plain layers differ: one graph per layer
     apply_strategy(model, resolved, reuse)
     optimizer = make_optimizer(model, recipe)
-    guard = StepGuard(t)
+    guard = StepGuard(t.guard)
     parts = step_parts(model, optimizer.parameters, resolved, runtime)
     rows = t.global_batch_size // runtime.dp_size
     seq = recipe.model.seq_length
