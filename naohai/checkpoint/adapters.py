@@ -68,27 +68,6 @@ def base_record(found, seed: int) -> Dict[str, Any]:
             "describe": found.describe()}
 
 
-def read_base(record: Dict[str, Any], recipe, where: str) -> Dict[str, np.ndarray]:
-    """The base model tensors a :data:`BASE_KEY` record names, checked against its fingerprint."""
-    from naohai.checkpoint.weights import find_weights, model_tensors
-    if not isinstance(record, dict) or "fingerprint" not in record:
-        raise UserError(f"integrity error: the record of the adapters' base ({BASE_KEY}) is damaged", where=where,
-                        key=BASE_KEY)
-    if record.get("path") is None:
-        return seed_tensors(recipe, int(record.get("seed", 0)))
-    path = record["path"]
-    if not os.path.exists(path):
-        raise UserError(f"the adapters were trained on the base {path} ({record.get('describe')}), which is gone; "
-                        f"the adapters alone are not a model", where=where, key=f"{BASE_KEY}.path")
-    found = find_weights(path)
-    mine = fingerprint_of(found)
-    if mine != record["fingerprint"]:
-        raise UserError(f"base mismatch: the adapters were trained on {record.get('describe')} (fingerprint "
-                        f"{str(record['fingerprint'])[:12]}...), but {path} now holds other weights "
-                        f"({mine[:12]}...); give the original base", where=where, key=f"{BASE_KEY}.path")
-    return model_tensors(recipe, found.tensors())
-
-
 def seed_tensors(recipe, seed: int) -> Dict[str, np.ndarray]:
     """The model's initial weights drawn from ``seed`` (the base of a run without ``train.init_from``)."""
     from naohai.model.transformer import NaohaiLM

@@ -37,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from naohai.checkpoint import adapters as ad
 from naohai.checkpoint import store
 from naohai.checkpoint.files import sha256_file, write_json
 from naohai.config import Recipe, recipe_from_dict
@@ -130,7 +131,6 @@ def _is_checkpoint(path: str) -> bool:
 
 
 def _open_checkpoint(path: str, verify: bool) -> Weights:
-    from naohai.checkpoint import adapters as ad
     from naohai.checkpoint.reshard import merged_tensors
     from naohai.model.lora import is_adapter_name
     chosen = store.resolve_checkpoint(path)
@@ -148,7 +148,7 @@ def _open_checkpoint(path: str, verify: bool) -> Weights:
                             f"section", where=where, key=ad.BASE_KEY)
         found.adapters = lambda: {k: v.asnumpy().astype(np.float32)
                                   for k, v in merged_tensors(chosen, hash_files=False).items() if is_adapter_name(k)}
-        found.read = lambda: ad.merged(ad.read_base(man[ad.BASE_KEY], recipe, where), found.adapters(), recipe, where)
+        found.read = lambda: ad.merged(read_base(man[ad.BASE_KEY], recipe, where), found.adapters(), recipe, where)
     return found
 
 
@@ -159,25 +159,22 @@ def _is_model_dir(path: str) -> bool:
 
 
 def _open_model_dir(path: str, verify: bool) -> Weights:
-    from naohai.checkpoint.adapters import file_fingerprint
     from naohai.convert.model_dir import WEIGHTS, load_model_dir
     recipe, tensors = load_model_dir(path)
     return Weights("model folder", path, recipe, lambda: model_tensors(recipe, tensors),
-                   fingerprint=file_fingerprint(os.path.join(path, WEIGHTS)))
+                   fingerprint=ad.file_fingerprint(os.path.join(path, WEIGHTS)))
 
 
 # --------------------------------------------------------------------------- adapter folders
 def _is_adapter_dir(path: str) -> bool:
-    from naohai.checkpoint.adapters import is_adapter_dir
-    return is_adapter_dir(path)
+    return ad.is_adapter_dir(path)
 
 
 def _open_adapter_dir(path: str, verify: bool) -> Weights:
-    from naohai.checkpoint import adapters as ad
     recipe, factors, base, _ = ad.read_adapter_dir(path)
     where = os.path.join(path, ad.ADAPTER_INFO)
     return Weights("adapter folder", path, recipe,
-                   lambda: ad.merged(ad.read_base(base, recipe, where), factors, recipe, where),
+                   lambda: ad.merged(read_base(base, recipe, where), factors, recipe, where),
                    fingerprint=ad.file_fingerprint(os.path.join(path, ad.ADAPTER_WEIGHTS)),
                    adapters=lambda: dict(factors))
 
@@ -206,6 +203,27 @@ register_source("hugging face", _is_hf_folder, _open_hf_folder,
                 "a Hugging Face model folder (config.json + *.safetensors) of a family naohai knows")
 register_source("adapter folder", _is_adapter_dir, _open_adapter_dir,
                 "an adapter folder (adapter.ckpt + adapter.json + recipe.yaml, from `naohai ckpt import --from peft`)")
+
+
+def read_base(record: Dict[str, object], recipe, where: str) -> Dict[str, np.ndarray]:
+    """The base model tensors a :data:`naohai.checkpoint.adapters.BASE_KEY` record names (the base of a
+    fine-tuning run's adapters), checked against its fingerprint."""
+    if not isinstance(record, dict) or "fingerprint" not in record:
+        raise UserError(f"integrity error: the record of the adapters' base ({ad.BASE_KEY}) is damaged", where=where,
+                        key=ad.BASE_KEY)
+    if record.get("path") is None:
+        return ad.seed_tensors(recipe, int(record.get("seed", 0)))
+    path = record["path"]
+    if not os.path.exists(path):
+        raise UserError(f"the adapters were trained on the base {path} ({record.get('describe')}), which is gone; "
+                        f"the adapters alone are not a model", where=where, key=f"{ad.BASE_KEY}.path")
+    found = find_weights(path)
+    mine = ad.fingerprint_of(found)
+    if mine != record["fingerprint"]:
+        raise UserError(f"base mismatch: the adapters were trained on {record.get('describe')} (fingerprint "
+                        f"{str(record['fingerprint'])[:12]}...), but {path} now holds other weights "
+                        f"({mine[:12]}...); give the original base", where=where, key=f"{ad.BASE_KEY}.path")
+    return model_tensors(recipe, found.tensors())
 
 
 # --------------------------------------------------------------------------- users

@@ -160,7 +160,7 @@ class ConsoleLog(Callback):
 
     def on_downstream(self, trainer, step: int, rows) -> None:
         if trainer.writer:
-            from naohai.train.downstream import downstream_metrics
+            from naohai.train.metrics import downstream_metrics
             for row in rows:
                 values = " ".join(f"{k} {v:.4f}" for k, v in sorted(downstream_metrics(row).items()))
                 self.log(f"{time.strftime('%H:%M:%S')} step {step:6d} | {row['task']}: {values} "

@@ -135,10 +135,3 @@ class DownstreamEval(Callback):
             row["truncated"] = self.lm.scorer.truncated.total() - before
         trainer.callbacks.on_downstream(trainer, trainer.step, out)
         return out
-
-
-def downstream_metrics(row: Dict[str, Any]) -> Dict[str, float]:
-    """The metric values of a downstream row (not its bookkeeping fields)."""
-    skip = {"split", "step", "task", "n", "num_fewshot", "seconds", "graph_seconds", "truncated", "matched"}
-    return {k: v for k, v in row.items() if k not in skip and not k.endswith("_stderr")
-            and isinstance(v, (int, float))}

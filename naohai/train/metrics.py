@@ -1,9 +1,10 @@
-"""Run logs: JSON lines and TensorBoard events (figures: :mod:`naohai.train.plots`)."""
+"""Run logs: JSON lines and TensorBoard events (figures: :mod:`naohai.train.plots`), and which fields of a
+downstream row are metrics."""
 from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Any, Dict, List
 
 class RunLog:
     """Writes metrics to ``metrics.jsonl`` and TensorBoard events under ``output_dir``."""
@@ -75,3 +76,10 @@ def read_metrics(output_dir: str) -> List[Dict[str, float]]:
         return []
     with open(path, "r", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def downstream_metrics(row: Dict[str, Any]) -> Dict[str, float]:
+    """The metric values of a downstream row (not its bookkeeping fields)."""
+    skip = {"split", "step", "task", "n", "num_fewshot", "seconds", "graph_seconds", "truncated", "matched"}
+    return {k: v for k, v in row.items() if k not in skip and not k.endswith("_stderr")
+            and isinstance(v, (int, float))}

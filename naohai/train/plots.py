@@ -135,7 +135,7 @@ def plot_run(output_dir: str, out_file: Optional[str] = None) -> Optional[str]:
 
 def downstream_series(records: Sequence[dict]) -> Dict[str, Dict[str, Series]]:
     """{task: {metric: series}} of the ``split: "downstream"`` rows (last row per step)."""
-    from naohai.train.downstream import downstream_metrics
+    from naohai.train.metrics import downstream_metrics
 
     out: Dict[str, Dict[str, List[Tuple[int, float]]]] = {}
     for r in records:
