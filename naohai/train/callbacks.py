@@ -46,6 +46,13 @@ class Callback:
     def on_end(self, trainer) -> None:
         pass
 
+    @staticmethod
+    def due(trainer, every: int) -> bool:
+        """Whether a callback that acts every ``every`` steps acts now: at a multiple of ``every``, and at
+        the last step of a run that knows it (one without ``max_steps``)."""
+        end = trainer.total_steps if trainer.max_steps is None else None
+        return trainer.step % every == 0 or trainer.step == end
+
 
 class CallbackList(Callback):
     """Callbacks called in order: each hook of this list calls that hook of every member."""

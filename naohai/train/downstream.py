@@ -92,8 +92,7 @@ class DownstreamEval(Callback):
     def on_step(self, trainer, rec: Dict[str, Any]) -> None:
         if not self.enabled:
             return
-        end = trainer.total_steps if trainer.max_steps is None else None
-        if trainer.step % self.cfg.every == 0 or trainer.step == end:
+        if self.due(trainer, self.cfg.every):
             self.evaluate(trainer)
 
     def on_end(self, trainer) -> None:

@@ -104,8 +104,7 @@ class ExactMatch(Callback):
     def on_step(self, trainer, rec: Dict[str, Any]) -> None:
         if not self.enabled:
             return
-        end = trainer.total_steps if trainer.max_steps is None else None
-        if trainer.step % self.recipe.train.held_out.eval_every == 0 or trainer.step == end:
+        if self.due(trainer, self.recipe.train.held_out.eval_every):
             self.evaluate(trainer)
 
     def on_end(self, trainer) -> None:
