@@ -87,7 +87,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
     env = results["environment"]
     per_round = ", ".join(f"{m['name']} {m['steps_per_round']}" for m in results.get("models", []))
     quiet = env.get("quiet") or {}
-    out = [f"# naohai bench", ""]
+    out = ["# naohai bench", ""]
     if quiet.get("warning"):
         out += [f"**{quiet['warning']}**", ""]
     other = quiet.get("other_cpu_share")

@@ -68,7 +68,7 @@ def summary(resolved) -> str:
                      f"{r.micro_batches} micro-batches, scheduler {r.scheduler}"
                      + (f", {r.virtual_chunks} virtual chunks" if r.virtual_chunks > 1 else ""))
     o = r.optimizer_parallel
-    lines.append(f"  optimizer parallel: " + (f"on (shard size {o.shard_size}, {o.level}, threshold {o.threshold_kb} KB)"
+    lines.append("  optimizer parallel: " + (f"on (shard size {o.shard_size}, {o.level}, threshold {o.threshold_kb} KB)"
                                               if o.enabled else "off"))
     lines.append(f"  vocab parallel: {r.vocab_parallel}; sequence parallel: {r.sequence_parallel}")
     modes = {}
@@ -125,9 +125,8 @@ def run(args) -> int:
         print(f"scale-down to {ranks} ranks (files in {workdir}):")
         for c in changes:
             print(f"  - {c}")
-        overrides = []
     else:
-        recipe_file, strategy_file, overrides = None, Path(strategy_path), list(args.overrides)
+        recipe_file, strategy_file = None, Path(strategy_path)
     from naohai.config import load_recipe
     recipe_for_check = load_recipe(str(recipe_file)) if recipe_file else recipe
     if args.compat_fixes:
