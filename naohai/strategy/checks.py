@@ -24,19 +24,19 @@ def check_mesh(s: Strategy, devices: Optional[int]) -> None:
         if want is not None and n != want:
             _fail(s, "mesh", f"{dims} = {n} devices, but {'the file says' if key == 'devices' else 'you asked for'} "
                              f"{want}", "data * model * pipeline == devices")
-    if s.sequence_parallel and s.mp < 2:
-        _fail(s, "sequence_parallel", f"sequence parallel runs on the model axis, which has size {s.mp}",
+    if s.sequence_parallel and s.model_parallel < 2:
+        _fail(s, "sequence_parallel", f"sequence parallel runs on the model axis, which has size {s.model_parallel}",
               "sequence parallel requires model > 1")
     opt = s.optimizer_parallel
     if opt.enabled and opt.shard_size != -1:
-        if opt.shard_size > s.dp or s.dp % opt.shard_size:
+        if opt.shard_size > s.data or s.data % opt.shard_size:
             _fail(s, "optimizer_parallel.shard_size", f"shard size {opt.shard_size} does not divide the data-parallel "
-                                                      f"size {s.dp}", "optimizer shard size divides data")
+                                                      f"size {s.data}", "optimizer shard size divides data")
 
 
 def check_model_dims(s: Strategy, cfg: ModelConfig, sharded: Dict[str, int]) -> None:
     """Divisibility of model dimensions by the mesh; ``sharded`` = logical axis -> largest slice count used."""
-    mp = s.mp
+    mp = s.model_parallel
     if mp > 1 and cfg.hidden_size % mp:
         _fail(s, "mesh.model", f"hidden_size {cfg.hidden_size} is not divisible by model {mp}",
               "hidden_size % model == 0")
@@ -56,7 +56,7 @@ def check_model_dims(s: Strategy, cfg: ModelConfig, sharded: Dict[str, int]) -> 
 
 
 def check_pipeline(s: Strategy, cfg: ModelConfig, split: Sequence[int]) -> None:
-    pp, v, m = s.pp, s.pipeline.virtual_chunks, s.micro_batches
+    pp, v, m = s.stages, s.pipeline.virtual_chunks, s.micro_batches
     if cfg.num_layers < pp * v:
         _fail(s, "mesh.pipeline", f"{cfg.num_layers} layers cannot fill {pp} stages x {v} chunks",
               "layers >= stages")
@@ -80,12 +80,12 @@ def check_batch(s: Strategy, global_batch: Optional[int], micro_batch_size: int,
         _fail(s, "micro_batches", f"micro-batch size {micro_batch_size}", "micro_batch_size >= 1")
     if global_batch is None:
         return 1
-    unit = s.dp * micro_batch_size * s.micro_batches
-    if global_batch % s.dp:
-        _fail(s, "mesh.data", f"global batch {global_batch} ({where_recipe}) is not divisible by data {s.dp}",
+    unit = s.data * micro_batch_size * s.micro_batches
+    if global_batch % s.data:
+        _fail(s, "mesh.data", f"global batch {global_batch} ({where_recipe}) is not divisible by data {s.data}",
               "batch % data == 0")
     if global_batch % unit:
-        _fail(s, "micro_batches", f"global batch {global_batch} ({where_recipe}) is not a multiple of data {s.dp} x "
+        _fail(s, "micro_batches", f"global batch {global_batch} ({where_recipe}) is not a multiple of data {s.data} x "
                                   f"micro-batch size {micro_batch_size} x micro_batches {s.micro_batches} = {unit}",
               "global_batch % (data * micro_batch_size * micro_batches) == 0")
     return global_batch // unit

@@ -26,7 +26,7 @@ from naohai.config import MODEL_PRESETS, ModelConfig, Recipe
 from naohai.errors import UserError, did_you_mean
 from naohai.model.catalog import RENAMED_OPS, OpSpec, layer_op_names, layer_ops, op_catalog
 from naohai.strategy import checks
-from naohai.strategy.schema import (LayerEntry, OpTuple, RecomputeEntry, RuleValue, Strategy,  # noqa: F401
+from naohai.strategy.schema import (LayerEntry, MeshSizes, OpTuple, RecomputeEntry, RuleValue, Strategy,  # noqa: F401
                                     load_strategy, parse_strategy)
 from naohai.strategy.stages import layer_placement, stage_split
 
@@ -52,7 +52,7 @@ class RecomputeSpec:
 
 
 @dataclass(frozen=True)
-class ResolvedStrategy:
+class ResolvedStrategy(MeshSizes):
     name: str
     source: str
     mesh: Dict[str, int]
@@ -80,18 +80,6 @@ class ResolvedStrategy:
     def from_file(self) -> bool:
         """Read from a strategy file (not the built-in one-device strategy of a plain run)."""
         return self.source != SINGLE_DEVICE_SOURCE
-
-    @property
-    def data(self) -> int:
-        return self.mesh.get("data", 1)
-
-    @property
-    def model_parallel(self) -> int:
-        return self.mesh.get("model", 1)
-
-    @property
-    def stages(self) -> int:
-        return self.mesh.get("pipeline", 1)
 
     @property
     def devices_per_stage(self) -> int:
@@ -207,7 +195,7 @@ def _check_divides(s: Strategy, key: str, name: str, spec: OpSpec, strat: OpTupl
 def _op_strategies(s: Strategy, cfg: ModelConfig, catalog: Dict[str, OpSpec],
                    layer_rules: List[Dict[str, RuleValue]], grules: Dict[str, RuleValue]) -> Dict[str, OpTuple]:
     n = cfg.num_layers
-    stage_devices = s.device_count // s.pp
+    stage_devices = s.device_count // s.stages
     out: Dict[str, OpTuple] = {}
     signature = [tuple(sorted(r.items())) for r in layer_rules]
     memo: Dict[tuple, OpTuple] = {}
@@ -318,7 +306,7 @@ def _resolve(s: Strategy, cfg: ModelConfig, micro_batch_size: int, devices: Opti
     checks.check_mesh(s, devices)
     accum = checks.check_batch(s, global_batch, micro_batch_size, recipe_name)
     checks.check_coverage(s, cfg)
-    pp, v = s.pp, s.pipeline.virtual_chunks
+    pp, v = s.stages, s.pipeline.virtual_chunks
     explicit = s.pipeline.layers_per_stage if isinstance(s.pipeline.layers_per_stage, tuple) else None
     if explicit is None:
         checks.check_pipeline(s, cfg, ())
@@ -333,18 +321,18 @@ def _resolve(s: Strategy, cfg: ModelConfig, micro_batch_size: int, devices: Opti
         for e in _entries_for(s, i, cfg.num_layers):
             rules.update(e.rules)
         layer_rules.append(rules)
-    catalog = op_catalog(cfg, micro_batch_size * s.dp)
+    catalog = op_catalog(cfg, micro_batch_size * s.data)
     op_strategy = _op_strategies(s, cfg, catalog, layer_rules, grules)
     recompute = _recompute(s, cfg)
     opt = s.optimizer_parallel
     warnings = _model_warnings(s, cfg)
-    if opt.enabled and s.dp == 1:
+    if opt.enabled and s.data == 1:
         warnings += (f"{s.source}: optimizer_parallel is enabled but data parallel is 1 (no effect)",)
     return ResolvedStrategy(
         name=s.name, source=s.source, mesh=dict(s.mesh), device_num=s.device_count,
         micro_batches=s.micro_batches, scheduler=s.pipeline.scheduler, virtual_chunks=v,
         stage_of_layer=stage_of, layers_per_stage=per_stage, op_strategy=op_strategy, recompute=recompute,
-        optimizer_parallel=OptimizerParallel(opt.enabled, s.dp if opt.shard_size == -1 else opt.shard_size,
+        optimizer_parallel=OptimizerParallel(opt.enabled, s.data if opt.shard_size == -1 else opt.shard_size,
                                              opt.level, opt.threshold_kb),
         vocab_parallel=s.vocab_parallel, sequence_parallel=s.sequence_parallel, gradient_accumulation=accum,
         micro_batch_size=micro_batch_size, chunk_of_layer=chunk_of, virtual_split=list(split),

@@ -93,8 +93,26 @@ class LayerEntry:
     ops: Dict[str, OpTuple] = field(default_factory=dict)   # relative op names
 
 
+class MeshSizes:
+    """The sizes of a ``mesh`` (axis name -> size; a missing axis has size 1), by axis."""
+
+    mesh: Dict[str, int]
+
+    @property
+    def data(self) -> int:
+        return self.mesh.get("data", 1)
+
+    @property
+    def model_parallel(self) -> int:
+        return self.mesh.get("model", 1)
+
+    @property
+    def stages(self) -> int:
+        return self.mesh.get("pipeline", 1)
+
+
 @dataclass(frozen=True)
-class Strategy:
+class Strategy(MeshSizes):
     mesh: Dict[str, int]
     name: str = "strategy"
     source: str = "strategy"
@@ -112,18 +130,6 @@ class Strategy:
     layers: Tuple[LayerEntry, ...] = ()
     ops: Dict[str, OpTuple] = field(default_factory=dict)
     comment: str = ""
-
-    @property
-    def dp(self) -> int:
-        return self.mesh.get("data", 1)
-
-    @property
-    def mp(self) -> int:
-        return self.mesh.get("model", 1)
-
-    @property
-    def pp(self) -> int:
-        return self.mesh.get("pipeline", 1)
 
     @property
     def device_count(self) -> int:
