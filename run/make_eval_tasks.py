@@ -120,7 +120,6 @@ def pydoc_word(rng, n):
     from naohai.data.corpus import pydoc_documents
     docs = [re.sub(r"\s+", " ", d).strip() for d in pydoc_documents()]
     rng.shuffle(docs)
-    out = []
     cuts = []
     for d in docs:
         words = d.split(" ")
