@@ -16,7 +16,8 @@ declares it::
     finetune: {method: lora, rank: 8, alpha: 16, dropout: 0.0, targets: 'attention\\.(q|v)$'}
 
 ``targets`` is a regular expression searched in the catalog names of the decoder layers' linear
-ops (:func:`lora_ops` lists them).  One device so far: the adapters have no sharding rules yet.
+ops (:func:`lora_ops` lists them).  Under a strategy file the factors follow their base op's
+sharding: :mod:`naohai.strategy.lora` derives the strategies of the adapter's ops from the base's.
 
 :func:`merge_lora` folds trained adapters into base weights (``W + alpha / rank * B A``): what
 ``naohai ckpt merge-adapter`` writes and how generate / eval read a run of adapters.
@@ -27,6 +28,7 @@ import re
 import zlib
 from typing import Dict, List, Tuple
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -76,7 +78,12 @@ def init_a(name: str, rank: int, fan_in: int, seed: int) -> np.ndarray:
 
 
 class LoRAMatMul(nn.Cell):
-    """``construct(x, w) = base(x, w) + scale * dropout(x) A^T B^T`` (``base`` a MatMul(transpose_b))."""
+    """``construct(x, w) = base(x, w) + (scale * (dropout(x) A^T)) B^T`` (``base`` a MatMul(transpose_b)).
+
+    Every op is its own primitive (``drop.drop``, ``mm_a``, ``scale_mul``, ``mm_b``, ``add``) so the
+    parallel package can give each a strategy derived from the base op's
+    (:mod:`naohai.strategy.lora`); the cell itself holds no parallel logic.  The scale multiplies the
+    [tokens, rank] product, the smallest tensor of the path."""
 
     def __init__(self, base, name: str, out: int, inn: int, rank: int, alpha: float, dropout: float, seed: int):
         super().__init__(auto_prefix=False)
@@ -86,14 +93,18 @@ class LoRAMatMul(nn.Cell):
         self.lora_a = Parameter(Tensor(init_a(name, rank, inn, seed)), name=f"{name}.lora_a")
         self.lora_b = Parameter(Tensor(np.zeros((out, rank), np.float32)), name=f"{name}.lora_b")
         self.scale = float(alpha) / float(rank)
+        self.scale_value = Tensor(self.scale, ms.float32)
         self.drop = Dropout(dropout)
         self.mm_a = ops.MatMul(transpose_b=True)
+        self.scale_mul = ops.Mul()
         self.mm_b = ops.MatMul(transpose_b=True)
+        self.add = ops.Add()
         self.cast = ops.Cast()
 
     def construct(self, x, w):
         low = self.mm_a(self.drop(x), self.cast(self.lora_a, x.dtype))
-        return self.base(x, w) + self.mm_b(low, self.cast(self.lora_b, x.dtype)) * self.scale
+        low = self.scale_mul(low, self.cast(self.scale_value, x.dtype))
+        return self.add(self.base(x, w), self.mm_b(low, self.cast(self.lora_b, x.dtype)))
 
 
 def apply_lora(model, ft, seed: int, where: str = "recipe") -> List[str]:

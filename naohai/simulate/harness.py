@@ -236,7 +236,8 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
     workers' ``sys.path`` (for targets outside installed packages).  Everything is
     written under ``workdir``: ``spec.json``, ``logs/worker_<r>.log``,
     ``rank_<r>/{result.json,strategy.ckpt,final.ir,<graph>.ir}``, ``summary.json``.
-    ``ir_check`` (``{"stages": S, "clip": bool}``) turns on the IR deadlock checks;
+    ``ir_check`` (``{"stages": S, "clip": bool}``, plus ``"trainable": [names]`` for a fine-tuning
+    run) turns on the IR checks;
     ``save_slices`` writes each rank's compile-time parameter slices (``rank_<r>/slices.ckpt``).
     ``progress(line)`` receives one short line per rank as its verdict appears (rank, seconds since
     the start, ok / FAILED), so a compile of several minutes is not silent.
@@ -305,6 +306,7 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
     if ir_check is not None and report.compiled:
         graphs = (per_rank[0].result or {}).get("graphs") or []
         report.ir_checks = check_compile_dir(workdir, ranks, graphs, stages=int(ir_check.get("stages", 1)),
-                                             clip=bool(ir_check.get("clip", False)))
+                                             clip=bool(ir_check.get("clip", False)),
+                                             trainable=ir_check.get("trainable"))
     (workdir / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str))
     return report

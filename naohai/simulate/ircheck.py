@@ -14,7 +14,13 @@ graph, the invariants a step needs to make progress:
    rank takes part in the cross-stage ``AllReduce`` MindSpore inserts for the squared
    gradient norm (instance name ``PARALLEL_GLOBALNORM_BETWEEN_STAGES``, a constant of
    MindSpore's ``frontend/parallel/ops_info/ops_utils.h``), over a group with a member on
-   every stage.
+   every stage;
+4. **frozen weights** (fine-tuning, when the trainable parameters are named): no rank
+   reduces a gradient of any other parameter.  MindSpore tags the ``AllReduce`` /
+   ``ReduceScatter`` of a parameter's gradient with the parameter's name
+   (``mirror_user_id``); frozen weights (``requires_grad=False``) have no gradient, so none
+   may appear (their optimizer-parallel forward ``AllGather`` carries the tag too and is
+   not a gradient reduction).
 
 :func:`check_irs` returns an :class:`IrCheck` (``passed``, messages such as "rank 0 waits
 for 4 Receive from rank 4 that never sends", counts per rank) that ``naohai check
@@ -53,6 +59,7 @@ class CommOp:
     peer: Optional[int] = None    # Send: destination rank; Receive: source rank (global ids)
     tag: Optional[int] = None
     name: str = ""                # the node's instance name
+    param: str = ""               # the parameter MindSpore tagged it with (mirror_user_id), if any
 
 
 def _int_attr(attrs: str, key: str) -> Optional[int]:
@@ -88,9 +95,11 @@ def parse_comm_ops(ir_text: str) -> List[CommOp]:
         if peer is not None and members and 0 <= peer < len(members):
             peer = members[peer]  # rank within the group -> global rank
         inst = _INSTANCE_RE.search(line)
+        user = re.search(r'\bmirror_user_id: "([^"]*)"', line)
         ops.append(CommOp(kind, g.group(1) if g else "", members, shape,
                           red.group(1) if red else "", peer,
-                          _int_attr(attrs, "sr_tag"), inst.group(1).strip() if inst else ""))
+                          _int_attr(attrs, "sr_tag"), inst.group(1).strip() if inst else "",
+                          user.group(1) if user else ""))
     return ops
 
 
@@ -193,32 +202,58 @@ def check_global_norm(ops: Dict[int, List[CommOp]], stages: int, world: int) -> 
             f"its own stage, so stages could clip and skip differently"]
 
 
+#: the collectives that reduce a gradient (a parameter-tagged AllGather is a forward weight gather)
+GRADIENT_REDUCTIONS = ("AllReduce", "ReduceScatter")
+
+
+def reduced_gradients(rank_ops: Sequence[CommOp]) -> Counter:
+    """Parameter name -> how many gradient reductions of it one rank's graph holds."""
+    return Counter(op.param for op in rank_ops if op.param and op.kind in GRADIENT_REDUCTIONS)
+
+
+def check_frozen(ops: Dict[int, List[CommOp]], trainable: Sequence[str]) -> List[str]:
+    """A message for every rank that reduces the gradient of a parameter not in ``trainable``."""
+    keep = set(trainable)
+    messages = []
+    for r, rank_ops in sorted(ops.items()):
+        frozen = sorted(p for p in reduced_gradients(rank_ops) if p not in keep)
+        if frozen:
+            messages.append(f"rank {r} reduces the gradient of {len(frozen)} frozen parameter(s), e.g. "
+                            f"{', '.join(frozen[:3])}")
+    return messages
+
+
 def check_irs(ir_files: Dict[int, Path], graph: str, *, stages: int = 1, world: Optional[int] = None,
-              needs_global_norm: bool = False) -> IrCheck:
-    """Run the three checks on one graph's IR, given ``{rank: path}`` for every rank."""
+              needs_global_norm: bool = False, trainable: Optional[Sequence[str]] = None) -> IrCheck:
+    """Run the checks on one graph's IR, given ``{rank: path}`` for every rank; ``trainable`` (the
+    names of the only parameters that train, for a fine-tuning run) adds the frozen-weight check."""
     world = world or len(ir_files)
     ops = {r: parse_comm_ops(Path(p).read_text(errors="replace")) for r, p in ir_files.items()}
     messages = check_point_to_point(ops) + check_collectives(ops)
     if needs_global_norm and stages > 1:
         messages += check_global_norm(ops, stages, world)
+    if trainable is not None:
+        messages += check_frozen(ops, trainable)
     per_rank = {}
     for r, rank_ops in ops.items():
         c = Counter(op.kind for op in rank_ops)
         per_rank[r] = {"Send": c.get("Send", 0), "Receive": c.get("Receive", 0),
                        "collectives": sum(n for k, n in c.items() if k in COLLECTIVES),
                        "global_norm": sum(1 for op in rank_ops if op.name in (GLOBALNORM_BETWEEN_STAGES,
-                                                                           GLOBALNORM_IN_STAGES))}
+                                                                           GLOBALNORM_IN_STAGES)),
+                       "reduced_params": len(reduced_gradients(rank_ops))}
     return IrCheck(graph, not messages, messages, per_rank)
 
 
 def check_compile_dir(workdir: Path, ranks: int, graphs: Sequence[str], *, stages: int = 1,
-                      clip: bool = False, only: Optional[Sequence[int]] = None) -> Dict:
+                      clip: bool = False, only: Optional[Sequence[int]] = None,
+                      trainable: Optional[Sequence[str]] = None) -> Dict:
     """Check every graph of a compile job's ``rank_<r>/<graph>.ir``; the ``ir_checks`` record.
 
     ``ranks`` is the world size; ``only`` the ranks that were compiled when not all were: then
     Send/Receive are matched between the compiled ranks (pipeline neighbours at the same data /
     model position), collectives among the compiled members of each group, and every compiled
-    rank must join the global-norm reduction across all stages."""
+    rank must join the global-norm reduction across all stages.  ``trainable``: see :func:`check_irs`."""
     workdir = Path(workdir)
     results = []
     for graph in graphs:
@@ -228,9 +263,10 @@ def check_compile_dir(workdir: Path, ranks: int, graphs: Sequence[str], *, stage
             results.append(IrCheck(graph, False, [f"no IR for graph '{graph}' on {_fmt_ranks(absent)}"]))
             continue
         results.append(check_irs(files, graph, stages=stages, world=ranks,
-                                 needs_global_norm=clip and graph in ("train", "apply")))
+                                 needs_global_norm=clip and graph in ("train", "apply"), trainable=trainable))
     return {"passed": all(r.passed for r in results) and bool(results),
-            "graphs": [r.to_dict() for r in results]}
+            "graphs": [r.to_dict() for r in results],
+            "trainable": None if trainable is None else len(trainable)}
 
 
 def render(record: Dict) -> str:
@@ -244,4 +280,9 @@ def render(record: Dict) -> str:
         lines.append(f"IR checks, graph {g['graph']}: {'passed' if g['passed'] else 'FAILED'} "
                      f"({sends} Send / {recvs} Receive, {coll} collectives over {len(counts)} ranks)")
         lines.extend(f"  - {m}" for m in g["messages"][:20])
+        if record.get("trainable") is not None and g["graph"] != "eval":
+            most = max((c.get("reduced_params", 0) for c in counts.values()), default=0)
+            lines.append(f"  frozen weights: gradients reduced for at most {most} parameters per rank, all of "
+                         f"them among the {record['trainable']} trainable ones" if g["passed"] else
+                         "  frozen weights: see above")
     return "\n".join(lines)

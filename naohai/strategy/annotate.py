@@ -16,18 +16,26 @@ import mindspore as ms
 from mindspore import nn
 from mindspore.ops import operations as P
 
+from naohai.model.lora import LoRAMatMul
 from naohai.model.stack import stacked_count
+from naohai.strategy.lora import shard_adapter
 from naohai.strategy.resolve import ResolvedStrategy
 from naohai.strategy.runtime import Runtime
 
 
 def shard_ops(model, resolved: ResolvedStrategy) -> int:
-    """Set ``Primitive.shard`` for every op with a strategy; returns how many were set."""
+    """Set ``Primitive.shard`` for every op with a strategy; returns how many were set.  An op wrapped
+    by a LoRA adapter shards its base op and the adapter's ops from the same tuple
+    (:func:`naohai.strategy.lora.shard_adapter`)."""
     ops_by_name = model.shardable_ops()
     count = 0
     for name, strategy in resolved.op_strategy.items():
         prim = ops_by_name.get(name)
         if prim is None:
+            continue
+        if isinstance(prim, LoRAMatMul):
+            shard_adapter(prim, strategy)
+            count += 1
             continue
         prim.shard(tuple(tuple(s) for s in strategy))
         count += 1

@@ -26,6 +26,7 @@ from naohai.config import MODEL_PRESETS, ModelConfig, Recipe
 from naohai.errors import UserError, did_you_mean
 from naohai.model.catalog import RENAMED_OPS, OpSpec, layer_op_names, layer_ops, op_catalog
 from naohai.strategy import checks
+from naohai.strategy.lora import adapter_op_refusal
 from naohai.strategy.schema import (LayerEntry, MeshSizes, OpTuple, RecomputeEntry, RuleValue, Strategy,  # noqa: F401
                                     load_strategy, parse_strategy)
 from naohai.strategy.stages import layer_placement, stage_split
@@ -238,6 +239,8 @@ def _op_strategies(s: Strategy, cfg: ModelConfig, catalog: Dict[str, OpSpec],
             for i in range(e.start, stop + 1):
                 full = f"layers.{i}.{rel}"
                 if full not in catalog:
+                    if adapter_op_refusal(rel):
+                        _fail(s, key, adapter_op_refusal(rel), "LoRA ops follow their base op")
                     names = layer_op_names(cfg, cfg.query_layer and i == n - 1)
                     _fail(s, key, f"layer {i} has no op '{rel}'.{did_you_mean(rel, names)}", "op name exists")
                 _check_tuple(s, key, full, catalog[full], strat, stage_devices)
@@ -253,6 +256,8 @@ def _op_strategies(s: Strategy, cfg: ModelConfig, catalog: Dict[str, OpSpec],
             _fail(s, key, f"there is no op '{full}' any more: it was replaced by {' and '.join(now)}; give "
                   f"each its own strategy (keeping your batch split: {wanted})", "op name exists")
         if full not in catalog:
+            if adapter_op_refusal(full):
+                _fail(s, key, adapter_op_refusal(full), "LoRA ops follow their base op")
             _fail(s, key, f"no op named '{full}'.{did_you_mean(full, catalog)}", "op name exists")
         _check_tuple(s, key, full, catalog[full], strat, stage_devices)
         _check_divides(s, key, full, catalog[full], strat)

@@ -19,7 +19,9 @@ order, once each:
 5. every strategy rule and the resolution against that recipe
    (:func:`naohai.strategy.resolve.check_strategy`: the batch's divisibility by
    data x micro-batch size x micro-batches is checked there), then the MindSpore 2.10
-   compatibility rules (:func:`naohai.strategy.compat.check_compat`).
+   compatibility rules (:func:`naohai.strategy.compat.check_compat`);
+6. a ``finetune`` section's targets and rank against the model
+   (:func:`naohai.strategy.lora.check_adapters`).
 
 The :class:`Run` holds the recipe with the adopted batch (``recipe.train``: the one
 home of the batch the trainer reads) and the strategy resolved for it, plus one
@@ -34,6 +36,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 from naohai.config import Recipe, load_recipe
 from naohai.strategy.batch import adopt_batch
 from naohai.strategy.compat import check_compat
+from naohai.strategy.lora import check_adapters
 from naohai.strategy.resolve import ResolvedStrategy, check_strategy, single_device_strategy
 from naohai.strategy.schema import Strategy, load_strategy
 
@@ -81,5 +84,6 @@ def plan_run(recipe: Union[Recipe, str], strategy: Union[None, str, Strategy] = 
     resolved = check_strategy(strategy, recipe, devices, micro_batch_size, global_batch)
     if compat:
         check_compat(resolved, recipe)
+    check_adapters(recipe, resolved)
     notes = tuple(f"batch from the strategy file: {note}" for note in adopted)
     return Run(recipe, resolved, notes + tuple(f"warning: {w}" for w in resolved.warnings))

@@ -260,9 +260,6 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
     model = NaohaiLM(recipe.model, seed=t.seed, layer_loop=loop, masked_loss=masked_loss)
     reuse = t.reuse_layer_graphs
     if recipe.finetune is not None:
-        if resolved.from_file or runtime.world > 1:
-            raise UserError("finetune runs on one device so far (the adapters have no sharding rules yet); "
-                            "drop the strategy file", where=recipe.source, key="finetune")
         apply_lora(model, recipe.finetune, t.seed, recipe.source or "recipe")
         reuse = False        # adapted and plain layers differ: one graph per layer
     apply_strategy(model, resolved, reuse)

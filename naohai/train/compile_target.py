@@ -63,7 +63,18 @@ def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, ranks: i
               "overrides": [], "deferred": not save_slices}
     return run_compile("naohai.train.compile_target:build_for_compile", ranks, workdir, timeout=timeout,
                        kwargs=kwargs, keep_ir=keep_ir, save_slices=save_slices, progress=progress,
-                       ir_check={"stages": stages, "clip": recipe.train.optimizer.grad_clip > 0})
+                       ir_check=ir_check(recipe, stages))
+
+
+def ir_check(recipe, stages: int) -> Dict[str, Any]:
+    """What the IR checks need to know of ``recipe``: the stages, whether the step clips (the global
+    norm), and for a fine-tuning run the only parameters that train (no other gradient may be reduced)."""
+    check: Dict[str, Any] = {"stages": stages, "clip": recipe.train.optimizer.grad_clip > 0}
+    if recipe.finetune is not None:
+        from naohai.model.lora import select_targets
+        check["trainable"] = [f"{op}.{factor}" for op in select_targets(recipe.model, recipe.finetune)
+                              for factor in ("lora_a", "lora_b")]
+    return check
 
 
 def compile_chosen_ranks(recipe, strategy_path: str, workdir, *, world: int, ranks, stages: int,
@@ -85,7 +96,7 @@ def compile_chosen_ranks(recipe, strategy_path: str, workdir, *, world: int, ran
               "overrides": [], "deferred": True}
     return compile_ranks("naohai.train.compile_target:build_for_compile", world, list(ranks), workdir,
                          timeout=timeout, kwargs=kwargs, keep_ir=keep_ir, progress=progress,
-                         ir_check={"stages": stages, "clip": recipe.train.optimizer.grad_clip > 0})
+                         ir_check=ir_check(recipe, stages))
 
 
 def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),

@@ -37,6 +37,22 @@ def allreduce(i, members, name="all_reduce", group=None):
             f'no_eliminate: Bool(1)}} cnode_attrs: {{checkpoint: Bool(1)}}')
 
 
+def grad_allreduce(i, param):
+    """A parameter's gradient all-reduce as MindSpore 2.10 prints it (tagged with the parameter's name)."""
+    return (f'  %{i}(real_grad) = AllReduce(%{i - 1}) {{instance name: grad_mirror_MirrorMicroStepOperator}} '
+            f'primitive_attrs: {{group: "2-63", fusion: I64(1), op: "sum", no_eliminate: Bool(1), index: I64(0), '
+            f'group_rank_ids: (0, 1)}} cnode_attrs: {{checkpoint: Bool(1)}} cnode_primal_attrs: '
+            f'{{forward_node_name: "_MirrorMicroStepOperator_85731", forward_unique_id: "85731", '
+            f'mirror_user_id: "{param}"}}')
+
+
+def weight_allgather(i, param):
+    """The optimizer-parallel forward gather of a weight: tagged too, but no gradient reduction."""
+    return (f'  %{i}(w) = AllGather(%para6_{param}) {{instance name: parallel_optimizer_allgather_not_recompute}} '
+            f'primitive_attrs: {{with_mirror_operator: Bool(0), group: "2-52", fusion: I64(1), group_ranks: "0-1", '
+            f'recompute: Bool(0), group_rank_ids: (0, 1), mirror_user_id: "{param}"}}')
+
+
 def write(tmp_path, texts):
     files = {}
     for r, lines in texts.items():
@@ -55,7 +71,8 @@ def test_parse_reads_peer_tag_shape_and_group():
 def test_paired_pipeline_passes(tmp_path):
     texts = {0: [send(1, 1, 0), recv(2, 1, 0)], 1: [recv(1, 0, 0), send(2, 0, 0)]}
     check = check_irs(write(tmp_path, texts), "train", stages=2, world=2)
-    assert check.passed and check.per_rank[0] == {"Send": 1, "Receive": 1, "collectives": 0, "global_norm": 0}
+    assert check.passed and check.per_rank[0] == {"Send": 1, "Receive": 1, "collectives": 0, "global_norm": 0,
+                                                     "reduced_params": 0}
 
 
 def test_receive_without_send_is_named(tmp_path):
@@ -107,3 +124,17 @@ def test_old_value_and_grad_pipeline_wiring_is_flagged(tmp_path):
     assert any("global-norm AllReduce" in m for m in messages)
     per_rank = rep.ir_checks["graphs"][0]["per_rank"]
     assert [per_rank[str(r)]["Send"] for r in range(4, 8)] == [0, 0, 0, 0]
+
+
+def test_frozen_weights_gradient_reduction_is_flagged(tmp_path):
+    """Fine-tuning: only the named trainable parameters may have their gradients reduced; a frozen
+    weight's forward gather is not a gradient reduction."""
+    ok = {r: [weight_allgather(1, "layers.0.attention.q_weight"), grad_allreduce(2, "layers.0.attention.q.lora_a")]
+          for r in (0, 1)}
+    check = check_irs(write(tmp_path, ok), "train", world=2, trainable=["layers.0.attention.q.lora_a"])
+    assert check.passed and check.per_rank[0]["reduced_params"] == 1
+    bad = {r: lines + [grad_allreduce(3, "layers.0.attention.q_weight")] for r, lines in ok.items()}
+    check = check_irs(write(tmp_path, bad), "train", world=2, trainable=["layers.0.attention.q.lora_a"])
+    assert not check.passed and "rank 0 reduces the gradient of 1 frozen parameter(s), e.g. " \
+        "layers.0.attention.q_weight" in check.messages
+    assert check_irs(write(tmp_path, bad), "train", world=2).passed     # a full-training run: no such rule
