@@ -171,6 +171,11 @@ def run(args) -> int:
         resolved = run.strategy
     else:                      # a model preset: the strategy's own batch keys
         resolved = check_strategy(strategy, cfg, args.devices, args.micro_batch_size, args.global_batch)
-    plan = build_plan(cfg, resolved, load_profile(args.profile), model_name)
+    adapters = None
+    if recipe is not None and recipe.finetune is not None:   # fine-tuning: only the adapters train
+        from naohai.strategy.lora import planned_adapters
+        from naohai.strategy.memory import adapter_placements
+        adapters = adapter_placements(resolved, planned_adapters(run.recipe, resolved))
+    plan = build_plan(cfg, resolved, load_profile(args.profile), model_name, adapters=adapters)
     print(plan.to_json() if args.json else render_text(plan))
     return 0

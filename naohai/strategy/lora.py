@@ -82,6 +82,23 @@ def check_adapters(recipe, resolved) -> Dict[str, Tuple[int, int]]:
     return adapter_layout(resolved, targets)
 
 
+def planned_adapters(recipe, resolved) -> Dict[str, Tuple[Tuple[int, int], Tuple[int, int]]]:
+    """Parameter name -> (full shape, slices per axis) of every LoRA factor of ``recipe`` under
+    ``resolved`` (A [rank, in], B [out, rank]); {} without ``finetune``.  What the planner places."""
+    if recipe.finetune is None:
+        return {}
+    from naohai.model.lora import select_targets
+
+    rank = int(recipe.finetune.rank)
+    targets = select_targets(recipe.model, recipe.finetune, recipe.source or "recipe")
+    layout = adapter_layout(resolved, targets)
+    out = {}
+    for op, (o, i) in targets.items():
+        out[f"{op}.lora_a"] = ((rank, i), layout[f"{op}.lora_a"])
+        out[f"{op}.lora_b"] = ((o, rank), layout[f"{op}.lora_b"])
+    return out
+
+
 def adapter_op_refusal(name: str) -> Optional[str]:
     """Why a strategy file may not name ``name`` when it is an op or factor of a LoRA adapter, else None."""
     parts = name.split(".")

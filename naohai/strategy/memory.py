@@ -71,7 +71,7 @@ together: the stage counts the larger of the two.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
 from naohai.config import ModelConfig
 from naohai.model.catalog import layer_op_names, layer_ops
@@ -194,9 +194,31 @@ def place_params(cfg: ModelConfig, r: ResolvedStrategy) -> List[ParamPlacement]:
     return out
 
 
+def adapter_placements(r: ResolvedStrategy,
+                       adapters: Dict[str, Tuple[Tuple[int, ...], Tuple[int, ...]]]) -> List[ParamPlacement]:
+    """Placements of LoRA factors (``name -> (full shape, slices per axis)``, from
+    :func:`naohai.strategy.lora.planned_adapters`): on their layer's stage, never optimizer-sharded
+    (:mod:`naohai.strategy.lora` keeps them out of it)."""
+    out = []
+    for name, (shape, sl) in adapters.items():
+        n = 1
+        for d, k in zip(shape, sl):
+            n *= d // k
+        slices = 1
+        for k in sl:
+            slices *= k
+        stage = int(r.stage_of_layer[int(name.split(".")[1])])
+        out.append(ParamPlacement(name, tuple(shape), (None,) * len(shape), tuple(sl), (stage,), n,
+                                  max(1, r.devices_per_stage // slices), 1))
+    return out
+
+
 def stage_states(cfg: ModelConfig, r: ResolvedStrategy,
-                 placements: Optional[Sequence[ParamPlacement]] = None) -> List[StateBytes]:
-    """Model-state bytes per device on each stage."""
+                 placements: Optional[Sequence[ParamPlacement]] = None,
+                 trainable: Optional[AbstractSet[str]] = None) -> List[StateBytes]:
+    """Model-state bytes per device on each stage.  ``trainable`` (a fine-tuning run: the names of the
+    only parameters that train): every other parameter is frozen and holds its weight alone, no
+    gradient, no optimizer moments (``requires_grad=False``)."""
     wb, gb, ob = state_bytes(cfg.compute_dtype)
     gb += ACCUMULATION_BYTES if r.gradient_accumulation > 1 else 0
     opt = r.optimizer_parallel
@@ -204,12 +226,14 @@ def stage_states(cfg: ModelConfig, r: ResolvedStrategy,
     acc = [[0, 0.0, 0.0, 0.0] for _ in range(r.stages)]
     for pl in placements if placements is not None else place_params(cfg, r):
         div = pl.opt_group
+        learns = trainable is None or pl.name in trainable
         for k in pl.stages:
             a = acc[k]
             a[0] += pl.per_device
             a[1] += pl.per_device * wb / (div if level >= 3 else 1)
-            a[2] += pl.per_device * gb / (div if level >= 2 else 1)
-            a[3] += pl.per_device * ob / div
+            if learns:
+                a[2] += pl.per_device * gb / (div if level >= 2 else 1)
+                a[3] += pl.per_device * ob / div
     return [StateBytes(int(a[0]), a[1], a[2], a[3]) for a in acc]
 
 

@@ -99,6 +99,10 @@ class Plan:
     params_total: int
     param_sharding: List[Dict]
     warnings: List[str] = field(default_factory=list)
+    # a fine-tuning run: adapter parameters, and per stage the model-state bytes per device that full
+    # training would need (the stage rows hold the fine-tuning ones: frozen weights, no grads or moments)
+    adapter_params: int = 0
+    full_training_state_bytes: List[float] = field(default_factory=list)
     assumptions: List[str] = field(default_factory=list)
 
     def to_json(self) -> str:
@@ -180,13 +184,19 @@ class LayerCosts:
 
 
 def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, model_name: str = "",
-               placements: Optional[List[ParamPlacement]] = None, sharding_table: bool = True) -> Plan:
-    """The plan; ``placements`` (from :func:`place_params`) may be passed in to save recomputing them."""
+               placements: Optional[List[ParamPlacement]] = None, sharding_table: bool = True,
+               adapters: Optional[List[ParamPlacement]] = None) -> Plan:
+    """The plan; ``placements`` (from :func:`place_params`) may be passed in to save recomputing them.
+    ``adapters`` (from :func:`naohai.strategy.memory.adapter_placements`): a fine-tuning run, where only
+    they train and every other parameter is frozen (its weight alone: no gradient, no moments, no
+    gradient reduction)."""
     p, m, v, acc = r.stages, r.micro_batches, r.virtual_chunks, r.gradient_accumulation
     dp, mp = r.data, r.model_parallel
     per_stage_devices = r.devices_per_stage
     placements = placements if placements is not None else place_params(cfg, r)
-    states = stage_states(cfg, r, placements)
+    full_states = stage_states(cfg, r, placements)
+    trainable = None if adapters is None else {a.name for a in adapters}
+    states = full_states if adapters is None else stage_states(cfg, r, placements + adapters, trainable)
     acts = stage_activations(cfg, r)
     loss = loss_buffers(cfg, r)
     limit = (profile.memory_gb - profile.reserve_gb) * GB
@@ -229,9 +239,11 @@ def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, mo
     opt = r.optimizer_parallel
     wb, gb, _ = state_bytes(cfg.compute_dtype)
     vols = [0.0] * p
-    for pl in placements:
+    for pl in placements + (adapters or []):
         e, n, g = pl.per_device, pl.copies, pl.opt_group
-        if g > 1:
+        if trainable is not None and pl.name not in trainable:    # frozen: only its sharded weight is gathered
+            vol = e * wb * _ring("allgather", g) * (1 + (2 * m * acc if opt.level == "level3" else 0)) if g > 1 else 0.0
+        elif g > 1:
             vol = e * gb * _ring("reducescatter", g) + e / g * gb * _ring("allreduce", n // g)
             vol += e * wb * _ring("allgather", g)
             if opt.level == "level3":
@@ -272,9 +284,18 @@ def build_plan(cfg: ModelConfig, r: ResolvedStrategy, profile: DeviceProfile, mo
         tokens_per_second_per_device=tokens / step / r.device_num, model_flops_per_token=mft, mfu=mfu,
         fits=all(st.fits for st in stages), params_total=count_params(cfg),
         param_sharding=_sharding_table(placements, r) if sharding_table else [], warnings=list(r.warnings),
+        adapter_params=sum(_numel(a.shape) for a in adapters or []),
+        full_training_state_bytes=[st.total for st in full_states] if adapters is not None else [],
         assumptions=[profile.source, f"links {links}",
                      f"matmul efficiency {profile.matmul_efficiency:.0%}, data-parallel overlap "
                      f"{profile.dp_overlap:.0%}, reserve {profile.reserve_gb} GB"])
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 # --------------------------------------------------------------------------- text
@@ -307,6 +328,12 @@ def render_text(plan: Plan, sharding_rows: int = 40) -> str:
                  f"{_gb(st.weight_bytes):>7}  {_gb(st.grad_bytes):>5}  {_gb(st.optimizer_bytes):>5}  "
                  f"{act:<27}  {_gb(st.loss_bytes):>4}  {_gb(st.total_bytes):>8}  {_gb(st.limit_bytes):>5}  "
                  f"{'FITS' if st.fits else 'DOES NOT FIT'}")
+    if plan.full_training_state_bytes:
+        saved = ", ".join(f"stage {st.stage} {_gb(full - st.weight_bytes - st.grad_bytes - st.optimizer_bytes)}"
+                          for st, full in zip(plan.stages, plan.full_training_state_bytes))
+        L.append(f"fine-tuning: {_count(plan.adapter_params)} adapter parameters train; the frozen base weights "
+                 f"keep no gradients or optimizer moments, saving per device (GB of model states): {saved} "
+                 f"(the adapters' own [tokens, rank] activations are not counted)")
     L.append("")
     L.append(f"pipeline bubble: {plan.bubble_fraction:.1%}")
     for c in plan.comm:

@@ -2,6 +2,7 @@
 
 What MindSpore makes of the rules is tested in tests/simulate/test_lora_compile.py (slow); here the
 derivation against the base op's tuple, the layout the planner reads, and the bad inputs (exit 2)."""
+import re
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,36 @@ def test_bad_finetune_values_under_a_strategy_file_exit_2(capsys, override, key,
 def test_check_accepts_lora_under_the_full_layout(capsys):
     assert main(["check", "tiny", str(S / "tiny-dp2-mp2-pp2.yaml"), "train.micro_batch_size=2", *LORA]) == 0
     assert "valid" in capsys.readouterr().out
+
+
+def test_planner_counts_no_gradients_or_moments_for_frozen_weights():
+    """tiny, dp2 x mp2 x pp2, LoRA rank 4 on attention q (column-parallel) and out (row-parallel): per layer
+    A_q [4, 128] whole + B_q [128, 4] / 2 + A_out [4, 128] / 2 + B_out [128, 4] whole = 1,536 elements per
+    device, 2 layers per stage; gradients 4 bytes and Adam moments 8 bytes each, for them only."""
+    from naohai.strategy.memory import adapter_placements
+    from naohai.strategy.plan import build_plan
+    from naohai.strategy.profiles import load_profile
+    from naohai.strategy.lora import planned_adapters
+
+    run = _tiny("tiny-dp2-mp2-pp2.yaml", 2, "finetune.rank=4")
+    profile = load_profile("ascend-910a-32g")
+    full = build_plan(run.recipe.model, run.strategy, profile)
+    adapters = adapter_placements(run.strategy, planned_adapters(run.recipe, run.strategy))
+    tuned = build_plan(run.recipe.model, run.strategy, profile, adapters=adapters)
+    per_stage = 2 * (4 * 128 + 128 * 4 // 2 + 4 * 128 // 2 + 128 * 4)
+    assert tuned.adapter_params == 4 * 2 * (4 * 128 + 128 * 4)
+    for st, base in zip(tuned.stages, full.stages):
+        assert st.grad_bytes == 4 * per_stage and st.optimizer_bytes == 8 * per_stage
+        assert st.weight_bytes == base.weight_bytes + 4 * per_stage
+        assert st.params_per_device == base.params_per_device + per_stage
+        assert base.grad_bytes > 10 * st.grad_bytes
+    assert tuned.full_training_state_bytes == [st.weight_bytes + st.grad_bytes + st.optimizer_bytes
+                                               for st in full.stages]
+
+
+def test_naohai_plan_shows_what_freezing_saves(capsys):
+    assert main(["plan", str(ROOT / "recipes/sft-tiny.yaml"), str(S / "tiny-dp2-mp2-pp2.yaml"),
+                 "--micro-batch-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"fine-tuning: [\d.]+K adapter parameters train; the frozen base weights keep no gradients "
+                     r"or optimizer moments, saving per device \(GB of model states\): stage 0 \S+, stage 1 \S+", out)
