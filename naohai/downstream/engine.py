@@ -20,7 +20,10 @@ lm-eval's Hugging Face backend does: the last ``seq_length + 1`` ids of context 
 
 ``forward`` may be replaced (see :meth:`Scorer.__init__`) by a graph compiled for another layout
 that takes one request per row: ``forward(inputs [B, S] int32, labels [B, S] int32) -> (nll [B, S]
-float, argmax [B, S] int)`` as numpy arrays (right padding, the model's own causal mask).
+float, argmax [B, S] int)`` as numpy arrays (right padding, the model's own causal mask).  Such a
+forward with ``sharded = True`` (the semi-auto scoring graph, :mod:`naohai.strategy.scoring`) runs on
+weights no single rank holds whole, so generation goes through it too: greedy, one full forward per
+new token (no key/value cache), the most likely id over the padded vocabulary.
 """
 from __future__ import annotations
 
@@ -231,6 +234,8 @@ class Scorer:
         """Greedy new ids per prompt, ``batch`` prompts at a time (a short last batch is filled with dummy
         rows, so the decode step keeps one shape); a row ends at EOD, at ``max_new_tokens`` or when
         ``stop(ids so far)`` says so."""
+        if getattr(self._forward, "sharded", False):
+            return self._generate_by_forward(prompts, max_new_tokens, stop)
         from naohai.generate import CachedDecoder, SamplingConfig
 
         model = self._decoding_model()
@@ -252,6 +257,48 @@ class Scorer:
             row_stop = None if stop is None else (lambda r, ids: r < len(chunk) and stop(ids))
             new = self._decoder.generate_ids(filled, sampling, self.cfg.vocab_size, self.eod_id, stop=row_stop)
             out.extend(new[:len(chunk)])
+        return out
+
+
+    def _generate_by_forward(self, prompts, max_new_tokens: int, stop) -> List[List[int]]:
+        """:meth:`generate` through the one-request-per-row ``forward``: each step scores the rows as they
+        stand and appends the most likely id after each row's last token (prompts cut from the left to
+        leave room for ``max_new_tokens`` in the window)."""
+        width = self.max_length
+        keep = max(1, width - max_new_tokens)
+        out: List[List[int]] = []
+        for start in range(0, len(prompts), self.batch):
+            rows = []
+            for p in prompts[start:start + self.batch]:
+                p = list(p) or [self.eod_id]
+                if len(p) > keep:
+                    self.truncated.note("generate", len(p), keep)
+                    p = p[-keep:]
+                rows.append(p)
+            new: List[List[int]] = [[] for _ in rows]
+            done = [False] * len(rows)
+            for _ in range(max_new_tokens):
+                inputs = np.full((self.batch, width), self.pad_id, np.int32)
+                for r, ids in enumerate(rows):
+                    inputs[r, :len(ids)] = ids
+                self.shapes.add(inputs.shape)
+                t0 = time.perf_counter()
+                _, top = self.forward(inputs, inputs)
+                self.graph_seconds += time.perf_counter() - t0
+                for r, ids in enumerate(rows):
+                    if done[r]:
+                        continue
+                    tok = int(top[r, len(ids) - 1])
+                    if tok == self.eod_id:
+                        done[r] = True
+                        continue
+                    new[r].append(tok)
+                    ids.append(tok)
+                    if len(ids) >= width or (stop is not None and stop(new[r])):
+                        done[r] = True
+                if all(done):
+                    break
+            out.extend(new)
         return out
 
 

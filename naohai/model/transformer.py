@@ -295,3 +295,58 @@ class PackedScoreNet(TokenNLLNet):
         logits, _ = self.lm.step(input_ids, positions, bias)
         logp = self.log_softmax(logits)
         return self.label_nll(logp, labels), self.argmax(logp)
+
+
+class RowScores(nn.Cell):
+    """The scoring head of :class:`RowScoreNet`: ``construct(logits [b*s, V], labels [b, s], rows [b, n])
+    -> [n, 2*s]`` float32, where row ``j`` of the result holds, for the input row whose one-hot ``rows``
+    entry is ``j``, the pairs (``-log p(label)``, most likely next id) of its ``s`` positions
+    interleaved (``out.reshape(n, s, 2)``).  Rows with an all-zero ``rows`` entry contribute nothing.
+
+    Every value is placed by multiplying with 1.0 or 0.0 and summing over the input rows, so ids
+    (below 2**24) and log-probabilities come out exact; the sum is also what makes the result
+    independent of how the rows are split into micro-batches or data-parallel shards (each input row
+    carries its own result row)."""
+
+    def __init__(self):
+        super().__init__()
+        self.log_softmax = ops.LogSoftmax(-1)
+        self.pick = ops.GatherD()
+        self.neg = ops.Neg()
+        self.argmax = ops.Argmax(-1, ms.int32)
+        self.cast = ops.Cast()
+        self.stack = ops.Stack(-1)
+        self.place = ops.Mul()
+        self.sum = ops.ReduceSum(keep_dims=False)
+        self.expand = ops.ExpandDims()
+        self.reshape = ops.Reshape()
+
+    def construct(self, logits, labels, rows):
+        b, s = labels.shape
+        logp = self.log_softmax(logits)
+        nll = self.reshape(self.neg(self.reshape(self.pick(logp, 1, self.reshape(labels, (-1, 1))), (-1,))), (b, s))
+        top = self.reshape(self.cast(self.argmax(logp), ms.float32), (b, s))
+        values = self.reshape(self.stack((nll, top)), (b, 1, s * 2))
+        return self.sum(self.place(self.expand(rows, -1), values), 0)
+
+    def shardable_ops(self) -> Dict[str, object]:
+        return {"log_softmax": self.log_softmax, "pick": self.pick, "neg": self.neg, "argmax": self.argmax,
+                "cast": self.cast, "stack": self.stack, "place": self.place, "sum": self.sum}
+
+
+class RowScoreNet(nn.Cell):
+    """Downstream scoring through the model's own training-time forward, for layouts that shard it:
+    ``construct(input_ids [b, s], labels [b, s], rows [b, n]) -> [n, 2*s]`` (see :class:`RowScores`;
+    one request per row, right padding, the model's causal mask).  Unlike :class:`PackedScoreNet` it
+    needs no explicit positions or bias, so it runs the same cells (and stages) as the loss."""
+
+    def __init__(self, lm: NaohaiLM):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+        self.scores = RowScores()
+
+    def construct(self, input_ids, labels, rows):
+        x = self.lm.hidden(input_ids)
+        logits = self.lm.head(x, self.lm.embedding.word_embedding)
+        return self.scores(logits, labels, rows)
+

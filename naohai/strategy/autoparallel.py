@@ -18,8 +18,9 @@ from naohai.strategy.resolve import ResolvedStrategy
 from naohai.strategy.runtime import Runtime, hsdp_args, optimizer_sharded
 
 
-def compile_parallel(cell, resolved: ResolvedStrategy, runtime: Runtime, *, train: bool):
-    """``cell`` as it must be called in this layout: wrapped in ``AutoParallel`` for semi-auto."""
+def compile_parallel(cell, resolved: ResolvedStrategy, runtime: Runtime, *, train: bool, inputs: int = 2):
+    """``cell`` as it must be called in this layout: wrapped in ``AutoParallel`` for semi-auto; each of
+    its ``inputs`` graph inputs is split over data parallel on its first (batch) axis."""
     if runtime.mode != "semi_auto":
         return cell
     from mindspore.parallel.auto_parallel import AutoParallel
@@ -32,7 +33,7 @@ def compile_parallel(cell, resolved: ResolvedStrategy, runtime: Runtime, *, trai
                           scheduler=str(resolved.scheduler), output_broadcast=not train)
     dp = int(resolved.data)
     # every model-parallel rank and every stage of a data-parallel group reads the same rows
-    parallel.dataset_strategy(((dp, 1), (dp, 1)))
+    parallel.dataset_strategy(tuple((dp, 1) for _ in range(inputs)))
     if optimizer_sharded(resolved):
         parallel.hsdp(**hsdp_args(resolved))
     return parallel

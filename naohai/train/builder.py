@@ -5,7 +5,8 @@ build a :class:`naohai.strategy.run_plan.Run` through :func:`build`, so the grap
 trained.  :class:`CompiledSteps` is what the training loop calls: ``train(batch)`` runs one
 optimizer step on this rank's rows (one compiled call, or micro-batches accumulated
 on the host for one device / plain data parallel) and ``evaluate(batch)`` the
-held-out loss; both return global means, identical on every rank.  :func:`layer_loop`
+held-out loss; both return global means, identical on every rank.  Under semi-auto with
+``train.eval.tasks`` it also holds the downstream scoring graph (``score_forward``).  :func:`layer_loop`
 decides the model's form (one cell per layer, or the layers as one loop over stacked
 weights); :meth:`TrainSetup.saved_params` names the state as checkpoint files do in either form.
 """
@@ -31,6 +32,7 @@ from naohai.strategy.host_collectives import HostComm
 from naohai.strategy.resolve import ResolvedStrategy
 from naohai.strategy.run_plan import Run
 from naohai.strategy.runtime import Runtime, plan_runtime
+from naohai.strategy.scoring import score_inputs, score_rows, score_step
 from naohai.train.schedule import learning_rate
 from naohai.checkpoint.entries import file_view
 from naohai.train.step import AccumulateStep, ApplyStep, EvalStep, StepGuard, TrainStep, make_buffers
@@ -103,6 +105,10 @@ class CompiledSteps:
     eval_step: Any = None
     notes: List[str] = field(default_factory=list)
     token_weight: Any = None           # masked loss: the Parameter the host sets per step (see step.py)
+    score_step: Any = None             # semi-auto with train.eval.tasks: the downstream scoring graph ...
+    score_rows: int = 0                # ... the rows this rank feeds it per call ...
+    score_global_rows: int = 0         # ... the rows of one call over the whole job ...
+    dp_rank: int = 0                   # ... and which of them are this rank's (its data-parallel index)
 
     def train(self, batch) -> StepResult:
         """One optimizer step on ``batch``: ``[rows, seq + 1]`` token windows, or an SFT batch
@@ -130,6 +136,30 @@ class CompiledSteps:
         ids, labels = _masked_split(batch, self.token_weight, 1) if isinstance(batch, tuple) else _split(batch)
         return float(self.eval_step(ids, labels).asnumpy())
 
+    def score_forward(self):
+        """The semi-auto scoring graph as :class:`naohai.downstream.engine.Scorer` calls it, or None (other
+        layouts score with the model's own packed graph): ``forward(inputs [n, S], labels [n, S]) -> (nll
+        [n, S], argmax [n, S])`` for the ``n`` = :attr:`score_global_rows` rows of one call, which every
+        rank passes whole; a rank feeds its data-parallel group's share with one-hot row places and gets
+        every row's result back (see :mod:`naohai.strategy.scoring`).  ``forward.rows`` is ``n``."""
+        if self.score_step is None:
+            return None
+        r, n, mine = self.score_rows, self.score_global_rows, self.dp_rank * self.score_rows
+        places = np.zeros((r, n), np.float32)
+        places[np.arange(r), mine + np.arange(r)] = 1.0
+        places = Tensor(places)
+
+        def forward(inputs, labels):
+            inputs, labels = np.asarray(inputs, np.int32), np.asarray(labels, np.int32)
+            if inputs.shape != (n, self.seq_length):
+                raise ValueError(f"the scoring graph takes [{n}, {self.seq_length}] rows, got {list(inputs.shape)}")
+            out = self.score_step(Tensor(inputs[mine:mine + r]), Tensor(labels[mine:mine + r]), places)
+            out = out.asnumpy().reshape(n, self.seq_length, 2)
+            return out[..., 0].astype(np.float64), np.rint(out[..., 1]).astype(np.int64)
+        forward.rows = n
+        forward.sharded = True
+        return forward
+
     def compile(self) -> None:
         """Compile every graph without running it (semi-auto: parameters are sliced by the compile)."""
         for _, cell, args in self.compile_targets():
@@ -145,6 +175,8 @@ class CompiledSteps:
         else:
             out = [("accumulate", self.accumulate_step, ids(self.micro_batch)), ("apply", self.apply_step, ())]
         out.append(("eval", self.eval_step, ids(self.eval_rows)))
+        if self.score_step is not None:
+            out.append(("score", self.score_step, score_inputs(self.score_rows, self.score_global_rows, s)))
         return out
 
 
@@ -288,5 +320,11 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
     evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss, token_weight)
     evaluator.set_train(False)
     steps.eval_step = compile_parallel(evaluator, resolved, runtime, train=False)
+    if runtime.mode == "semi_auto" and t.eval.tasks:
+        steps.score_rows, steps.score_global_rows = score_rows(t.eval.batch, runtime)
+        steps.dp_rank = runtime.dp_rank
+        steps.score_step = score_step(model, resolved, runtime)
+        steps.notes.append(f"downstream scoring graph: {steps.score_global_rows} requests per call, "
+                           f"{steps.score_rows} on each data-parallel group, results on every rank")
     frozen = frozenset(p.name for p in model.get_parameters() if not p.requires_grad) if recipe.finetune else frozenset()
     return TrainSetup(model, optimizer, guard, runtime, steps, HostComm(runtime), frozen)

@@ -104,7 +104,8 @@ def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[
                       check_compat: bool = True, device: str = "GPU",
                       deferred: bool = False) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
     """Build naohai's steps for this rank, as ``naohai train`` does; returns the graphs to compile,
-    ``[(name, network, compile_args), ...]`` in the order training runs them (train, then eval).
+    ``[(name, network, compile_args), ...]`` in the order training runs them (train, then eval, then
+    with ``train.eval.tasks`` the downstream scoring graph, ``score``).
 
     ``deferred`` builds every Parameter unmaterialised (:func:`naohai.model.layers.deferred_parameters`)
     and has MindSpore initialise none while compiling, so host memory is bounded by the compile, not

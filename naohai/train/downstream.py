@@ -9,9 +9,14 @@ steps and at the last step it scores the tasks and hands one row per task to the
 TensorBoard scalars ``downstream/<task>/<metric>``, the console, ``downstream.png``).  The time it
 takes is measured and reported against the run's wall time at the end.
 
-Every rank evaluates the same requests with the full weights it holds (one device, data parallel),
-so every rank has the same results; rank 0 writes.  Layouts that shard the weights (operator or
-pipeline parallel) are refused at the start: their scoring graph is not built yet.
+Every rank evaluates the same requests, so every rank has the same results; rank 0 writes.  On one
+device and under data parallel each rank scores them with the full weights it holds (the model's
+packed scoring graph).  Under a semi-auto layout (operator and pipeline parallel) no rank holds the
+weights whole: the requests go through the scoring graph compiled with the train step
+(:meth:`naohai.train.builder.CompiledSteps.score_forward`, :mod:`naohai.strategy.scoring`), each
+data-parallel group scoring its share of every batch of ``train.eval.batch`` requests (rounded up
+to a multiple of data parallel x micro-batches), the graph returning every request's result to
+every rank; generation tasks run greedily through the same graph, one forward per new token.
 """
 from __future__ import annotations
 
@@ -57,16 +62,6 @@ class DownstreamEval(Callback):
                                 limit=self.cfg.limit, where=where, key="train.eval.tasks",
                                 include_key="train.eval.include_path")
 
-    def check_layout(self, mode: str) -> None:
-        """Refuse a layout whose weights are sharded (the scoring graph runs on whole weights)."""
-        if self.enabled and mode == "semi_auto":
-            from naohai.errors import UserError
-            raise UserError("in-loop downstream evaluation runs on one device or data parallel; under operator "
-                            "or pipeline parallel the weights are sharded and naohai has no sharded scoring graph "
-                            "yet. Leave train.eval.tasks empty and score checkpoints with 'naohai eval CKPT --tasks "
-                            "...' after 'naohai ckpt merge' has made their tensors whole", where=self.recipe.source or "recipe",
-                            key="train.eval.tasks")
-
     def _backend(self, trainer):
         from naohai.data.prepared_dir import open_prepared
         from naohai.data.tokenizer import Tokenizer
@@ -74,9 +69,9 @@ class DownstreamEval(Callback):
         from naohai.downstream.engine import Scorer, padding_id
 
         tok = Tokenizer.load(open_prepared(trainer.prepared_dir, verify=False).meta["tokenizer"]["path"])
-        forward = trainer.steps.score_forward() if hasattr(trainer.steps, "score_forward") else None
+        forward = trainer.steps.score_forward()
         scorer = Scorer(trainer.built.model, self.recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id,
-                        batch=self.cfg.batch, forward=forward)
+                        batch=getattr(forward, "rows", self.cfg.batch), forward=forward)
         return NaohaiEvalLM(scorer=scorer, tok=tok, step=None)
 
     # ------------------------------------------------------------------ hooks

@@ -198,7 +198,6 @@ def start(run: Run, *, device: Optional[str] = None, log: Callable[[str], None] 
     downstream.check()            # tasks that do not load stop the run before anything is prepared or compiled
     set_context(recipe, device)
     runtime = init_runtime(resolved, device)
-    downstream.check_layout(runtime.mode)
     writer_log = log if runtime.is_writer else (lambda *_: None)
     comm = HostComm(runtime)
     out = recipe.train.output_dir

@@ -257,6 +257,34 @@ def test_ready_layouts_compile_on_every_rank(case, compiled_layout):
 
 
 @pytest.mark.slow
+def test_in_loop_downstream_scoring_graph_compiles_under_dp2_mp2_pp2(compiled_layout):
+    """train.eval.tasks under dp2 x mp2 x pp2: the downstream scoring graph (naohai/strategy/scoring.py)
+    compiles on all 8 ranks after the train and eval steps; the IR checks pass for it; on the last stage
+    each micro-batch's results are summed over the data-parallel group (one all-reduce per micro-batch)
+    and the pipeline broadcasts the result to the first stage, so every rank holds every request's scores."""
+    from naohai.simulate.ircheck import parse_comm_ops
+
+    argv = ["tiny", str(S / "tiny-dp2-mp2-pp2.yaml"), "train.micro_batch_size=2",
+            "train.eval.tasks=[naohai_pydoc_cont]", "train.eval.batch=8"]
+    rc, workdir, out = compiled_layout(argv)
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert rc == 0 and summary["ok"], out[-4000:]
+    assert all(r["result"]["graphs"] == ["train", "eval", "score"] for r in summary["per_rank"])
+    assert "IR checks, graph score: passed" in out, out[-4000:]
+    [score] = [g for g in summary["ir_checks"]["graphs"] if g["graph"] == "score"]
+    assert score["passed"]
+    assert all(score["per_rank"][str(r)]["Send"] > 0 for r in range(4))       # activations to stage 1
+    assert all(score["per_rank"][str(r)]["Receive"] > 0 for r in range(4, 8))
+    for rank in range(8):
+        ops = parse_comm_ops((workdir / f"rank_{rank}" / "score.ir").read_text())
+        local = rank % 4
+        assert [op.members for op in ops if op.name == "PARALLEL_RESULT_BROADCAST"] == [(local, local + 4)]
+        if rank >= 4:     # data-parallel group: the same model-parallel position in the other data half
+            group = tuple(sorted((rank, rank + 2 if local < 2 else rank - 2)))
+            assert sum(op.kind == "AllReduce" and op.members == group for op in ops) == 4    # micro-batches
+
+
+@pytest.mark.slow
 def test_mindspore_rejects_what_only_compat_refuses(tmp_path):
     """Raw path (no compat rules): our validator accepts an escape hatch splitting loss.log_softmax's class axis."""
     path = _with_ops(tmp_path, "tiny-dp2-mp2.yaml", CLASS_SPLIT)

@@ -63,14 +63,3 @@ def test_bad_eval_keys():
         micro_recipe("x", eval={"tasks": ["a"], "every": 0})
     with pytest.raises(UserError, match="train.eval.tasks"):
         micro_recipe("x", eval={"tasks": ["a", "a"]})
-
-
-def test_sharded_layouts_are_refused_with_the_way_out():
-    from naohai.train.downstream import DownstreamEval
-
-    ev = DownstreamEval(micro_recipe("x", eval={"tasks": ["naohai_pydoc_cont"]}))
-    ev.check_layout("standalone")
-    ev.check_layout("data_parallel")
-    with pytest.raises(UserError, match="train.eval.tasks.*naohai ckpt merge"):
-        ev.check_layout("semi_auto")
-    DownstreamEval(micro_recipe("x")).check_layout("semi_auto")        # no tasks: nothing to refuse

@@ -25,7 +25,7 @@ from naohai.checkpoint.store import CheckpointStore, list_checkpoints, read_mani
 from naohai.data.loader import TokenWindowLoader
 from naohai.strategy.runtime import Runtime
 from naohai.train.builder import StepResult
-from naohai.train.callbacks import ConsoleLog, MetricsFiles, Throughput
+from naohai.train.callbacks import Callback, ConsoleLog, MetricsFiles, Throughput
 from naohai.train.job import run_identity
 from naohai.train.loop import Trainer
 from tests.conftest import micro_recipe
@@ -152,7 +152,8 @@ def _on_every_rank(comm, body, timeout):
     assert not errors, errors
 
 
-def _run_ranks(recipe, prepared, max_steps, resume):
+def _run_ranks(recipe, prepared, max_steps, resume, extra=None):
+    """``extra(rank, steps, built) -> [callbacks]`` adds callbacks per rank (and may equip its steps)."""
     _warm_up(Path(recipe.train.output_dir).parent)
     comm = ThreadComm(WORLD)
     logs = {r: [] for r in range(WORLD)}
@@ -175,7 +176,8 @@ def _run_ranks(recipe, prepared, max_steps, resume):
         trainers[rank] = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=log,
                                  callbacks=[Throughput(t.global_batch_size * recipe.model.seq_length, 1.0, 0.0,
                                                        WORLD, t.logging.log_every),
-                                            ConsoleLog(log), MetricsFiles(t.output_dir)], max_steps=max_steps)
+                                            ConsoleLog(log), MetricsFiles(t.output_dir),
+                                            *(extra(rank, steps, built) if extra else [])], max_steps=max_steps)
 
     def body(rank):
         if resume:
@@ -365,3 +367,129 @@ def test_init_from_a_pipeline_checkpoint_on_one_device(tmp_path, micro_data, com
     assert any("resharding it for one device" in line for line in logs), logs
     assert any(line.startswith("initialised from checkpoint") and "resharded for this layout" in line
                for line in logs), logs
+
+
+class ScoreGraphStandIn:
+    """The semi-auto downstream scoring graph of all 8 ranks (naohai.strategy.scoring), as MindSpore defines a
+    semi-auto graph: a function of the GLOBAL batch, whose rows are the data-parallel groups' inputs in group
+    order.  Each rank's call posts what it fed and waits; once all 8 have, the function is computed once on
+    the whole weights (the row-scoring net on one device) and every rank gets it back (the graph's
+    all-reduce over data parallel and the pipeline's output broadcast).  Ranks of one data-parallel group
+    (model-parallel peers, both stages) must feed the same rows, as the compiled graph requires."""
+
+    def __init__(self, model):
+        from naohai.model.transformer import RowScoreNet
+        self.net = RowScoreNet(model)
+        self.fed, self.calls, self.problems = {}, 0, []
+        self.barrier = threading.Barrier(WORLD, action=self._compute)
+
+    def bind(self, rank):
+        def step(ids, labels, places):
+            self.fed[rank] = (ids.asnumpy(), labels.asnumpy(), places.asnumpy())
+            self.barrier.wait(60)
+            return Tensor(self.result)
+        return step
+
+    def _compute(self):
+        groups = {}
+        for rank, fed in sorted(self.fed.items()):
+            d = (rank % PER_STAGE) // (PER_STAGE // DP)
+            if d not in groups:
+                groups[d] = fed
+            elif not all(np.array_equal(a, b) for a, b in zip(groups[d], fed)):
+                self.problems.append(f"call {self.calls}: rank {rank} fed other rows than its data-parallel group")
+        ids, labels, places = (np.concatenate([groups[d][k] for d in range(DP)]) for k in range(3))
+        self.result = self.net(Tensor(ids), Tensor(labels), Tensor(places)).asnumpy()
+        self.calls += 1
+
+
+class Collect(Callback):
+    """Keeps the downstream rows a rank's callbacks are handed."""
+
+    def __init__(self):
+        self.rows = []
+
+    def on_downstream(self, trainer, step, rows):
+        self.rows.append((step, rows))
+
+
+def test_in_loop_downstream_eval_agrees_on_every_rank(tmp_path, micro_data):
+    """train.eval under dp2 x mp2 x pp2: every rank's DownstreamEval feeds its data-parallel share of each
+    scoring call through CompiledSteps.score_forward and gets every result back; all 8 ranks hand the same
+    rows to their callbacks, equal to scoring the same weights on one device with the packed graph and
+    the key/value-cache decoder, and rank 0 writes them once."""
+    from naohai.downstream import tasks as dt
+    from naohai.downstream.backend import NaohaiEvalLM
+    from naohai.downstream.engine import Scorer, padding_id
+    from naohai.data.tokenizer import Tokenizer
+    from naohai.model.transformer import NaohaiLM
+    from naohai.strategy.scoring import score_rows
+    from naohai.train.builder import CompiledSteps
+    from naohai.train.downstream import DownstreamEval
+    from tests.downstream.test_tasks import GEN_YAML, MC_ROWS, MC_YAML, write_task
+
+    prepared, tok_path = micro_data
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    folder = tmp_path / "tasks"
+    write_task(folder, "mc_probe", MC_YAML, MC_ROWS * 3)
+    write_task(folder, "gen_probe", GEN_YAML, [{"context": r["context"], "answer": "the"} for r in MC_ROWS])
+    recipe = micro_recipe(tmp_path / "run", prepared, tok_path, steps=4, global_batch_size=4, micro_batch_size=1,
+                          log_every=2, eval_every=100, save_every=100,
+                          eval={"tasks": ["mc_probe", "gen_probe"], "every": 2, "include_path": [str(folder)],
+                                "batch": 5})
+    model = NaohaiLM(recipe.model, seed=7)
+    model.set_train(False)
+    graph = ScoreGraphStandIn(model)
+    rows, n = score_rows(5, Runtime("semi_auto", 0, WORLD, 0, DP, STAGES, MICRO))
+    assert (rows, n) == (4, 8)          # 5 requests asked: 2 groups x 4 micro-batches x 1 row
+    evals, seen = {}, {}
+
+    def extra(rank, steps, built):
+        steps.score_step, steps.score_rows, steps.score_global_rows = graph.bind(rank), rows, n
+        steps.dp_rank = built.runtime.dp_rank
+        built.model = model
+        evals[rank] = DownstreamEval(recipe, log=lambda *_: None)
+        evals[rank].check()              # lm-eval loads its tasks in the main thread
+        seen[rank] = Collect()
+        return [evals[rank], seen[rank]]
+
+    StandInSteps.score_forward = CompiledSteps.score_forward      # the real adapter on the stand-in step
+    try:
+        with MS_LOCK:
+            graph.net(Tensor(np.zeros((n, recipe.model.seq_length), np.int32)),
+                      Tensor(np.zeros((n, recipe.model.seq_length), np.int32)),
+                      Tensor(np.eye(n, dtype=np.float32)))        # first use in the main thread (see _warm_up)
+        trainers, logs = _run_ranks(recipe, prepared, max_steps=None, resume=False, extra=extra)
+    finally:
+        del StandInSteps.score_forward
+    assert not graph.problems, graph.problems[:3]
+    assert graph.calls > 0
+
+    # every rank: evaluations at steps 0, 2, 4 with the same rows
+    for rank in range(WORLD):
+        assert [step for step, _ in seen[rank].rows] == [0, 2, 4]
+        strip = lambda rs: [{k: v for k, v in r.items() if "seconds" not in k} for r in rs]  # noqa: E731
+        assert [strip(r) for _, r in seen[rank].rows] == [strip(r) for _, r in seen[0].rows], rank
+    assert all(evals[r].lm.scorer.shapes == {(n, recipe.model.seq_length)} for r in range(WORLD))
+
+    # equal to one device: the same weights through the packed graph and the cached decoder
+    tok = Tokenizer.load(tok_path)
+    one = Scorer(model, recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id, batch=4)
+    prepared_tasks = dt.prepare(["mc_probe", "gen_probe"], include=[str(folder)])
+    reference = {(r["task"], r["metric"]): r["value"]
+                 for r in dt.rows(dt.run(NaohaiEvalLM(scorer=one, tok=tok, step=0), prepared_tasks), 0)}
+    for _, step_rows in seen[0].rows:
+        got = {(r["task"], m): r[m] for r in step_rows for m in ("acc", "acc_norm", "exact_match") if m in r}
+        assert got == pytest.approx(reference, abs=1e-6) and len(got) == 3
+    # the greedy generations themselves, not only their exact-match score
+    prompts = [tok.encode(r["context"]) for r in MC_ROWS]
+    want = one.generate(prompts, 4)
+    got = {}
+    comm = ThreadComm(WORLD)
+    _on_every_rank(comm, lambda rank: got.__setitem__(rank, evals[rank].lm.scorer.generate(prompts, 4)), 60)
+    assert all(got[r] == want for r in range(WORLD)), (got[0], want)
+
+    # rank 0 writes the downstream rows once
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["task"]) for r in metrics if r["split"] == "downstream"] == [
+        (s, t) for s in (0, 2, 4) for t in ("gen_probe", "mc_probe")]
