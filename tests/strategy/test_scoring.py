@@ -16,6 +16,13 @@ from naohai.train.builder import CompiledSteps
 from tests.conftest import MICRO_MODEL
 
 
+@pytest.fixture(autouse=True)
+def _cpu():
+    import mindspore as ms
+    ms.set_device("CPU")          # before the first kernel (later tests set it again)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
 def _model():
     cfg = ModelConfig(**{k: v for k, v in MICRO_MODEL.items() if k != "preset"})
     model = NaohaiLM(cfg, seed=3)
