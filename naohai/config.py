@@ -313,31 +313,78 @@ def _plain(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- finetune
-FINETUNE_METHODS = ("lora",)
+FINETUNE_METHODS = ("lora", "prefix", "prompt", "adapter", "llama_adapter")
+#: the keys each method reads (``method`` aside); a stated key of another method is refused
+FINETUNE_KEYS = {"lora": ("rank", "alpha", "dropout", "targets"), "prefix": ("num_virtual_tokens",),
+                 "prompt": ("num_virtual_tokens",), "adapter": ("bottleneck",),
+                 "llama_adapter": ("num_virtual_tokens", "adapter_layers")}
 
 
 @dataclass
 class FinetuneConfig:
-    """The recipe's ``finetune`` section: a parameter-efficient method on a frozen base
-    (:mod:`naohai.model.lora`).  ``targets`` is a regular expression searched in the catalog names
-    of the decoder layers' linear ops (e.g. ``attention\\.(q|v)$``)."""
+    """The recipe's ``finetune`` section: a parameter-efficient method on a frozen base.
+
+    ``lora`` (:mod:`naohai.model.lora`): ``rank``, ``alpha``, ``dropout``, ``targets`` (a regular
+    expression searched in the catalog names of the decoder layers' linear ops, e.g.
+    ``attention\\.(q|v)$``).  ``prefix`` / ``prompt``: ``num_virtual_tokens``; ``llama_adapter``:
+    ``num_virtual_tokens`` (the adaption prompt's length) and ``adapter_layers`` (the top layers that
+    get one); ``adapter`` (Houlsby): ``bottleneck`` (:mod:`naohai.model.finetune`)."""
     method: str = "lora"
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     targets: str = r"attention\.(q|k|v|out)$"
+    num_virtual_tokens: int = 8
+    adapter_layers: int = 1
+    bottleneck: int = 16
 
-    def validate(self, where: str = "recipe") -> None:
+    def validate(self, where: str = "recipe", stated=frozenset()) -> None:
         if self.method not in FINETUNE_METHODS:
-            raise UserError(f"'{self.method}' is not one of {', '.join(FINETUNE_METHODS)} (the other methods of "
-                            f"issue 26 are not built yet).{did_you_mean(self.method, FINETUNE_METHODS)}",
-                            where=where, key="finetune.method")
-        if int(self.rank) < 1:
-            raise UserError(f"must be a positive integer, got {self.rank}", where=where, key="finetune.rank")
-        if not self.alpha > 0:
-            raise UserError(f"must be positive, got {self.alpha}", where=where, key="finetune.alpha")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UserError(f"must be in [0, 1), got {self.dropout}", where=where, key="finetune.dropout")
+            raise UserError(f"'{self.method}' is not one of {', '.join(FINETUNE_METHODS)}."
+                            f"{did_you_mean(self.method, FINETUNE_METHODS)}", where=where, key="finetune.method")
+        mine = FINETUNE_KEYS[self.method]
+        for key in sorted(stated):
+            name = key.split(".", 1)[1] if key.startswith("finetune.") else None
+            if name and name != "method" and name not in mine:
+                raise UserError(f"is not a key of method {self.method} (its keys: {', '.join(mine)})",
+                                where=where, key=key)
+        positive = {"rank": self.rank, "num_virtual_tokens": self.num_virtual_tokens,
+                    "adapter_layers": self.adapter_layers, "bottleneck": self.bottleneck}
+        for name in mine:
+            if name in positive and (isinstance(positive[name], bool) or int(positive[name]) < 1):
+                raise UserError(f"must be a positive integer, got {positive[name]}", where=where,
+                                key=f"finetune.{name}")
+        if self.method == "lora":
+            if not self.alpha > 0:
+                raise UserError(f"must be positive, got {self.alpha}", where=where, key="finetune.alpha")
+            if not 0.0 <= self.dropout < 1.0:
+                raise UserError(f"must be in [0, 1), got {self.dropout}", where=where, key="finetune.dropout")
+
+    def fits(self, cfg: ModelConfig, where: str = "recipe") -> None:
+        """The rules of this section that depend on the model ``cfg`` (exit 2 naming the key)."""
+        method = self.method
+        if method in ("prefix", "prompt"):
+            n = int(self.num_virtual_tokens)
+            if n + cfg.seq_length > cfg.positions:
+                raise UserError(f"is {n}: the virtual tokens come before the model's {cfg.seq_length} tokens, and "
+                                f"{n} + {cfg.seq_length} exceeds the {cfg.positions} positions the model numbers "
+                                f"(model.max_positions); lower num_virtual_tokens or model.seq_length",
+                                where=where, key="finetune.num_virtual_tokens",
+                                rule="num_virtual_tokens + model.seq_length <= model.max_positions")
+            if cfg.position == "alibi":
+                raise UserError(f"{method} tuning is not built for ALiBi positions (model.position: alibi)",
+                                where=where, key="finetune.method")
+        if method == "prompt" and (cfg.eod_reset or cfg.eod_reset_positions):
+            raise UserError("prompt tuning with EOD resets (model.eod_reset / eod_reset_positions) is not built: the "
+                            "virtual tokens would belong to the first document of a packed window only; use "
+                            "method: prefix, or turn the resets off", where=where, key="finetune.method")
+        if method == "llama_adapter":
+            if not 1 <= int(self.adapter_layers) <= cfg.num_layers:
+                raise UserError(f"is {self.adapter_layers}; it must be between 1 and the model's {cfg.num_layers} layers",
+                                where=where, key="finetune.adapter_layers", rule="1 <= adapter_layers <= num_layers")
+            if cfg.query_layer:
+                raise UserError("llama_adapter is not built for PanGu's query layer (model.query_layer: true)",
+                                where=where, key="finetune.method")
 
 
 # --------------------------------------------------------------------------- recipe
@@ -359,7 +406,9 @@ class Recipe:
         self.data.validate(where)
         self.train.validate(where)
         if self.finetune is not None:
-            self.finetune.validate(where)
+            self.finetune.validate(where, self.stated)
+            if self.finetune.method != "lora":
+                self.finetune.fits(self.model, where)
         if self.train.exact_match and self.data.format != "sft":
             raise UserError("scores the held-out answers of fine-tuning data; it needs data.format: sft",
                             where=where, key="train.exact_match")
@@ -372,6 +421,9 @@ class Recipe:
         d.pop("stated", None)
         if d.get("finetune") is None:
             d.pop("finetune", None)
+        else:                                  # the method's own keys only (others are refused on reading)
+            keep = ("method",) + FINETUNE_KEYS[d["finetune"]["method"]]
+            d["finetune"] = {k: v for k, v in d["finetune"].items() if k in keep}
         return d
 
 
@@ -541,7 +593,7 @@ def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
         train=build_section(TrainConfig, raw.get("train") or {}, where, "train"),
         finetune=None if raw.get("finetune") is None else build_section(FinetuneConfig, raw["finetune"], where, "finetune"),
         source=where,
-        stated=frozenset(f"{section}.{key}" for section in ("data", "train") for key in (raw.get(section) or {})),
+        stated=frozenset(f"{section}.{key}" for section in ("data", "train", "finetune") for key in (raw.get(section) or {})),
     )
     return recipe.validate()
 

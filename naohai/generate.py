@@ -202,10 +202,12 @@ class Generator:
         from naohai.checkpoint.weights import load_model
         from naohai.data.tokenizer import Tokenizer
         from naohai.devices import resolve_device
+        from naohai.model.finetune import refuse_cached_step
 
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
         found, self.model = load_model(checkpoint, verify=verify)
+        refuse_cached_step(self.model, found.path)
         recipe, self.step = found.recipe, found.step
         self.tokenizer = Tokenizer.load(found.tokenizer_file())
         self.cfg = recipe.model

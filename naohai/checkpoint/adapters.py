@@ -76,9 +76,16 @@ def seed_tensors(recipe, seed: int) -> Dict[str, np.ndarray]:
 
 
 def merged(base: Dict[str, np.ndarray], adapters: Dict[str, np.ndarray], recipe, where: str) -> Dict[str, np.ndarray]:
-    """``base`` with ``adapters`` folded in by the recipe's ``finetune`` (rank, alpha)."""
+    """``base`` with ``adapters`` folded in by the recipe's ``finetune`` (LoRA: rank, alpha); the tensors of
+    the other methods (:mod:`naohai.model.finetune`) cannot be folded and come beside the base's
+    (:func:`naohai.checkpoint.weights.load_model` builds the model with the method)."""
     from naohai.model.lora import merge_lora
     ft = recipe.finetune
+    if ft.method != "lora":
+        clash = sorted(set(base) & set(adapters))
+        if clash:
+            raise UserError(f"base mismatch: the adapter's {clash[0]} is a base tensor", where=where, key="finetune")
+        return {**base, **{k: np.asarray(v, np.float32) for k, v in adapters.items()}}
     try:
         return merge_lora(base, adapters, int(ft.rank), float(ft.alpha))
     except ValueError as exc:

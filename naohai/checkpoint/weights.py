@@ -132,7 +132,7 @@ def _is_checkpoint(path: str) -> bool:
 
 def _open_checkpoint(path: str, verify: bool) -> Weights:
     from naohai.checkpoint.reshard import merged_tensors
-    from naohai.model.lora import is_adapter_name
+    from naohai.model.finetune import is_trained_name
     chosen = store.resolve_checkpoint(path)
     man = store.verified(chosen, hash_files=verify)
     where = os.path.join(chosen, store.MANIFEST)
@@ -147,7 +147,7 @@ def _open_checkpoint(path: str, verify: bool) -> Weights:
             raise UserError(f"integrity error: records a base ({ad.BASE_KEY}) but its recipe has no finetune "
                             f"section", where=where, key=ad.BASE_KEY)
         found.adapters = lambda: {k: v.asnumpy().astype(np.float32)
-                                  for k, v in merged_tensors(chosen, hash_files=False).items() if is_adapter_name(k)}
+                                  for k, v in merged_tensors(chosen, hash_files=False).items() if is_trained_name(k)}
         found.read = lambda: ad.merged(read_base(man[ad.BASE_KEY], recipe, where), found.adapters(), recipe, where)
     return found
 
@@ -234,7 +234,11 @@ def load_model(path: str, seed: int = 0, verify: bool = True):
     from naohai.model.transformer import NaohaiLM
 
     found = find_weights(path, verify)
-    model = NaohaiLM(found.recipe.model, seed=seed)       # adapters come merged into the weights
+    model = NaohaiLM(found.recipe.model, seed=seed)       # LoRA adapters come merged into the weights
+    ft = found.recipe.finetune
+    if ft is not None and ft.method != "lora":          # the other methods' tensors come beside the base's
+        from naohai.model.finetune import apply_finetune
+        apply_finetune(model, ft, seed, where=found.path)
     assign_weights(model, found.tensors(), where=found.path)
     return found, model
 

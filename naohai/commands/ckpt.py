@@ -250,13 +250,23 @@ def _compile(run, strategy: str, work: Path, timeout: float) -> Path:
 
 
 def _adapters_of(path: str, verify: bool):
-    """(weights, LoRA factors) of a fine-tuning run, its checkpoint or an adapter folder; exit 2 otherwise."""
+    """(weights, trained adapter tensors) of a fine-tuning run, its checkpoint or an adapter folder; exit 2
+    otherwise."""
     from naohai.checkpoint.weights import find_weights
     found = find_weights(path, verify=verify)
     if found.adapters is None:
-        raise UserError(f"holds no LoRA adapters ({found.describe()}: a model trained without a finetune section)",
+        raise UserError(f"holds no adapters ({found.describe()}: a model trained without a finetune section)",
                         where=path, key="finetune")
     return found, found.adapters()
+
+
+def _refuse_unmergeable(found, path: str, what: str) -> None:
+    """Only LoRA folds into the base weights; the other methods' models are not plain ones."""
+    ft = found.recipe.finetune
+    if ft is not None and ft.method != "lora":
+        raise UserError(f"holds a {ft.method} adapter, which does not fold into the base weights, so there is no "
+                        f"plain model to {what}; export the adapter with --to peft (prefix, prompt, llama_adapter) "
+                        f"or read it as it is (eval, generate)", where=path, key="finetune.method")
 
 
 def _merge_adapter(args) -> int:
@@ -265,6 +275,7 @@ def _merge_adapter(args) -> int:
     if os.path.lexists(args.out):
         raise UserError("already exists; choose a new folder (nothing is overwritten)", where=args.out, key="--out")
     found, factors = _adapters_of(args.checkpoint, not args.no_verify)
+    _refuse_unmergeable(found, args.checkpoint, "write")
     tensors = found.tensors()
     tokenizer = found.tokenizer_file()
     work = os.path.abspath(args.out)
@@ -283,23 +294,21 @@ def _merge_adapter(args) -> int:
 
 
 def _export_peft(args) -> int:
-    from naohai.convert.peft import write_peft_lora
-    found, factors = _adapters_of(args.checkpoint, not args.no_verify)
+    from naohai.convert.peft import write_peft
+    found, tensors = _adapters_of(args.checkpoint, not args.no_verify)
     ft = found.recipe.finetune
-    files = write_peft_lora(args.out, found.recipe.model, factors, rank=int(ft.rank), alpha=float(ft.alpha),
-                            dropout=float(ft.dropout), base_model=found.recipe.train.init_from or "",
-                            where=args.checkpoint)
-    print(f"exported {len(factors) // 2} LoRA adapters of {found.describe()} -> {args.out} (PEFT: {', '.join(files)})")
+    files = write_peft(args.out, found.recipe.model, ft, tensors, base_model=found.recipe.train.init_from or "",
+                       where=args.checkpoint)
+    print(f"exported the {ft.method} adapter ({len(tensors)} tensors) of {found.describe()} -> {args.out} "
+          f"(PEFT: {', '.join(files)})")
     return 0
 
 
 def _import_peft(args) -> int:
-    import dataclasses
-    import re
     from naohai.checkpoint import adapters as ad
     from naohai.checkpoint.weights import find_weights
-    from naohai.config import FinetuneConfig, recipe_from_dict
-    from naohai.convert.peft import read_peft_lora
+    from naohai.config import recipe_from_dict
+    from naohai.convert.peft import read_peft
     if not args.base:
         raise UserError("--from peft needs --base: the model the adapter was trained on (an imported model folder, "
                         "a run or a checkpoint)", where="command line", key="--base")
@@ -312,16 +321,16 @@ def _import_peft(args) -> int:
         base = find_weights(args.base)
     except UserError as exc:
         raise UserError(exc.message, where=exc.where, key="--base") from None
-    factors, rank, alpha, dropout = read_peft_lora(args.src, base.recipe.model, where_base=args.base)
-    ops = sorted({n.rsplit(".", 1)[0] for n in factors})
+    fields, tensors = read_peft(args.src, base.recipe.model, where_base=args.base)
     raw = base.recipe.to_dict()
-    raw["finetune"] = dataclasses.asdict(FinetuneConfig(rank=rank, alpha=alpha, dropout=dropout,
-                                                        targets="^(?:" + "|".join(re.escape(o) for o in ops) + ")$"))
+    raw["finetune"] = fields
     recipe = recipe_from_dict(raw, where=os.path.join(args.src, "adapter_config.json")).validate()
     origin = {"from": "peft", "path": os.path.abspath(args.src)}
-    ad.write_adapter_dir(args.out, recipe, factors, ad.base_record(base, base.recipe.train.seed), origin)
-    print(f"imported {len(ops)} LoRA adapters (rank {rank}, alpha {alpha:g}) from {args.src} over {base.describe()} "
-          f"-> {args.out} (generate / eval read it merged; ckpt merge-adapter writes the merged model)")
+    ad.write_adapter_dir(args.out, recipe, tensors, ad.base_record(base, base.recipe.train.seed), origin)
+    detail = ", ".join(f"{k} {v}" for k, v in fields.items() if k not in ("method", "targets"))
+    print(f"imported a {fields['method']} adapter ({detail}; {len(tensors)} tensors) from {args.src} over "
+          f"{base.describe()} -> {args.out} (generate / eval read it over its base"
+          f"{'; ckpt merge-adapter writes the merged model' if fields['method'] == 'lora' else ''})")
     return 0
 
 
@@ -384,6 +393,7 @@ def _export_hf(args, path) -> int:
     else:                       # a trained checkpoint: its model tensors, merged when sharded
         from naohai.checkpoint.weights import find_weights
         found = find_weights(path, verify=not args.no_verify)
+        _refuse_unmergeable(found, args.checkpoint, "export")
         recipe, weights, base = found.recipe, found.tensors(), None
         tok = recipe.data.tokenizer
         tokenizer_dir = os.path.dirname(os.path.abspath(tok)) if tok and tok.endswith(".json") else None

@@ -146,3 +146,143 @@ def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
         raise UserError(f"is {rank}, more than {smallest}, the smallest dimension of the adapted weights",
                         where=config_path, key="r")
     return adapters, rank, float(alpha), float(config.get("lora_dropout") or 0.0)
+
+
+# --------------------------------------------------------------------------- prefix, prompt, adaption prompt
+#: naohai method -> PEFT's peft_type
+PEFT_TYPES = {"lora": "LORA", "prefix": "PREFIX_TUNING", "prompt": "PROMPT_TUNING", "llama_adapter": "ADAPTION_PROMPT"}
+_EMBEDDINGS = "prompt_embeddings"
+
+
+def _adaption_key(i: int, what: str) -> str:
+    return f"base_model.model.model.layers.{i}.self_attn.adaption_{what}"
+
+
+def _need_llama(cfg: ModelConfig, where: str, key: str) -> None:
+    if cfg.family != "llama":
+        raise UserError(f"PEFT's adaption prompt knows the llama family's module names; this model is "
+                        f"{cfg.family!r}, so it is not exported / imported", where=where, key=key)
+
+
+def write_peft(out: str, cfg: ModelConfig, ft, tensors: Dict[str, np.ndarray], base_model: str = "",
+               where: str = "adapter") -> List[str]:
+    """Write the trained tensors of any PEFT-known method (``ft``: the recipe's ``finetune``) as a PEFT
+    folder ``out`` (a new path).  prefix: ``prompt_embeddings`` = naohai's ``prefix.embedding`` (the same
+    layout, ``prefix_projection: false``); prompt: ``prompt_embeddings`` = ``prompt.embedding``;
+    llama_adapter: ``...layers.<i>.self_attn.adaption_prompt`` [1, L, hidden] and ``adaption_gate`` [1]."""
+    from safetensors.numpy import save_file
+
+    method = ft.method
+    if method == "lora":
+        return write_peft_lora(out, cfg, tensors, rank=int(ft.rank), alpha=float(ft.alpha),
+                               dropout=float(ft.dropout), base_model=base_model, where=where)
+    if method not in PEFT_TYPES:
+        raise UserError(f"is {method!r}; Hugging Face PEFT has no such method (it knows "
+                        f"{', '.join(PEFT_TYPES)}), so it has no PEFT folder", where=where, key="finetune.method")
+    if os.path.exists(out):
+        raise UserError("already exists; exporting never overwrites (choose a new folder)", where=out, key="--out")
+    n = int(ft.num_virtual_tokens)
+    common = {"peft_type": PEFT_TYPES[method], "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model or None,
+              "inference_mode": True}
+    if method in ("prefix", "prompt"):
+        name = f"{method}.embedding"
+        saved = {_EMBEDDINGS: np.ascontiguousarray(np.asarray(tensors[name], np.float32))}
+        config = dict(common, num_virtual_tokens=n, num_layers=cfg.num_layers, num_transformer_submodules=1)
+        if method == "prefix":
+            token_dim = cfg.kv_heads * cfg.head_dim
+            config.update(token_dim=token_dim, num_attention_heads=cfg.kv_heads, encoder_hidden_size=token_dim,
+                          prefix_projection=False)
+        else:
+            config.update(token_dim=cfg.hidden_size, num_attention_heads=cfg.num_heads, prompt_tuning_init="RANDOM")
+    else:
+        _need_llama(cfg, where, "finetune.method")
+        layers = range(cfg.num_layers - int(ft.adapter_layers), cfg.num_layers)
+        saved = {}
+        for i in layers:
+            saved[_adaption_key(i, "prompt")] = np.ascontiguousarray(
+                np.asarray(tensors[f"layers.{i}.attention.adaption_prompt"], np.float32)[None])
+            saved[_adaption_key(i, "gate")] = np.asarray(tensors[f"layers.{i}.attention.adaption_gate"], np.float32)
+        config = dict(common, adapter_len=n, adapter_layers=int(ft.adapter_layers), target_modules="self_attn")
+    os.makedirs(out)
+    with open(os.path.join(out, CONFIG), "w", encoding="utf-8") as fh:
+        json.dump(config, fh, indent=2)
+    save_file(saved, os.path.join(out, WEIGHTS), metadata={"format": "pt"})
+    return [CONFIG, WEIGHTS]
+
+
+def _positive(config: dict, key: str, where: str) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"must be a positive integer, got {value!r}", where=where, key=key)
+    return value
+
+
+def read_peft(folder: str, cfg: ModelConfig, where_base: str = "--base"):
+    """``(finetune fields, tensors by naohai name)`` of the PEFT folder ``folder`` (LoRA, prefix tuning,
+    prompt tuning or adaption prompt) for a base of model ``cfg``; exit 2 naming file and key otherwise."""
+    config_path, weights_path = os.path.join(folder, CONFIG), os.path.join(folder, WEIGHTS)
+    if not os.path.isdir(folder) or not os.path.isfile(config_path):
+        raise UserError(f"is not a PEFT adapter folder: it needs {CONFIG} and {WEIGHTS}", where=folder)
+    try:
+        with open(config_path, encoding="utf-8") as fh:
+            config = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot be read as JSON ({exc})", where=config_path) from None
+    if not isinstance(config, dict):
+        raise UserError("must hold a JSON object", where=config_path)
+    kind = config.get("peft_type")
+    if kind == "LORA":
+        adapters, rank, alpha, dropout = read_peft_lora(folder, cfg, where_base)
+        import re
+        ops = sorted({n.rsplit(".", 1)[0] for n in adapters})
+        return ({"method": "lora", "rank": rank, "alpha": alpha, "dropout": dropout,
+                 "targets": "^(?:" + "|".join(re.escape(o) for o in ops) + ")$"}, adapters)
+    methods = {v: k for k, v in PEFT_TYPES.items()}
+    if kind not in methods:
+        raise UserError(f"is {kind!r}; naohai imports {', '.join(sorted(methods))}", where=config_path,
+                        key="peft_type")
+    method = methods[kind]
+    if config.get("task_type") not in (None, "CAUSAL_LM"):
+        raise UserError(f"is {config.get('task_type')!r}; naohai's models are causal LMs ('CAUSAL_LM')",
+                        where=config_path, key="task_type")
+    if int(config.get("num_transformer_submodules") or 1) != 1:
+        raise UserError("must be 1 (a decoder-only model)", where=config_path, key="num_transformer_submodules")
+    if not os.path.isfile(weights_path):
+        raise UserError(f"is missing ({WEIGHTS}: naohai reads safetensors, not adapter_model.bin)",
+                        where=weights_path)
+    try:
+        from safetensors.numpy import load_file
+        tensors = load_file(weights_path)
+    except Exception as exc:     # noqa: BLE001 - any unreadable file is the same user error
+        raise UserError(f"cannot be read as safetensors ({type(exc).__name__}: {exc})", where=weights_path) from None
+
+    def shaped(key: str, want) -> np.ndarray:
+        if key not in tensors:
+            raise UserError(f"has no tensor {key!r}", where=weights_path)
+        value = np.asarray(tensors[key], np.float32)
+        if tuple(value.shape) != tuple(want):
+            raise UserError(f"base mismatch: {key} has shape {tuple(value.shape)}; this base model "
+                            f"({cfg.family}, {cfg.num_layers} layers, hidden {cfg.hidden_size}) needs {tuple(want)}",
+                            where=weights_path, key=key)
+        return value
+
+    if method in ("prefix", "prompt"):
+        n = _positive(config, "num_virtual_tokens", config_path)
+        width = cfg.num_layers * 2 * cfg.kv_heads * cfg.head_dim if method == "prefix" else cfg.hidden_size
+        out = {f"{method}.embedding": shaped(_EMBEDDINGS, (n, width))}
+        return {"method": method, "num_virtual_tokens": n}, out
+    _need_llama(cfg, config_path, "peft_type")
+    length = _positive(config, "adapter_len", config_path)
+    layers = _positive(config, "adapter_layers", config_path)
+    if layers > cfg.num_layers:
+        raise UserError(f"is {layers}, more than the base model's {cfg.num_layers} layers", where=config_path,
+                        key="adapter_layers")
+    out = {}
+    for i in range(cfg.num_layers - layers, cfg.num_layers):
+        out[f"layers.{i}.attention.adaption_prompt"] = shaped(_adaption_key(i, "prompt"),
+                                                              (1, length, cfg.hidden_size))[0]
+        out[f"layers.{i}.attention.adaption_gate"] = shaped(_adaption_key(i, "gate"), (1,))
+    extra = sorted(set(tensors) - {_adaption_key(int(k.split(".")[1]), k.rsplit("_", 1)[1]) for k in out})
+    if extra:
+        raise UserError(f"holds {extra[0]!r}, which adapter_layers {layers} does not place", where=weights_path)
+    return {"method": method, "num_virtual_tokens": length, "adapter_layers": layers}, out

@@ -312,6 +312,8 @@ class Attention(nn.Cell):
         self.reset_positions = cfg.eod_reset_positions
         self.reset_attention = cfg.eod_reset
         self.position_ids = Tensor(np.arange(cfg.seq_length, dtype=np.int32)[None])
+        self.offset = 0                                   # virtual tokens before the sequence
+        self.prefix_zeros = ops.Zeros()
         if query_layer:
             self.query_lookup = ops.Gather()
         self.q = ops.MatMul(transpose_b=True)
@@ -407,14 +409,38 @@ class Attention(nn.Cell):
     def project_qkv(self, x, q_src, s: int, positions, layer=None):
         """Heads [b, n, s, d] of q, k, v (RoPE applied at ``positions``, default 0..s-1)."""
         q = self._proj(self.q, self.q_add, q_src, layer_slice(self.q_weight, layer), layer_slice(self.q_bias, layer))
-        k = self._proj(self.k, self.k_add, x, layer_slice(self.k_weight, layer), layer_slice(self.k_bias, layer))
-        v = self._proj(self.v, self.v_add, x, layer_slice(self.v_weight, layer), layer_slice(self.v_bias, layer))
-        q, k, v = self._heads(q, self.nh, s), self._heads(k, self.nkv, s), self._heads(v, self.nkv, s)
+        k, v = self.project_kv(x, s, layer)
+        q = self._heads(q, self.nh, s)
         if self.rope:
             cos, sin = self.rope_angles(positions)
             q = self.apply_rope(q, cos, sin)
             k = self.apply_rope(k, cos, sin)
         return q, k, v
+
+    def project_kv(self, x, s: int, layer=None):
+        """Heads [b, nkv, s, d] of k and v, no position applied."""
+        k = self._proj(self.k, self.k_add, x, layer_slice(self.k_weight, layer), layer_slice(self.k_bias, layer))
+        v = self._proj(self.v, self.v_add, x, layer_slice(self.v_weight, layer), layer_slice(self.v_bias, layer))
+        return self._heads(k, self.nkv, s), self._heads(v, self.nkv, s)
+
+    def own_positions(self, positions):
+        """The positions ``construct`` uses: ``positions`` when they restart at EOD (shifted past virtual
+        tokens, see :meth:`shift_positions`), else None (the fixed 0..s-1, or offset..offset+s-1)."""
+        if not self.reset_positions:
+            return None
+        return positions + self.offset if self.offset else positions
+
+    def shift_positions(self, offset: int) -> None:
+        """Number the sequence's tokens from ``offset`` (prefix / prompt tuning put ``offset`` virtual
+        tokens before them); needs ``offset + seq_length <= max_positions``."""
+        self.offset = int(offset)
+        s, o = self.s, self.offset
+        self.position_ids = Tensor(np.arange(o, o + s, dtype=np.int32)[None])
+        if self.rope:
+            cos, sin = rope_tables(self.cfg.positions, self.hd, self.cfg.rope_base, self.cfg.rope_style,
+                                   self.cfg.rotary_dim)
+            self.cos = Tensor(cos[None, None, o:o + s])
+            self.sin = Tensor(sin[None, None, o:o + s])
 
     def attend(self, q, k, v, bias, layer=None):
         """softmax(q k^T / sqrt(d) + bias) v merged to [b*s, nh*d], then the output projection."""
@@ -431,17 +457,32 @@ class Attention(nn.Cell):
                          layer_slice(self.out_bias, layer))
         return self.cast(self.dropout(out), ms.float32)
 
-    def construct(self, x, positions=None, bias=None, layer=None):
-        """x: [b*s, h] normalised hidden states -> [b*s, h]; ``layer``: see :func:`layer_slice`."""
+    def construct(self, x, positions=None, bias=None, layer=None, prefix=None):
+        """x: [b*s, h] normalised hidden states -> [b*s, h]; ``layer``: see :func:`layer_slice`.
+
+        ``prefix`` (keys, values) [1, nkv, n, d]: n earlier positions every token attends to (prefix /
+        prompt tuning, :mod:`naohai.model.finetune`), their keys taken as given (no RoPE applied)."""
         batch = x.shape[0] // self.s
-        pos = positions if self.reset_positions else None
+        pos = self.own_positions(positions)
         q, k, v = self.project_qkv(x, self.query_source(x, pos, batch), self.s, pos, layer)
         if self.reset_attention:
             if self.alibi:
                 bias = self.alibi_add(bias, self.alibi_table)
         else:
             bias = self.bias_table
+        if prefix is not None:
+            k, v, bias = self.with_prefix(k, v, bias, prefix)
         return self.attend(q, k, v, bias, layer)
+
+    def with_prefix(self, k, v, bias, prefix):
+        """Keys, values and bias with the ``prefix`` positions in front (attended by every row)."""
+        pk, pv = prefix
+        b, n = k.shape[0], pk.shape[2]
+        shape = (b, self.nkv, n, self.hd)
+        k = ops.concat((ops.broadcast_to(self.cast(pk, k.dtype), shape), k), 2)
+        v = ops.concat((ops.broadcast_to(self.cast(pv, v.dtype), shape), v), 2)
+        open_ = self.prefix_zeros(bias.shape[:-1] + (n,), bias.dtype)
+        return k, v, ops.concat((open_, bias), -1)
 
     def step(self, x, positions, bias, past_k=None, past_v=None, slot=None):
         """Incremental attention for generation: x [b*t, h] are the t newest tokens at ``positions``
@@ -612,6 +653,7 @@ class Embedding(nn.Cell):
         self.reset_positions = self.learned and cfg.eod_reset_positions
         if self.reset_positions:
             self.layout = DocumentLayout(cfg)
+        self.offset = 0
         if self.learned:
             self.position = ops.Gather()
             self.position_ids = Tensor(np.arange(cfg.seq_length, dtype=np.int32)[None])
@@ -625,16 +667,34 @@ class Embedding(nn.Cell):
     def construct(self, input_ids):
         x = self.lookup(self.word_embedding, input_ids, 0)                        # [b, s, h]
         if self.learned:
-            pos = self.layout(input_ids)[0] if self.reset_positions else self.position_ids
+            if self.reset_positions:
+                pos = self.layout(input_ids)[0] + self.offset if self.offset else self.layout(input_ids)[0]
+            else:
+                pos = self.position_ids
             x = self.add_pos(x, self.position(self.position_embedding, pos, 0))
         x = self.reshape(x, (-1, self.h))
         if self.use_norm:
             x = self.norm(x)
         return self.dropout(x)
 
+    def shift_positions(self, offset: int) -> None:
+        """Number the sequence's tokens from ``offset`` (see :meth:`Attention.shift_positions`)."""
+        self.offset = int(offset)
+        if self.learned:
+            s = int(self.position_ids.shape[1])
+            self.position_ids = Tensor(np.arange(self.offset, self.offset + s, dtype=np.int32)[None])
+
+    def virtual(self, vectors, positions):
+        """Input vectors [n, h] in place of word embeddings (prompt tuning) at ``positions`` [1, n]: the
+        rest of the embedding (positions, norm) applied as to a token's."""
+        return self.added(self.reshape(vectors, (1, -1, self.h)), positions)
+
     def step(self, input_ids, positions):
         """Embeddings of the newest tokens [b, t] at absolute ``positions`` [b, t] (generation)."""
-        x = self.lookup(self.word_embedding, input_ids, 0)
+        return self.added(self.lookup(self.word_embedding, input_ids, 0), positions)
+
+    def added(self, x, positions):
+        """Word vectors [b, t, h] at ``positions`` [b, t] -> [b*t, h], positions and norm added."""
         if self.learned:
             x = self.add_pos(x, self.position(self.position_embedding, positions, 0))
         x = self.reshape(x, (-1, self.h))

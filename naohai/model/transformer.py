@@ -46,18 +46,19 @@ class DecoderLayer(nn.Cell):
         self.attn_residual = ops.Add()
         self.mlp_residual = ops.Add()
 
-    def construct(self, x, input_ids=None, layer=None, positions=None, bias=None):
+    def construct(self, x, input_ids=None, layer=None, positions=None, bias=None, prefix=None):
         """x [b*s, h]; ``input_ids`` [b, s] are needed only with EOD resets, unless the caller passes the
         ``positions`` and ``bias`` they give (a :class:`~naohai.model.stack.LayerStack` derives them once);
-        ``layer`` picks the slice of stacked weights (see :func:`~naohai.model.layers.layer_slice`)."""
+        ``layer`` picks the slice of stacked weights (see :func:`~naohai.model.layers.layer_slice`);
+        ``prefix``: see :meth:`~naohai.model.layers.Attention.construct`."""
         if self.layout is not None and bias is None:
             positions, bias = self.layout(input_ids)
         normed = self.input_norm(x, layer)
         if self.parallel:
             mlp_in = normed if self.post_attention_norm is None else self.post_attention_norm(x, layer)
-            x = self.attn_residual(x, self.attention(normed, positions, bias, layer))
+            x = self.attn_residual(x, self.attention(normed, positions, bias, layer, prefix))
             return self.mlp_residual(x, self.mlp(mlp_in, layer))
-        x = self.attn_residual(x, self.attention(normed, positions, bias, layer))
+        x = self.attn_residual(x, self.attention(normed, positions, bias, layer, prefix))
         return self.mlp_residual(x, self.mlp(self.post_attention_norm(x, layer), layer))
 
     def step(self, x, positions, bias, past_k=None, past_v=None, slot=None):
@@ -175,6 +176,9 @@ class NaohaiLM(nn.Cell):
         self.vocab = cfg.padded_vocab_size
         self.norm_before_last = cfg.final_norm == "before_query_layer"
         self.last = cfg.num_layers - 1
+        # prefix / prompt tuning (naohai.model.finetune.apply_finetune sets it): virtual positions before
+        # every sequence, their keys and values given to each layer's attention
+        self.virtual = None
 
     def layer_cells(self) -> List[nn.Cell]:
         """The cell that runs each layer, by layer index (under the loop, the stack's one cell for its
@@ -193,11 +197,34 @@ class NaohaiLM(nn.Cell):
                     x = self.head.final_norm(x)
                 x = self.last_layer(x, input_ids)
             return x
+        prefixes = self.virtual_prefixes()
         for i, layer in enumerate(self.layers):
             if self.norm_before_last and i == self.last:
                 x = self.head.final_norm(x)
-            x = layer(x, input_ids)
+            if prefixes is None:
+                x = layer(x, input_ids)
+            else:
+                x = layer(x, input_ids, None, None, None, prefixes[i])
         return x
+
+    def virtual_prefixes(self):
+        """Per layer (keys, values) [1, nkv, n, d] of the virtual positions, or None without them.
+
+        Prefix tuning learns them directly; prompt tuning learns n input vectors and runs them
+        through the (frozen) layers first, at positions 0..n-1, causally among themselves -- what a
+        model sees when the vectors are prepended to its input (the real tokens follow at n, n+1, ...)."""
+        if self.virtual is None:
+            return None
+        if self.virtual.kind == "prefix":
+            return self.virtual()
+        x = self.embedding.virtual(self.virtual.embedding, self.virtual.positions)
+        out = []
+        for i, layer in enumerate(self.layers):
+            if self.norm_before_last and i == self.last:
+                x = self.head.final_norm(x)
+            x, k, v = layer.step(x, self.virtual.positions, self.virtual.bias)
+            out.append((k, v))
+        return out
 
     def construct(self, input_ids, labels):
         x = self.hidden(input_ids)

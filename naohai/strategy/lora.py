@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
+from naohai.errors import UserError
+
 OpTuple = Tuple[Tuple[int, ...], ...]
 
 #: the suffixes of the adapter parameters' names (``<op>.lora_a``, ``<op>.lora_b``)
@@ -76,6 +78,9 @@ def check_adapters(recipe, resolved) -> Dict[str, Tuple[int, int]]:
     ``finetune``.  Imports MindSpore (the adapter module), so only a fine-tuning run pays for it."""
     if recipe.finetune is None:
         return {}
+    refuse_unsharded_method(recipe, resolved)
+    if recipe.finetune.method != "lora":
+        return {}
     from naohai.model.lora import select_targets
 
     targets = select_targets(recipe.model, recipe.finetune, recipe.source or "recipe")
@@ -84,8 +89,9 @@ def check_adapters(recipe, resolved) -> Dict[str, Tuple[int, int]]:
 
 def planned_adapters(recipe, resolved) -> Dict[str, Tuple[Tuple[int, int], Tuple[int, int]]]:
     """Parameter name -> (full shape, slices per axis) of every LoRA factor of ``recipe`` under
-    ``resolved`` (A [rank, in], B [out, rank]); {} without ``finetune``.  What the planner places."""
-    if recipe.finetune is None:
+    ``resolved`` (A [rank, in], B [out, rank]); {} without ``finetune`` or for another method.  What the
+    planner places."""
+    if recipe.finetune is None or recipe.finetune.method != "lora":
         return {}
     from naohai.model.lora import select_targets
 
@@ -97,6 +103,16 @@ def planned_adapters(recipe, resolved) -> Dict[str, Tuple[Tuple[int, int], Tuple
         out[f"{op}.lora_a"] = ((rank, i), layout[f"{op}.lora_a"])
         out[f"{op}.lora_b"] = ((o, rank), layout[f"{op}.lora_b"])
     return out
+
+
+def refuse_unsharded_method(recipe, resolved, world: int = 1) -> None:
+    """Prefix / prompt tuning, llama_adapter and the Houlsby adapter have no sharding rules yet: under a
+    strategy file or on more than one device, exit 2 naming ``finetune.method``."""
+    ft = recipe.finetune
+    if ft is not None and ft.method != "lora" and (resolved.from_file or resolved.device_num > 1 or world > 1):
+        raise UserError(f"{ft.method} runs on one device so far (its parameters have no sharding rules yet; "
+                        f"LoRA has them); drop the strategy file or use method: lora", where=recipe.source or "recipe",
+                        key="finetune.method")
 
 
 def adapter_op_refusal(name: str) -> Optional[str]:

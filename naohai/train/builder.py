@@ -21,11 +21,12 @@ from mindspore import Tensor, nn
 
 from naohai.config import Recipe
 from naohai.errors import UserError
-from naohai.model.lora import apply_lora
+from naohai.model.finetune import apply_finetune
 from naohai.model.params import param_shapes
 from naohai.model.stack import per_layer_names, stacked_count
 from naohai.model.transformer import NaohaiLM
 from naohai.strategy.annotate import apply_strategy, layer_loop_refusal
+from naohai.strategy.lora import refuse_unsharded_method
 from naohai.strategy.autoparallel import compile_inputs, compile_parallel, save_strategy_file
 from naohai.strategy.gradients import step_parts
 from naohai.strategy.host_collectives import HostComm
@@ -292,7 +293,8 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
     model = NaohaiLM(recipe.model, seed=t.seed, layer_loop=loop, masked_loss=masked_loss)
     reuse = t.reuse_layer_graphs
     if recipe.finetune is not None:
-        apply_lora(model, recipe.finetune, t.seed, recipe.source or "recipe")
+        refuse_unsharded_method(recipe, resolved, runtime.world)
+        apply_finetune(model, recipe.finetune, t.seed, recipe.source or "recipe")
         reuse = False        # adapted and plain layers differ: one graph per layer
     apply_strategy(model, resolved, reuse)
     optimizer = make_optimizer(model, recipe)

@@ -115,7 +115,7 @@ def test_bad_targets_and_ranks_name_the_key(tmp_path, micro_data, finetune, key,
         build(plan_run(_lora_recipe(tmp_path, micro_data, **finetune)))
 
 
-@pytest.mark.parametrize("finetune, key", [({"rank": 0}, "finetune.rank"), ({"method": "prefix"}, "finetune.method"),
+@pytest.mark.parametrize("finetune, key", [({"rank": 0}, "finetune.rank"), ({"method": "prefixes"}, "finetune.method"),
                                            ({"dropout": 1.0}, "finetune.dropout"), ({"rnak": 2}, "finetune.rnak")])
 def test_bad_recipe_values_name_the_key(tmp_path, finetune, key):
     with pytest.raises(UserError, match=rf"key '{re.escape(key)}'"):

@@ -1,0 +1,179 @@
+"""Prefix tuning, prompt tuning and LLaMA-Adapter (PEFT's adaption prompt) against peft.PeftModel over the
+transformers model: a tiny random llama built locally is imported into naohai; naohai's adapter gets random
+values, is exported in PEFT's folder format and loaded by PEFT over the original model (logits equal), and a
+PEFT adapter with random values is imported into naohai (logits equal).  PEFT's logits of a prompt-tuned
+model include the virtual tokens' rows; the real tokens' rows are compared."""
+import os
+
+import numpy as np
+import pytest
+
+import hf_models
+from naohai.cli import main
+from naohai.config import FinetuneConfig
+from naohai.convert.peft import read_peft, write_peft
+from naohai.errors import UserError
+from naohai.model.finetune import apply_finetune, method_params
+
+pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+SEQ = 56           # the model's tokens; up to 8 virtual ones fit the 64 positions of the tiny llama
+N = 5
+
+CONFIGS = {"prefix": FinetuneConfig(method="prefix", num_virtual_tokens=N),
+           "prompt": FinetuneConfig(method="prompt", num_virtual_tokens=N),
+           "llama_adapter": FinetuneConfig(method="llama_adapter", num_virtual_tokens=N, adapter_layers=1)}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peft_prompts")
+    src = str(root / "llama")
+    hf_models.build("llama", src)
+    base = str(root / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", base, f"model.seq_length={SEQ}",
+                 f"model.max_positions={hf_models.SEQ}"]) == 0
+    return src, base
+
+
+def _ids():
+    return hf_models.windows()[:2, :SEQ]
+
+
+def _naohai(base, ft, values=None, seed=3):
+    """(logits, trained tensors) of the model at ``base`` with method ``ft``, its tensors random non-zero
+    (or ``values``)."""
+    from mindspore import Tensor
+    from naohai.checkpoint.weights import load_model
+    _, model = load_model(base)
+    apply_finetune(model, ft, seed=0)
+    rng = np.random.default_rng(seed)
+    for p in method_params(model):
+        if values is not None:
+            p.set_data(Tensor(values[p.name]))
+        else:                 # the gate too, which starts at zero
+            p.set_data(Tensor(rng.normal(0, 1.0 if "gate" not in p.name else 0.7, p.shape).astype(np.float32)))
+    model.set_train(False)
+    logits = model.logits(Tensor(_ids().astype(np.int32))).asnumpy()
+    return logits, {p.name: p.asnumpy() for p in method_params(model)}
+
+
+def _peft_logits(src, adapter, n_virtual):
+    from transformers import AutoModelForCausalLM
+    model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(src), adapter).eval()
+    logits = hf_models.hf_logits(model, _ids())
+    return logits[:, n_virtual:]
+
+
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_naohai_adapter_loads_in_peft_with_equal_logits(llama, tmp_path, method):
+    from transformers import AutoModelForCausalLM
+    src, base = llama
+    ft = CONFIGS[method]
+    ours, tensors = _naohai(base, ft)
+    adapter = str(tmp_path / "adapter")
+    write_peft(adapter, _recipe(base).model, ft, tensors, base_model=src)
+    theirs = _peft_logits(src, adapter, N if method == "prompt" else 0)
+    plain = hf_models.hf_logits(AutoModelForCausalLM.from_pretrained(src).eval(), _ids())
+    assert np.abs(theirs - plain).max() > 1e-2                          # the adapter changes the logits ...
+    assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()   # ... as naohai's does
+    with pytest.raises(UserError, match="already exists"):
+        write_peft(adapter, _recipe(base).model, ft, tensors)
+
+
+def _recipe(base):
+    from naohai.checkpoint.weights import find_weights
+    return find_weights(base).recipe
+
+
+def _peft_made(src, out, method):
+    """An adapter made by peft itself, its tensors random (the gate non-zero)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    config = {"prefix": peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=N),
+              "prompt": peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=N),
+              "llama_adapter": peft.AdaptionPromptConfig(task_type="CAUSAL_LM", adapter_len=N, adapter_layers=1)}
+    model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(src), config[method])
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_peft_adapter_imports_with_equal_logits(llama, tmp_path, method):
+    src, base = llama
+    adapter = _peft_made(src, str(tmp_path / "adapter"), method)
+    fields, tensors = read_peft(adapter, _recipe(base).model)
+    assert fields["method"] == method
+    ft = FinetuneConfig(**fields)
+    ours, _ = _naohai(base, ft, values=tensors)
+    theirs = _peft_logits(src, adapter, N if method == "prompt" else 0)
+    assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()
+
+
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_cli_import_reads_serves_and_exports_back(llama, tmp_path, capsys, method):
+    """``ckpt import --from peft`` writes an adapter folder; eval reads it over its base (logits as PEFT's);
+    generate runs it or refuses it clearly (prefix / prompt); ``ckpt export --to peft`` gives PEFT's own."""
+    import json
+    from mindspore import Tensor
+    from naohai.checkpoint.weights import load_model
+    src, base = llama
+    adapter = _peft_made(src, str(tmp_path / "adapter"), method)
+    out = str(tmp_path / "naohai-adapter")
+    assert main(["ckpt", "import", "--from", "peft", adapter, "--base", base, "--out", out]) == 0
+    found, model = load_model(out)
+    assert found.kind == "adapter folder" and found.recipe.finetune.method == method
+    model.set_train(False)
+    ours = model.logits(Tensor(_ids().astype(np.int32))).asnumpy()
+    theirs = _peft_logits(src, adapter, N if method == "prompt" else 0)
+    assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()
+    np.save(tmp_path / "ids.npy", hf_models.windows()[:2, :SEQ + 1])
+    capsys.readouterr()
+    assert main(["eval", out, "--ids", str(tmp_path / "ids.npy"), "--json"]) == 0
+    assert np.isfinite(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loss"])
+    code = main(["generate", out, "--prompt", "The for", "--max-new-tokens", "3", "--temperature", "0"])
+    err = capsys.readouterr().err
+    if method in ("prefix", "prompt"):
+        assert code == 2 and "finetune.method" in err and "Traceback" not in err, err
+    else:
+        assert code == 0, err
+    for refused in (["ckpt", "merge-adapter", out, "--out", str(tmp_path / "merged")],):
+        assert main(refused) == 2
+        assert "does not fold" in capsys.readouterr().err
+    again = str(tmp_path / "again")
+    assert main(["ckpt", "export", out, "--to", "peft", "--out", again]) == 0
+    assert np.abs(_peft_logits(src, again, N if method == "prompt" else 0) - theirs).max() <= 1e-5
+
+
+@pytest.mark.parametrize("damage, key", [
+    ("type", "peft_type"), ("submodules", "num_transformer_submodules"), ("shape", "prompt_embeddings"),
+    ("virtual", "num_virtual_tokens"),
+])
+def test_bad_peft_prompt_folders_exit_2(llama, tmp_path, capsys, damage, key):
+    import json
+    from safetensors.numpy import load_file, save_file
+    src, base = llama
+    adapter = _peft_made(src, str(tmp_path / "adapter"), "prefix")
+    path = os.path.join(adapter, "adapter_config.json")
+    config = json.load(open(path))
+    if damage == "type":
+        config["peft_type"] = "IA3"
+    elif damage == "submodules":
+        config["num_transformer_submodules"] = 2
+    elif damage == "virtual":
+        config["num_virtual_tokens"] = 0
+    elif damage == "shape":
+        weights = os.path.join(adapter, "adapter_model.safetensors")
+        save_file({"prompt_embeddings": load_file(weights)["prompt_embeddings"][:, :-1].copy()}, weights)
+    json.dump(config, open(path, "w"))
+    capsys.readouterr()
+    assert main(["ckpt", "import", "--from", "peft", adapter, "--base", base, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"'{key}'" in err and "Traceback" not in err, err
+    assert not os.path.exists(tmp_path / "o")
