@@ -8,6 +8,11 @@ PEFT stores ``base_model.model.<module>.lora_A.weight`` ([rank, in], naohai's ``
 ``...lora_B.weight`` ([out, rank], ``B``) and scales by ``lora_alpha / r``, as naohai does
 (PEFT's ``tuners/lora/layer.py``, ``use_rslora`` off).  Only architectures that store the weight
 as naohai does (one tensor, [out, in]) are written; a fused or transposed one is refused.
+
+:func:`write_peft` / :func:`read_peft` also carry the other methods PEFT implements
+(:mod:`naohai.model.finetune`): prefix tuning (``PREFIX_TUNING``) and prompt tuning
+(``PROMPT_TUNING``) as the one ``prompt_embeddings`` tensor, LLaMA-Adapter (``ADAPTION_PROMPT``, the
+llama family's module names) as ``adaption_prompt`` / ``adaption_gate`` per adapted layer.
 """
 from __future__ import annotations
 
@@ -77,11 +82,8 @@ _UNSUPPORTED = {"use_rslora": False, "use_dora": False, "fan_in_fan_out": False,
                 "layer_replication": None}
 
 
-def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
-    """``(adapters by naohai name, rank, alpha, dropout)`` of the PEFT LoRA folder ``folder`` for a base of
-    model ``cfg``.  Anything naohai would compute otherwise is refused: exit 2 naming the file and key."""
-    from naohai.model.lora import lora_ops
-
+def _read_config(folder: str):
+    """(config path, weights path, adapter_config.json's object) of a PEFT folder; exit 2 naming the file."""
     config_path, weights_path = os.path.join(folder, CONFIG), os.path.join(folder, WEIGHTS)
     if not os.path.isdir(folder) or not os.path.isfile(config_path):
         raise UserError(f"is not a PEFT adapter folder: it needs {CONFIG} and {WEIGHTS}", where=folder)
@@ -92,6 +94,15 @@ def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
         raise UserError(f"cannot be read as JSON ({exc})", where=config_path) from None
     if not isinstance(config, dict):
         raise UserError("must hold a JSON object", where=config_path)
+    return config_path, weights_path, config
+
+
+def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
+    """``(adapters by naohai name, rank, alpha, dropout)`` of the PEFT LoRA folder ``folder`` for a base of
+    model ``cfg``.  Anything naohai would compute otherwise is refused: exit 2 naming the file and key."""
+    from naohai.model.lora import lora_ops
+
+    config_path, weights_path, config = _read_config(folder)
     if config.get("peft_type") != "LORA":
         raise UserError(f"is {config.get('peft_type')!r}; naohai imports LoRA adapters ('LORA')", where=config_path,
                         key="peft_type")
@@ -220,16 +231,7 @@ def _positive(config: dict, key: str, where: str) -> int:
 def read_peft(folder: str, cfg: ModelConfig, where_base: str = "--base"):
     """``(finetune fields, tensors by naohai name)`` of the PEFT folder ``folder`` (LoRA, prefix tuning,
     prompt tuning or adaption prompt) for a base of model ``cfg``; exit 2 naming file and key otherwise."""
-    config_path, weights_path = os.path.join(folder, CONFIG), os.path.join(folder, WEIGHTS)
-    if not os.path.isdir(folder) or not os.path.isfile(config_path):
-        raise UserError(f"is not a PEFT adapter folder: it needs {CONFIG} and {WEIGHTS}", where=folder)
-    try:
-        with open(config_path, encoding="utf-8") as fh:
-            config = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot be read as JSON ({exc})", where=config_path) from None
-    if not isinstance(config, dict):
-        raise UserError("must hold a JSON object", where=config_path)
+    config_path, weights_path, config = _read_config(folder)
     kind = config.get("peft_type")
     if kind == "LORA":
         adapters, rank, alpha, dropout = read_peft_lora(folder, cfg, where_base)

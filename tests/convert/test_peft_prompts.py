@@ -77,6 +77,8 @@ def test_naohai_adapter_loads_in_peft_with_equal_logits(llama, tmp_path, method)
     theirs = _peft_logits(src, adapter, N if method == "prompt" else 0)
     plain = hf_models.hf_logits(AutoModelForCausalLM.from_pretrained(src).eval(), _ids())
     assert np.abs(theirs - plain).max() > 1e-2                          # the adapter changes the logits ...
+    print(f"export {method}: max |naohai - peft| {np.abs(ours - theirs).max():.2e}, "
+          f"adapter's effect {np.abs(theirs - plain).max():.2e}")
     assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()   # ... as naohai's does
     with pytest.raises(UserError, match="already exists"):
         write_peft(adapter, _recipe(base).model, ft, tensors)
@@ -113,6 +115,7 @@ def test_peft_adapter_imports_with_equal_logits(llama, tmp_path, method):
     ft = FinetuneConfig(**fields)
     ours, _ = _naohai(base, ft, values=tensors)
     theirs = _peft_logits(src, adapter, N if method == "prompt" else 0)
+    print(f"import {method}: max |naohai - peft| {np.abs(ours - theirs).max():.2e}")
     assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()
 
 

@@ -103,3 +103,14 @@ def test_bad_recipe_exits_2_with_one_paragraph(tmp_path, capsys):
     assert main(["train", str(path)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "finetune.num_virtual_tokens" in err, err
+
+
+@pytest.mark.parametrize("method", ["prefix", "adapter"])
+def test_a_strategy_file_is_refused_naming_the_method(method):
+    """The methods other than LoRA have no sharding rules yet: the run plan refuses them under a strategy
+    file (exit 2 naming finetune.method) rather than train them unsharded."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    with pytest.raises(UserError, match=r"key 'finetune.method'.*one device so far"):
+        plan_run(str(root / "recipes/tiny.yaml"), str(root / "strategies/tiny-dp2-mp2-pp2.yaml"),
+                 ["train.micro_batch_size=2", f"finetune.method={method}", "model.max_positions=600"])
