@@ -99,6 +99,8 @@ class CachedDecoder:
     """Batch generation with a key/value cache over a built :class:`~naohai.model.transformer.NaohaiLM`."""
 
     def __init__(self, model, cfg, pad_id: int = 0):
+        from naohai.model.finetune import refuse_cached_step
+        refuse_cached_step(model, "recipe")
         self.model = model
         self.cfg = cfg
         self.pad_id = pad_id
