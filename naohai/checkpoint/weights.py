@@ -297,6 +297,12 @@ def start_checkpoint(path: str, recipe: Recipe, tokenizer_sha256: Optional[str],
     except UserError as exc:
         raise UserError(exc.message, where=exc.where, key="train.init_from") from None
     check_fits(found, recipe, where)
+    ft = found.recipe.finetune
+    if found.adapters is not None and ft is not None and ft.method != "lora":
+        raise UserError(f"{found.describe()} holds a {ft.method} adapter, which does not fold into model weights: "
+                        f"starting from it would drop the adapter. Start from its base "
+                        f"({(found.recipe.train.init_from or 'the base it names')}) or resume the run itself",
+                        where=where, key="train.init_from")
     if found.tokenizer_sha256 and tokenizer_sha256 and found.tokenizer_sha256 != tokenizer_sha256:
         raise UserError(f"the weights of {found.describe()} were trained with another tokenizer (SHA-256 "
                         f"{found.tokenizer_sha256[:12]}..., this run's is {tokenizer_sha256[:12]}...): their token "

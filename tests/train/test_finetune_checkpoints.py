@@ -80,3 +80,19 @@ def test_run_checkpoints_hold_the_method_only_and_serve(base, micro_data, tmp_pa
     assert code == (2 if method == "prefix" else 0), err
     assert "Traceback" not in err
     ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def test_a_prefix_run_as_init_from_is_refused(base, micro_data, tmp_path, capsys):
+    """A run of a method that does not fold is no model to start from (its adapter would be dropped)."""
+    prepared, tok = micro_data
+    raw = micro_recipe(tmp_path / "ft", prepared, tok, steps=2, save_every=2).to_dict()
+    raw["model"]["max_positions"] = 40
+    raw["train"]["init_from"] = str(base)
+    raw["finetune"] = {"method": "prefix", "num_virtual_tokens": 2}
+    _quiet(recipe_from_dict(raw, where="test recipe"))
+    again = micro_recipe(tmp_path / "again", prepared, tok, steps=2).to_dict()
+    again["train"]["init_from"] = str(tmp_path / "ft")
+    from naohai.errors import UserError
+    with pytest.raises(UserError, match=r"key 'train.init_from'.*prefix adapter, which does not fold"):
+        _quiet(recipe_from_dict(again, where="test recipe"))
+    assert not list_checkpoints(str(tmp_path / "again"))
