@@ -70,7 +70,7 @@ def ir_check(recipe, stages: int) -> Dict[str, Any]:
     """What the IR checks need to know of ``recipe``: the stages, whether the step clips (the global
     norm), and for a fine-tuning run the only parameters that train (no other gradient may be reduced)."""
     check: Dict[str, Any] = {"stages": stages, "clip": recipe.train.optimizer.grad_clip > 0}
-    if recipe.finetune is not None:
+    if recipe.finetune is not None and recipe.finetune.method == "lora":   # the other methods: one device only
         from naohai.model.lora import select_targets
         check["trainable"] = [f"{op}.{factor}" for op in select_targets(recipe.model, recipe.finetune)
                               for factor in ("lora_a", "lora_b")]
