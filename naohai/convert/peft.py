@@ -97,6 +97,18 @@ def _read_config(folder: str):
     return config_path, weights_path, config
 
 
+def _read_weights(weights_path: str) -> Dict[str, np.ndarray]:
+    """The tensors of a PEFT folder's ``adapter_model.safetensors``; a missing or unreadable file exits 2."""
+    if not os.path.isfile(weights_path):
+        raise UserError(f"is missing ({WEIGHTS}: naohai reads safetensors, not adapter_model.bin)",
+                        where=weights_path)
+    try:
+        from safetensors.numpy import load_file
+        return load_file(weights_path)
+    except Exception as exc:     # noqa: BLE001 - any unreadable file is the same user error
+        raise UserError(f"cannot be read as safetensors ({type(exc).__name__}: {exc})", where=weights_path) from None
+
+
 def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
     """``(adapters by naohai name, rank, alpha, dropout)`` of the PEFT LoRA folder ``folder`` for a base of
     model ``cfg``.  Anything naohai would compute otherwise is refused: exit 2 naming the file and key."""
@@ -116,14 +128,7 @@ def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
         raise UserError(f"must be a positive integer, got {rank!r}", where=config_path, key="r")
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 0:
         raise UserError(f"must be a positive number, got {alpha!r}", where=config_path, key="lora_alpha")
-    if not os.path.isfile(weights_path):
-        raise UserError(f"is missing ({WEIGHTS}: naohai reads safetensors, not adapter_model.bin)",
-                        where=weights_path)
-    try:
-        from safetensors.numpy import load_file
-        tensors = load_file(weights_path)
-    except Exception as exc:     # noqa: BLE001 - any unreadable file is the same user error
-        raise UserError(f"cannot be read as safetensors ({type(exc).__name__}: {exc})", where=weights_path) from None
+    tensors = _read_weights(weights_path)
     ops = {module: name[:-len("_weight")] for name, module in _modules(cfg, where_base).items()}
     dims = lora_ops(cfg)
     adapters: Dict[str, np.ndarray] = {}
@@ -249,14 +254,7 @@ def read_peft(folder: str, cfg: ModelConfig, where_base: str = "--base"):
                         where=config_path, key="task_type")
     if int(config.get("num_transformer_submodules") or 1) != 1:
         raise UserError("must be 1 (a decoder-only model)", where=config_path, key="num_transformer_submodules")
-    if not os.path.isfile(weights_path):
-        raise UserError(f"is missing ({WEIGHTS}: naohai reads safetensors, not adapter_model.bin)",
-                        where=weights_path)
-    try:
-        from safetensors.numpy import load_file
-        tensors = load_file(weights_path)
-    except Exception as exc:     # noqa: BLE001 - any unreadable file is the same user error
-        raise UserError(f"cannot be read as safetensors ({type(exc).__name__}: {exc})", where=weights_path) from None
+    tensors = _read_weights(weights_path)
 
     def shaped(key: str, want) -> np.ndarray:
         if key not in tensors:
