@@ -26,8 +26,10 @@ last message is the assistant's (the model learns to stop).
 Packing.  A window holds ``seq_length + 1`` tokens (inputs are the first ``seq_length``,
 labels the last ``seq_length``); windows do not overlap.  Conversations are placed in corpus
 order, a new window started when the next one does not fit; the rest of a window is the pad
-id, never learned.  As every conversation ends with EOD, the model's EOD reset keeps packed
-conversations from attending to each other.  A conversation longer than a window is
+id, never learned.  As every conversation ends with EOD, a model with ``model.eod_reset`` (the
+PanGu / PengCheng presets; ``recipes/sft-tiny.yaml`` sets it for the tiny one) keeps packed
+conversations from attending to each other; without it a conversation also sees the ones before
+it in its window (training then prints a warning).  A conversation longer than a window is
 ``truncation: drop`` (default: left out) or ``truncate`` (its head kept, the tokens of the
 assistant message cut by the window end unlearned; left out if nothing learned remains);
 the report counts both.

@@ -83,12 +83,17 @@ def adopt_token_ids(recipe: Recipe, prepared_dir: str, log) -> Recipe:
     """The recipe with the prepared data's EOD / pad ids in the model (the loader joins documents with
     the tokenizer's EOD, so EOD resets and the loss's pad mask must look for that id)."""
     from naohai.data.prepared_dir import open_prepared
-    tok = open_prepared(prepared_dir, verify=False).meta["tokenizer"]
+    from naohai.data.sft import FORMAT as SFT_FORMAT
+    meta = open_prepared(prepared_dir, verify=False).meta
+    tok = meta["tokenizer"]
     model = recipe.model.with_token_ids(tok["eod_id"], tok["pad_id"])
     for key in ("eod_id", "loss_pad_id"):
         before, after = getattr(recipe.model, key), getattr(model, key)
         if before != after:
             log(f"model.{key}: {before} -> {after} (the tokenizer's id for the same role)")
+    if meta.get("format") == SFT_FORMAT and not model.eod_reset:
+        log("warning: model.eod_reset is off, so each packed conversation also attends to the conversations "
+            "before it in its window (set model.eod_reset: true and model.eod_id to keep them apart)")
     return dataclasses.replace(recipe, model=model)
 
 

@@ -9,11 +9,11 @@ import numpy as np
 from naohai.config import recipe_from_dict
 from naohai.data.sft import load_sft
 from naohai.strategy.run_plan import plan_run
-from naohai.train.job import start, train
+from naohai.train.job import adopt_token_ids, start, train
 from tests.conftest import micro_recipe
 
 
-def _recipe(tmp_path, tok, steps=8):
+def _recipe(tmp_path, tok, steps=8, **model):
     rows = [{"prompt": f"echo {i}", "response": f"{i}"} for i in range(200)]
     path = Path(tmp_path) / "chat.jsonl"
     if not path.exists():
@@ -22,6 +22,7 @@ def _recipe(tmp_path, tok, steps=8):
                        lr=2e-2).to_dict()
     raw["data"].update(format="sft", corpus=[str(path)], tokenizer=tok, holdout_fraction=0.1,
                        prepared_dir=str(Path(tmp_path) / "sft"))
+    raw["model"].update(model)
     raw["finetune"] = {"method": "lora", "rank": 4, "alpha": 8.0, "targets": r"attention\.(q|v)$|mlp\.(up|down)$"}
     return recipe_from_dict(raw, where="test recipe")
 
@@ -36,6 +37,11 @@ def test_sft_lora_run_learns_saves_adapters_and_resumes(tmp_path, micro_data):
     assert result.losses[8] < result.losses[1] < math.log(320) + 1
     meta = load_sft(str(Path(tmp_path) / "sft")).meta
     assert meta["report"]["malformed"] == 1 and any("1 malformed" in line for line in logs)
+    # the micro model does not reset attention at EOD: packed conversations see each other, and it says so
+    assert any("model.eod_reset is off" in line for line in logs)
+    quiet = []
+    kept = adopt_token_ids(_recipe(tmp_path, tok, eod_reset=True, eod_id=0), str(Path(tmp_path) / "sft"), quiet.append)
+    assert kept.model.eod_id == meta["tokenizer"]["eod_id"] and not any("eod_reset" in line for line in quiet)
     with open(Path(tmp_path) / "run" / "checkpoints" / "step_00000008" / "rank_0.json", encoding="utf-8") as fh:
         names = list(json.load(fh)["tensors"])
     assert "layers.0.attention.q.lora_a" in names and "adam_m.layers.1.attention.v.lora_b" in names
