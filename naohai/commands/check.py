@@ -284,8 +284,12 @@ def _compile_chosen(args, words, recipe, strategy_file, resolved, workdir) -> in
     print(report.render())
     profile = load_profile(args.profile)
     limit = (profile.memory_gb - profile.reserve_gb) * GB
+    from naohai.strategy.lora import planned_adapters
+    from naohai.strategy.memory import adapter_placements
+    lora = planned_adapters(compile_recipe, compiled)
     rows = rank_rows(report.per_rank, compiled, compile_recipe.model, limit,
-                     real=(resolved, recipe.model) if reduced else None)
+                     real=(resolved, recipe.model) if reduced else None,
+                     adapters=adapter_placements(compiled, lora) if lora else None)
     print(render(rows, limit, profile.name))
     summary_path = workdir / "summary.json"
     summary = json.loads(summary_path.read_text())

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional
 
 from naohai.config import ModelConfig
-from naohai.strategy.memory import stage_activations, stage_states
+from naohai.strategy.memory import place_params, stage_activations, stage_states
 from naohai.strategy.resolve import ResolvedStrategy
 
 GB = 1024.0 ** 3
@@ -88,25 +88,32 @@ def compiled_state(parameters: Dict[str, Dict[str, Any]], resolved: ResolvedStra
     return RankState(int(params), weights, grads, opt, act, held)
 
 
-def planned_state(resolved: ResolvedStrategy, cfg: ModelConfig, stage: int) -> RankState:
-    st = stage_states(cfg, resolved)[stage]
+def planned_state(resolved: ResolvedStrategy, cfg: ModelConfig, stage: int, adapters=None) -> RankState:
+    """The planner's bytes for ``stage``; ``adapters`` (:func:`naohai.strategy.memory.adapter_placements`):
+    a fine-tuning run, where only they hold gradients and moments."""
+    if adapters is None:
+        st = stage_states(cfg, resolved)[stage]
+    else:
+        st = stage_states(cfg, resolved, place_params(cfg, resolved) + list(adapters),
+                          {a.name for a in adapters})[stage]
     return RankState(st.params, st.weights, st.grads, st.optimizer, stage_activations(cfg, resolved)[stage].total)
 
 
 def rank_rows(per_rank, resolved: ResolvedStrategy, cfg: ModelConfig, limit_bytes: float,
-              real=None) -> List[Dict[str, Any]]:
+              real=None, adapters=None) -> List[Dict[str, Any]]:
     """One record per compiled rank: stage, verdict, compiled and planned bytes, their difference,
     and whether the rank fits ``limit_bytes`` (the device profile's memory less its reserve).
 
     ``real`` = (resolved, cfg) of the real layout when fewer layers were compiled: the planner's
-    figures for the rank's stage at the real depth are added, and decide whether it fits."""
+    figures for the rank's stage at the real depth are added, and decide whether it fits.  ``adapters``:
+    see :func:`planned_state` (the compiled layout's)."""
     rows = []
     for r in per_rank:
         stage = r.rank // resolved.devices_per_stage
         row: Dict[str, Any] = {"rank": r.rank, "stage": stage, "verdict": r.verdict(),
                                "compile_s": (r.result or {}).get("compile_s"),
                                "peak_rss_mb": (r.result or {}).get("peak_rss_mb")}
-        plan = planned_state(resolved, cfg, stage)
+        plan = planned_state(resolved, cfg, stage, adapters)
         row["planned"] = dict(asdict(plan), total=plan.total)
         if r.ok:
             got = compiled_state(r.parameters, resolved, cfg, stage)

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from naohai.strategy.lora import check_adapters
+from naohai.strategy.lora import check_adapters, planned_adapters
+from naohai.strategy.memory import adapter_placements
+from naohai.strategy.rank_memory import compiled_state, planned_state
 from naohai.strategy.run_plan import plan_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,12 +77,19 @@ def check_lora_compile(rc, workdir, out):
     full = _one_device_adapters()
     run = plan_run(str(ROOT / "recipes/tiny.yaml"), str(ROOT / "strategies/tiny-dp2-mp2-pp2.yaml"), ARGV[2:])
     planned = check_adapters(run.recipe, run.strategy)      # naohai's rules, as the planner reads them
+    adapters = adapter_placements(run.strategy, planned_adapters(run.recipe, run.strategy))
     for r, entry in enumerate(per):
         stage, local = divmod(r, 4)
         params = entry["result"]["parameters"]
         mine = [i for i in range(4) if "slice_shape" in params.get(f"layers.{i}.attention.q_weight", {})]
         assert mine == ([0, 1] if stage == 0 else [2, 3])      # adapters live on their base layer's stage
         slices = ms.load_checkpoint(entry["result"]["slices_file"])
+        # the planner's model states with the base frozen == MindSpore's (its accumulation buffers and
+        # optimizer moments exist for the adapters only)
+        got = compiled_state(params, run.strategy, run.recipe.model, stage)
+        want = planned_state(run.strategy, run.recipe.model, stage, adapters)
+        assert (got.params, got.weights, got.grads, got.optimizer) == \
+            (want.params, want.weights, want.grads, want.optimizer), (r, got, want)
         ops = parse_comm_ops((workdir / f"rank_{r}" / "train.ir").read_text(errors="replace"))
         reduced = reduced_gradients(ops)
         for i in range(4):
