@@ -45,8 +45,10 @@ Layout of a prepared SFT directory::
 ``mask[w, j] = 1`` says token ``j`` of window ``w`` is learned, i.e. label ``j - 1`` counts in
 the loss; ``mask[w, 0]`` is always 0.  The held-out split is chosen by conversation as in
 :func:`naohai.data.prepare.holdout_mask`.  :class:`SFTLoader` serves ``(tokens, mask)`` batches
-in the order of :class:`naohai.data.loader.TokenWindowLoader`; :func:`masked_labels` turns
-one into ``(input_ids, labels)`` with :data:`IGNORE` where a label is not learned.
+in the order of :class:`naohai.data.loader.TokenWindowLoader`, each with the learned-token count of
+the whole global batch (:class:`SFTBatch`: every data-parallel rank reads it from the global batch's
+masks, so the loss's denominator agrees on every rank without a collective); :func:`masked_labels`
+turns one into ``(input_ids, labels)`` with :data:`IGNORE` where a label is not learned.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -373,24 +375,36 @@ def load_sft(path: str) -> SFTPrepared:
     return prep
 
 
+class SFTBatch(NamedTuple):
+    """One rank's rows of an SFT global batch: ``tokens`` int32 and ``mask`` uint8, ``[rows, seq + 1]``,
+    and ``learned``, the learned tokens (mask ones past column 0) of the GLOBAL batch, all ranks' rows."""
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    learned: int
+
+
 class SFTLoader(TokenWindowLoader):
-    """:class:`TokenWindowLoader`'s order over SFT windows; batches are ``(tokens, mask)`` int32 / uint8."""
+    """:class:`TokenWindowLoader`'s order over SFT windows; batches are :class:`SFTBatch`."""
 
     def __init__(self, prepared, split: str = "train", *args, **kwargs):
         super().__init__(prepared if isinstance(prepared, SFTPrepared) else load_sft(prepared), split, *args,
                          **kwargs)
         self._mask = self.prepared.mask(split)
 
-    def next_batch(self) -> Tuple[np.ndarray, np.ndarray]:
-        lo = self.sample + self.rank * self.local_batch_size
-        idx = self.window_indices(lo, self.local_batch_size)
+    def next_batch(self) -> SFTBatch:
+        everyone = self.window_indices(self.sample, self.global_batch_size)
+        lo = self.rank * self.local_batch_size
+        idx = everyone[lo:lo + self.local_batch_size]
+        learned = int(np.count_nonzero(np.asarray(self._mask[np.sort(everyone)])[:, 1:]))
         self.sample += self.global_batch_size
-        return np.asarray(self._tokens[idx], np.int32), np.asarray(self._mask[idx], np.uint8)
+        return SFTBatch(np.asarray(self._tokens[idx], np.int32), np.asarray(self._mask[idx], np.uint8), learned)
 
 
-def masked_labels(batch: Tuple[np.ndarray, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
-    """``(input_ids, labels)`` int32 of an SFT batch: labels are :data:`IGNORE` where not learned."""
-    tokens, mask = batch
+def masked_labels(batch) -> Tuple[np.ndarray, np.ndarray]:
+    """``(input_ids, labels)`` int32 of an SFT batch (:class:`SFTBatch` or ``(tokens, mask)``): labels are
+    :data:`IGNORE` where not learned."""
+    tokens, mask = batch[0], batch[1]
     tokens = np.asarray(tokens, np.int32)
     labels = np.where(np.asarray(mask)[:, 1:] != 0, tokens[:, 1:], IGNORE).astype(np.int32)
     return tokens[:, :-1], labels

@@ -141,6 +141,8 @@ class StepParts:
     eval_reduce_loss: Any
     opt_sharded: bool
     notes: List[str]
+    averaged: int = 1            # ranks whose gradients and losses are averaged outside the model (plain dp)
+    eval_micro: int = 1          # micro-batches the eval network sums and ``eval_reduce_loss`` divides by
 
 
 def step_parts(model, weights, resolved: ResolvedStrategy, runtime: Runtime) -> StepParts:
@@ -149,7 +151,7 @@ def step_parts(model, weights, resolved: ResolvedStrategy, runtime: Runtime) -> 
         return StepParts(model, 1, None, None, model, None, False, [])
     if runtime.mode == "data_parallel":
         return StepParts(model, 1, ReducedGrads(weights, runtime.world), None, model, None, False,
-                         ["data parallel: explicit gradient all-reduce (mean) before the norm"])
+                         ["data parallel: explicit gradient all-reduce (mean) before the norm"], averaged=runtime.world)
     from mindspore.parallel.nn import GradAccumulation, Pipeline
 
     micro, stages = runtime.micro, runtime.stages
@@ -173,4 +175,5 @@ def step_parts(model, weights, resolved: ResolvedStrategy, runtime: Runtime) -> 
         notes.append(f"the global batch holds {resolved.gradient_accumulation} x micro_batches "
                      f"({resolved.micro_batches}) micro-batches per data-parallel rank: all run in one step")
     collect = AccumulatedGrads(weights, sharded)
-    return StepParts(network, micro, collect, reduce_loss, eval_network, eval_reduce, sharded, notes)
+    return StepParts(network, micro, collect, reduce_loss, eval_network, eval_reduce, sharded, notes,
+                     eval_micro=micro if stages > 1 else 1)

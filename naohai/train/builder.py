@@ -79,16 +79,18 @@ def _split(batch: np.ndarray) -> Tuple[Tensor, Tensor]:
     return Tensor(batch[:, :-1]), Tensor(batch[:, 1:])
 
 
-def _masked_split(batch, token_weight, micro: int) -> Tuple[Tensor, Tensor]:
-    """Inputs and labels of an SFT batch ``(tokens, mask)``; sets ``token_weight`` to ``micro / N``,
-    N the learned tokens of the batch (0 when there are none: the step then learns nothing)."""
-    from naohai.data.sft import IGNORE, masked_labels
+def _masked_split(batch, token_weight, factor: int) -> Tuple[Tensor, Tensor]:
+    """Inputs and labels of an SFT batch; sets ``token_weight`` to ``factor / N``, N the learned tokens
+    of the GLOBAL batch (``batch.learned`` of a :class:`naohai.data.sft.SFTBatch`; a plain ``(tokens,
+    mask)`` pair is a whole global batch) and ``factor`` what the step divides the weighted loss by
+    afterwards (see :mod:`naohai.train.step`).  N = 0: the step learns nothing."""
+    from naohai.data.sft import masked_labels
 
     if token_weight is None:
         raise ValueError("an SFT batch (tokens, mask) needs steps built with masked_loss=True")
     ids, labels = masked_labels(batch)
-    learned = int(np.count_nonzero(labels != IGNORE))
-    token_weight.set_data(Tensor(np.float32(micro / learned if learned else 0.0)))
+    learned = batch.learned if hasattr(batch, "learned") else int(np.count_nonzero(np.asarray(batch[1])[:, 1:]))
+    token_weight.set_data(Tensor(np.float32(factor / learned if learned else 0.0)))
     return Tensor(ids), Tensor(labels)
 
 
@@ -105,7 +107,9 @@ class CompiledSteps:
     micro_batch: int = 0
     eval_step: Any = None
     notes: List[str] = field(default_factory=list)
-    token_weight: Any = None           # masked loss: the Parameter the host sets per step (see step.py)
+    token_weight: Any = None           # masked loss: the Parameter the host sets per step (see step.py) ...
+    weight_factor: int = 1             # ... to weight_factor / N before a train step ...
+    eval_weight_factor: int = 1        # ... and to this / N before an eval call
     score_step: Any = None             # semi-auto with train.eval.tasks: the downstream scoring graph ...
     score_rows: int = 0                # ... the rows this rank feeds it per call ...
     score_global_rows: int = 0         # ... the rows of one call over the whole job ...
@@ -115,8 +119,7 @@ class CompiledSteps:
         """One optimizer step on ``batch``: ``[rows, seq + 1]`` token windows, or an SFT batch
         ``(tokens, mask)`` (steps built with ``masked_loss``)."""
         if isinstance(batch, tuple):
-            ids, labels = _masked_split(batch, self.token_weight, 1 if self.train_step is not None
-                                        else self.rows // self.micro_batch)
+            ids, labels = _masked_split(batch, self.token_weight, self.weight_factor)
         else:
             ids, labels = _split(batch)
         if self.train_step is not None:
@@ -134,7 +137,8 @@ class CompiledSteps:
 
     def evaluate(self, batch) -> float:
         """Held-out loss of ``batch`` (an SFT batch: the mean NLL of its learned tokens)."""
-        ids, labels = _masked_split(batch, self.token_weight, 1) if isinstance(batch, tuple) else _split(batch)
+        ids, labels = _masked_split(batch, self.token_weight, self.eval_weight_factor) if isinstance(batch, tuple) \
+            else _split(batch)
         return float(self.eval_step(ids, labels).asnumpy())
 
     def score_forward(self):
@@ -275,16 +279,15 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
     """Build model, optimizer and the steps of ``run`` for this rank.  ``runtime`` comes from
     ``init_runtime`` (left out: one device, :func:`naohai.strategy.runtime.plan_runtime`); under
     semi-auto MindSpore writes the step's parameter strategy file to ``strategy_file``.
-    ``masked_loss``: the steps take SFT batches and normalise by the global batch's learned tokens
-    (one device for now)."""
+    ``masked_loss``: the steps take SFT batches and normalise by the global batch's learned tokens."""
     recipe, resolved = run.recipe, run.strategy
     runtime = runtime or plan_runtime(resolved)
     t = recipe.train
     token_weight = None
     if masked_loss:
-        if runtime.mode == "semi_auto" or runtime.dp_size > 1:
-            raise UserError("fine-tuning on SFT data (the masked loss) runs on one device so far; a layout with "
-                            f"{runtime.dp_size} data-parallel rank(s) in mode {runtime.mode} is not supported yet",
+        if runtime.mode == "semi_auto":
+            raise UserError("fine-tuning on SFT data (the masked loss) runs on one device or plain data parallel so "
+                            "far; this layout shards the model (mode semi_auto)",
                             where=recipe.source, key="data.prepared_dir")
         token_weight = ms.Parameter(Tensor(1.0, ms.float32), name="sft.token_weight", requires_grad=False)
     loop, loop_note = layer_loop(recipe, resolved, runtime)
@@ -306,6 +309,8 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
     steps = CompiledSteps(rows, eval_rows, seq, notes=list(parts.notes) + ([loop_note] if loop_note else []),
                   token_weight=token_weight)
     k = host_accumulation(resolved, runtime)
+    steps.weight_factor = (k if k > 1 else parts.micro) * parts.averaged
+    steps.eval_weight_factor = parts.eval_micro * parts.averaged
     if k == 1:
         step = TrainStep(parts.network, optimizer, guard, t.optimizer.grad_clip, parts.micro, parts.collect, parts.reduce_loss,
                          token_weight)

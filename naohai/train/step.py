@@ -27,10 +27,13 @@ The guard's parameters are ordinary Parameters, so checkpoints carry them.
 
 Masked (fine-tuning) loss.  With ``token_weight`` (a Parameter the host sets before each step)
 the network returns the SUM of the NLL of its learned tokens and the steps use ``loss *
-token_weight`` and its gradients.  The host sets ``token_weight = micro / N`` where ``N`` is the
-number of learned tokens of the whole global batch and ``micro`` what the step later divides by
-(host micro-batches), so the step's loss and gradients are ``sum of all learned NLL / N`` however
-the batch is split: one batch, accumulation of 4, 4 micro-batches give the same result.
+token_weight`` and its gradients.  The host sets ``token_weight = f / N`` where ``N`` is the
+number of learned tokens of the whole global batch (all data-parallel ranks: the loader counts them)
+and ``f`` what the step and the loop later divide by: host micro-batches (``ApplyStep``) or the
+micro-batches summed in the network (``TrainStep``'s ``micro``), times the data-parallel ranks whose
+gradients and losses are averaged outside the graph.  So the step's loss and gradients are ``sum of
+all learned NLL / N`` however the batch is split: one batch, accumulation of 4, 4 micro-batches and
+data-parallel ranks give the same result.
 Pretraining passes no ``token_weight`` and is unchanged.
 """
 from __future__ import annotations

@@ -162,8 +162,12 @@ def test_loader_batches_and_masked_labels(bpe, jsonl, tmp_path):
     prepare_sft([jsonl[0]], ours, str(tmp_path / "sft"), SEQ, holdout_fraction=0.1, seed=3)
     prep = load_sft(str(tmp_path / "sft"))
     loader = SFTLoader(prep, "train", global_batch_size=2, seed=5)
-    tokens, mask = loader.next_batch()
+    tokens, mask, learned = loader.next_batch()
     order = loader.window_indices(0, 2)
+    assert learned == int(mask[:, 1:].sum()) > 0           # one rank: its rows are the global batch
+    halves = [SFTLoader(prep, "train", global_batch_size=2, rank=r, world_size=2, seed=5).next_batch() for r in (0, 1)]
+    np.testing.assert_array_equal(np.concatenate([h.tokens for h in halves]), tokens)
+    assert [h.learned for h in halves] == [learned, learned]   # every rank knows the global count
     np.testing.assert_array_equal(tokens, np.asarray(prep.tokens("train"))[order])
     ids, labels = masked_labels((tokens, mask))
     assert ids.shape == labels.shape == (2, SEQ) and ids.dtype == labels.dtype == np.int32

@@ -92,6 +92,6 @@ def test_per_micro_batch_normalisation_would_differ(sft_batch):
     assert np.abs(weights - 0.25).max() > 0.05
 
 
-def test_masked_loss_refuses_data_parallel(tmp_path):
-    with pytest.raises(UserError, match="one device so far"):
-        build(plan_run(_recipe(tmp_path, 1)), runtime=Runtime("data_parallel", 0, 2, 0, 2), masked_loss=True)
+def test_masked_loss_refuses_semi_auto(tmp_path):
+    with pytest.raises(UserError, match="plain data parallel so far"):
+        build(plan_run(_recipe(tmp_path, 1)), runtime=Runtime("semi_auto", 0, 8, 0, 2, 2, 4), masked_loss=True)
