@@ -4,8 +4,11 @@
 
 * ``loglikelihood(pairs)``: for each (context, continuation) the summed log-probability of the
   continuation after the context and whether greedy decoding would have produced it.  Requests
-  are packed, longest first, into rows of the model's ``seq_length`` (several short requests
-  share a row: each one's positions start at 0 and a block-diagonal causal attention bias keeps
+  with the same context (a multiple-choice question's choices) share it: the context's tokens
+  are placed once, each continuation after them as a branch that attends to the context and to
+  itself only (its positions go on from the context's), so a question with four choices costs its
+  context once, not four times.  These units are packed, longest first, into rows of the model's
+  ``seq_length`` (several share a row: each one's positions start at 0 and the attention bias keeps
   it to its own tokens, EOD resets included where the model has them), ``batch`` rows at a time,
   and scored by ONE compiled graph of fixed shape
   (:class:`naohai.model.transformer.PackedScoreNet` under ``mindspore.jit``, the model's
@@ -79,35 +82,39 @@ def packed_forward(model) -> Callable[..., Tuple[np.ndarray, np.ndarray]]:
     return forward
 
 
-def segment_layout(cfg, ids: np.ndarray, segments: Sequence[Tuple[int, int]]) -> Tuple[np.ndarray, np.ndarray]:
-    """(positions [S] int32, bias [1 or heads, S, S] float32) of one packed row whose requests occupy
-    ``segments`` (start, length): causal inside a segment, nothing across, positions from 0 in each;
-    with ``eod_reset`` / ``eod_reset_positions`` a segment is split after each EOD as the model's
-    :class:`~naohai.model.layers.DocumentLayout` splits a packed window; ALiBi distances if configured."""
+def unit_layout(cfg, ids: np.ndarray, units: Sequence[Tuple[int, int, Sequence[int]]]) -> Tuple[np.ndarray, np.ndarray]:
+    """(positions [S] int32, bias [1 or heads, S, S] float32) of one packed row holding ``units``
+    ``(start, trunk, branches)``: ``trunk`` shared tokens at ``start``, then each branch's tokens
+    (``branches`` their lengths), every branch reading the trunk and itself, as if it followed the
+    trunk alone in a window of its own -- causal, nothing across units or branches, positions from
+    0; with ``eod_reset`` / ``eod_reset_positions`` a path is split after each EOD as the model's
+    :class:`~naohai.model.layers.DocumentLayout` splits a packed window; ALiBi distances along the
+    path.  A unit with one branch is one ordinary request; unused columns attend to themselves."""
     from naohai.model.layers import alibi_slopes
 
     s = len(ids)
-    group = np.arange(s) + s                    # unused columns: each its own group (attends to itself)
-    for k, (start, length) in enumerate(segments):
-        group[start:start + length] = k
-    if cfg.eod_reset or cfg.eod_reset_positions:
-        doc = np.concatenate([[0], np.cumsum(ids[:-1] == cfg.eod_id)])      # EODs closed before each token
-    else:
-        doc = np.zeros(s, np.int64)
-    same_group = group[:, None] == group[None, :]
-    causal = np.tril(np.ones((s, s), np.bool_))
-    same_doc = doc[:, None] == doc[None, :]
-    segment_pos = np.zeros(s, np.int64)
-    for start, length in segments:
-        segment_pos[start:start + length] = np.arange(length)
-    allowed = same_group & causal & (same_doc if cfg.eod_reset else True)
-    positions = segment_pos
-    if cfg.eod_reset_positions:
-        positions = (same_group & causal & same_doc).sum(-1) - 1
+    allowed = np.eye(s, dtype=np.bool_)
+    positions = np.zeros(s, np.int64)
+    along = np.arange(s)                        # index along its path (ALiBi's distance)
+    for start, trunk, branches in units:
+        col = start + trunk
+        for length in (list(branches) or [0]):
+            path = np.concatenate([np.arange(start, start + trunk), np.arange(col, col + length)])
+            col += length
+            n = len(path)
+            causal = np.tril(np.ones((n, n), np.bool_))
+            if cfg.eod_reset or cfg.eod_reset_positions:     # EODs closed before each token of the path
+                doc = np.concatenate([[0], np.cumsum(ids[path][:-1] == cfg.eod_id)])
+                same_doc = doc[:, None] == doc[None, :]
+            else:
+                same_doc = np.ones((n, n), np.bool_)
+            allowed[np.ix_(path, path)] = causal & same_doc if cfg.eod_reset else causal
+            positions[path] = (causal & same_doc).sum(-1) - 1 if cfg.eod_reset_positions else np.arange(n)
+            along[path] = np.arange(n)
     bias = np.where(allowed, 0.0, -1e9).astype(np.float32)[None]
     if cfg.position == "alibi":
-        i, j = np.arange(s)[:, None], np.arange(s)[None, :]
-        bias = bias + (alibi_slopes(cfg.num_heads)[:, None, None] * (j - i)[None]).astype(np.float32)
+        distance = (along[None, :] - along[:, None]).astype(np.float32)
+        bias = bias + (alibi_slopes(cfg.num_heads)[:, None, None] * distance[None]).astype(np.float32)
     return positions.astype(np.int32), bias
 
 
@@ -142,6 +149,14 @@ class Scorer:
         self.graph_seconds = 0.0       # time inside the compiled scoring graph (compiles included)
 
     # ------------------------------------------------------------------ log-likelihood
+    def warm_up(self) -> float:
+        """Score one padding-sized request, so the scoring graph is compiled before any evaluation is
+        timed; returns the seconds it took (not counted in :attr:`graph_seconds`)."""
+        graph, t0 = self.graph_seconds, time.perf_counter()
+        self.loglikelihood([([self.eod_id], [self.eod_id])])
+        self.graph_seconds = graph
+        return time.perf_counter() - t0
+
     @property
     def forward(self):
         if self._forward is None:
@@ -163,28 +178,35 @@ class Scorer:
             ids = ids[-(width + 1):]
             seqs.append((ids, min(len(cont), len(ids) - 1)))
         packs = getattr(self.forward, "packs", False)
-        rows = self._pack([len(ids) - 1 for ids, _ in seqs], width) if packs else [[i] for i in range(len(seqs))]
+        units = self._units(seqs, share=packs)
+        lengths = [len(t_in) + sum(len(b_in) for _, b_in, _ in branches) for t_in, _, branches in units]
+        rows = self._pack(lengths, width) if packs else [[u] for u in range(len(units))]
         out: List[Optional[Tuple[float, bool]]] = [None] * len(seqs)
         for start in range(0, len(rows), self.batch):
             chunk = rows[start:start + self.batch]
             inputs = np.full((self.batch, width), self.pad_id, np.int32)
             labels = np.full((self.batch, width), self.pad_id, np.int32)
-            places = []                                    # (request, row, first column)
+            places = []                                    # (request, row, first column, tokens scored)
+            layouts: List[List[Tuple[int, int, List[int]]]] = [[] for _ in range(self.batch)]
             for r, members in enumerate(chunk):
                 col = 0
-                for i in members:
-                    ids = seqs[i][0]
-                    inputs[r, col:col + len(ids) - 1] = ids[:-1]
-                    labels[r, col:col + len(ids) - 1] = ids[1:]
-                    places.append((i, r, col))
-                    col += len(ids) - 1
+                for u in members:
+                    t_in, t_lab, branches = units[u]
+                    layouts[r].append((col, len(t_in), [len(b_in) for _, b_in, _ in branches]))
+                    inputs[r, col:col + len(t_in)] = t_in
+                    labels[r, col:col + len(t_in)] = t_lab
+                    col += len(t_in)
+                    for i, b_in, b_lab in branches:
+                        inputs[r, col:col + len(b_in)] = b_in
+                        labels[r, col:col + len(b_in)] = b_lab
+                        places.append((i, r, col, len(b_in)))
+                        col += len(b_in)
             self.shapes.add(inputs.shape)
             if packs:
                 positions = np.zeros_like(inputs)
                 bias = []
                 for r in range(self.batch):
-                    segs = [(c, len(seqs[i][0]) - 1) for i, rr, c in places if rr == r]
-                    pos, b = segment_layout(self.cfg, inputs[r], segs)
+                    pos, b = unit_layout(self.cfg, inputs[r], layouts[r])
                     positions[r] = pos
                     bias.append(b)
                 t0 = time.perf_counter()
@@ -193,12 +215,38 @@ class Scorer:
                 t0 = time.perf_counter()
                 nll, top = self.forward(inputs, labels)
             self.graph_seconds += time.perf_counter() - t0
-            for i, r, col in places:
-                ids, n = seqs[i]
-                end = col + len(ids) - 1
-                span = slice(end - n, end)
+            for i, r, col, n in places:
+                span = slice(col, col + n)
                 out[i] = (-float(nll[r, span].sum()), bool((top[r, span] == labels[r, span]).all()))
         return out
+
+    def _units(self, seqs, share: bool) -> List[Tuple[List[int], List[int], List[Tuple[int, List[int], List[int]]]]]:
+        """Scoring units ``(trunk inputs, trunk labels, [(request, branch inputs, branch labels)])`` of
+        ``seqs`` (``(ids, tokens scored)`` per request): a request's trunk is the part of its window that
+        is not scored.  With ``share``, requests whose trunks (and the id after them) are equal become
+        branches of one unit, as many as fit in ``seq_length``; else one unit per request."""
+        width = self.max_length
+        groups: Dict[Tuple[int, ...], List[int]] = {}
+        for i, (ids, n) in enumerate(seqs):
+            key = tuple(ids[:len(ids) - n]) if share else (i,)
+            groups.setdefault(key, []).append(i)
+        units = []
+        for members in groups.values():
+            ids, n = seqs[members[0]]
+            t = len(ids) - 1 - n
+            trunk_in, trunk_lab = list(ids[:t]), list(ids[1:t + 1])
+            current: List[Tuple[int, List[int], List[int]]] = []
+            used = t
+            for i in members:
+                ids, n = seqs[i]
+                branch = (i, list(ids[t:-1]), list(ids[t + 1:]))
+                if current and used + n > width:
+                    units.append((trunk_in, trunk_lab, current))
+                    current, used = [], t
+                current.append(branch)
+                used += n
+            units.append((trunk_in, trunk_lab, current))
+        return units
 
     @staticmethod
     def _pack(lengths: Sequence[int], width: int) -> List[List[int]]:

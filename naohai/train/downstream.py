@@ -6,8 +6,11 @@ missing data file stops the run before step 1; it then wraps the model being tra
 round trip) in naohai's lm-eval backend.  Before step 1 (of a fresh run), every ``train.eval.every``
 steps and at the last step it scores the tasks and hands one row per task to the other callbacks
 (``on_downstream(trainer, step, rows)``: ``metrics.jsonl`` rows with ``split: "downstream"``,
-TensorBoard scalars ``downstream/<task>/<metric>``, the console, ``downstream.png``).  The time it
-takes is measured and reported against the run's wall time at the end.
+TensorBoard scalars ``downstream/<task>/<metric>``, the console, ``downstream.png``).  Its scoring
+graph is compiled in ``on_start`` (one padding request), like the train and eval steps before the
+loop.  At the end the time it took (evaluations plus that compile) is reported against the run's
+wall time since the job started (``job_started``, set by :func:`naohai.train.job.start`) and
+against the training loop's.
 
 Every rank evaluates the same requests, so every rank has the same results; rank 0 writes.  On one
 device and under data parallel each rank scores them with the full weights it holds (the model's
@@ -33,6 +36,10 @@ def task_names(recipe: Recipe) -> List[str]:
     return split_names(items, recipe.source or "recipe", "train.eval.tasks") if items else []
 
 
+def _percent(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole > 0 else "n/a"
+
+
 class DownstreamEval(Callback):
     """The ``train.eval`` callback (see the module docstring)."""
 
@@ -45,7 +52,9 @@ class DownstreamEval(Callback):
         self.lm = None
         self.seconds = 0.0
         self.evaluations = 0
-        self.started = None
+        self.started = None            # the training loop's start (on_start)
+        self.job_started = None        # the job's start: naohai.train.job.start sets it
+        self.compile_seconds = 0.0
         self.last_step = None
 
     @property
@@ -81,6 +90,8 @@ class DownstreamEval(Callback):
         self.started = time.time()
         self.check()
         self.lm = self._backend(trainer)
+        self.compile_seconds = self.lm.scorer.warm_up()
+        self.log(f"downstream evaluation: scoring graph compiled in {self.compile_seconds:.1f} s")
         if trainer.step == 0:
             self.evaluate(trainer)
 
@@ -93,11 +104,15 @@ class DownstreamEval(Callback):
     def on_end(self, trainer) -> None:
         if not self.enabled or self.started is None or not trainer.writer:
             return
-        total = time.time() - self.started
-        share = 100.0 * self.seconds / total if total > 0 else float("nan")
+        now = time.time()
+        loop = now - self.started
+        job = now - (self.job_started or self.started)
+        spent = self.seconds + self.compile_seconds
         graph = self.lm.scorer.graph_seconds if self.lm is not None else 0.0
-        self.log(f"downstream evaluation: {self.evaluations} evaluation(s), {self.seconds:.1f} s of the run's "
-                 f"{total:.1f} s ({share:.1f}%; {graph:.1f} s of it in the compiled scoring graph)")
+        self.log(f"downstream evaluation: {self.evaluations} evaluation(s) in {self.seconds:.1f} s ({graph:.1f} s "
+                 f"of it in the compiled scoring graph) + {self.compile_seconds:.1f} s compiling that graph = "
+                 f"{spent:.1f} s: {_percent(spent, job)} of the run's {job:.1f} s since the job started, "
+                 f"{_percent(spent, loop)} of the {loop:.1f} s since the training loop started")
 
     # ------------------------------------------------------------------ work
     def evaluate(self, trainer) -> Optional[List[Dict[str, Any]]]:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
@@ -194,12 +195,14 @@ class RunFiles(Callback):
 def start(run: Run, *, device: Optional[str] = None, log: Callable[[str], None] = print,
           progress: bool = True, max_steps: Optional[int] = None, callbacks: Sequence[Any] = ()) -> Trainer:
     """Everything before the first step (see the module docstring)."""
+    job_started = time.time()
     recipe, resolved = run.recipe, run.strategy
     where = "command line" if device else (recipe.source or "recipe")
     device = resolve_device(device or recipe.train.device, where=where,
                             key="--device" if where == "command line" else "train.device")
     check_runnable(resolved, device)
     downstream = DownstreamEval(recipe, log)
+    downstream.job_started = job_started
     downstream.check()            # tasks that do not load stop the run before anything is prepared or compiled
     set_context(recipe, device)
     runtime = init_runtime(resolved, device)

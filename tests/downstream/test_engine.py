@@ -65,14 +65,21 @@ def test_packed_loglikelihood_equals_one_request_per_row(variant):
     pairs = [(list(rng.integers(3, cfg.vocab_size, size=int(rng.integers(1, 20)))),
               list(rng.integers(3, cfg.vocab_size, size=int(rng.integers(1, 6))))) for _ in range(11)]
     pairs += [([2, 7, 9, 2, 11, 5], [13, 2, 8])]                   # EODs inside a request
+    # multiple-choice shape: one context, several continuations (branches sharing it), EODs included
+    for ctx in ([int(x) for x in rng.integers(3, cfg.vocab_size, size=9)], [4, 2, 9, 6], [5]):
+        pairs += [(ctx, [int(x) for x in rng.integers(3, cfg.vocab_size, size=k)]) for k in (1, 3, 2, 4)]
+    pairs += [([4, 2, 9, 6], [2, 7]), ([4, 2, 9, 6], [8, 2, 3])]
     scorer = Scorer(model, cfg, pad_id=0, eod_id=2, batch=4)
     got = scorer.loglikelihood(pairs)
     for (ctx, cont), (logp, greedy) in zip(pairs, got):
         ref_logp, ref_greedy = _reference(model, cfg, ctx, cont)
         assert abs(logp - ref_logp) < 1e-4, (logp, ref_logp)
         assert greedy == ref_greedy
-    # one fixed shape for the whole call: 12 requests packed into fewer rows of seq_length
+    # one fixed shape for the whole call: the requests packed into fewer rows of seq_length, each
+    # context placed once however many continuations it has
     assert scorer.shapes == {(4, cfg.seq_length)}
+    seqs = [(list(c) + list(x), len(x)) for c, x in pairs]
+    assert len(scorer._units(seqs, share=True)) == len({tuple(c) for c, _ in pairs})
     assert len(Scorer._pack([len(c) + len(x) - 1 for c, x in pairs], cfg.seq_length)) < len(pairs)
     assert scorer.truncated.total() == 0
 

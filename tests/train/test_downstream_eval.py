@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -35,7 +36,15 @@ def test_rows_at_the_right_steps_equal_the_checkpoint_scored_later(tmp_path, mic
     assert [r["step"] for r in rows] == [0, 4, 8]
     assert all(r["task"] == "loop_probe" and r["n"] == 9 and 0 <= r["acc"] <= 1 and "acc_norm" in r for r in rows)
     assert os.path.isfile(out / "downstream.png")
-    assert any("downstream evaluation: 3 evaluation(s)" in line for line in logs)
+    assert any(line.startswith("downstream evaluation: scoring graph compiled in ") for line in logs)
+    # the end line: evaluations + the graph's compile, against the job's and the loop's wall time
+    end = [line for line in logs if line.startswith("downstream evaluation: 3 evaluation(s) in ")]
+    assert len(end) == 1
+    m = re.search(r"in ([\d.]+) s .* \+ ([\d.]+) s compiling that graph = ([\d.]+) s: ([\d.]+)% of the run's "
+                  r"([\d.]+) s since the job started, ([\d.]+)% of the ([\d.]+) s since the training loop", end[0])
+    evals, compile_s, spent, job_pct, job_s, loop_pct, loop_s = map(float, m.groups())
+    assert spent == pytest.approx(evals + compile_s, abs=0.11) and job_s >= loop_s > 0
+    assert job_pct == pytest.approx(100 * spent / job_s, abs=0.2) and loop_pct >= job_pct
     events = os.listdir(out / "tensorboard")
     assert events
 
