@@ -307,6 +307,7 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
         graphs = (per_rank[0].result or {}).get("graphs") or []
         report.ir_checks = check_compile_dir(workdir, ranks, graphs, stages=int(ir_check.get("stages", 1)),
                                              clip=bool(ir_check.get("clip", False)),
-                                             trainable=ir_check.get("trainable"))
+                                             trainable=ir_check.get("trainable"),
+                                             token_weight=ir_check.get("token_weight"))
     (workdir / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str))
     return report

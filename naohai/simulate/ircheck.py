@@ -21,6 +21,12 @@ graph, the invariants a step needs to make progress:
    (``mirror_user_id``); frozen weights (``requires_grad=False``) have no gradient, so none
    may appear (their optimizer-parallel forward ``AllGather`` carries the tag too and is
    not a gradient reduction).
+5. **token weight** (fine-tuning on SFT data, when the weight Parameter is named): the masked loss is
+   normalised by the host-set ``sft.token_weight`` (``f / N``, N the learned tokens of the GLOBAL
+   batch), not by anything computed per micro-batch: on every rank the reported ``loss`` is a ``Mul``
+   by that Parameter's ``Load``, and so is the gradient seed ``sens`` wherever it exists -- on every
+   last-stage rank, where the loss is computed (earlier stages have none: their gradients arrive as
+   received activation gradients) (:class:`naohai.train.step.TrainStep`'s names).
 
 :func:`check_irs` returns an :class:`IrCheck` (``passed``, messages such as "rank 0 waits
 for 4 Receive from rank 4 that never sends", counts per rank) that ``naohai check
@@ -223,13 +229,46 @@ def check_frozen(ops: Dict[int, List[CommOp]], trainable: Sequence[str]) -> List
     return messages
 
 
+_LOAD_RE = r"^\s*(%\d+)\([^)]*\)\s*=\s*(?:PrimFunc_)?Load\(%para\d+_{name}\b"
+
+
+def weighted_nodes(ir_text: str, weight: str) -> List[str]:
+    """Names of the ``Mul`` nodes of one rank's IR that take the ``Load`` of Parameter ``weight``."""
+    loads = re.findall(_LOAD_RE.format(name=re.escape(weight)), ir_text, flags=re.M)
+    if not loads:
+        return []
+    uses = re.compile(r"^\s*%\d+\(([^)]*)\)\s*=\s*(?:PrimFunc_)?Mul\(([^)]*)\)", re.M)
+    mine = set(loads)
+    return [m.group(1) for m in uses.finditer(ir_text) if mine & {a.strip() for a in m.group(2).split(",")}]
+
+
+def check_token_weight(texts: Dict[int, str], weight: str, stages: int, world: int) -> List[str]:
+    """Check 5 of the module docstring for one train graph, ``{rank: IR text}``."""
+    per_stage = max(1, world // max(1, stages))
+    messages = []
+    for r, text in sorted(texts.items()):
+        names = weighted_nodes(text, weight)
+        last = r // per_stage == stages - 1
+        need = ["loss"] + (["sens"] if last or re.search(r"^\s*%\d+\(sens\)\s*=", text, flags=re.M) else [])
+        missing = [n for n in need if n not in names]
+        if missing:
+            messages.append(f"rank {r}: {' and '.join(missing)} not multiplied by the token weight '{weight}' "
+                            f"(the masked loss must be normalised by the global batch's learned tokens)")
+    return messages
+
+
 def check_irs(ir_files: Dict[int, Path], graph: str, *, stages: int = 1, world: Optional[int] = None,
-              needs_global_norm: bool = False, trainable: Optional[Sequence[str]] = None) -> IrCheck:
+              needs_global_norm: bool = False, trainable: Optional[Sequence[str]] = None,
+              token_weight: Optional[str] = None) -> IrCheck:
     """Run the checks on one graph's IR, given ``{rank: path}`` for every rank; ``trainable`` (the
-    names of the only parameters that train, for a fine-tuning run) adds the frozen-weight check."""
+    names of the only parameters that train, for a fine-tuning run) adds the frozen-weight check,
+    ``token_weight`` (the masked loss's weight Parameter; a train graph) the token-weight check."""
     world = world or len(ir_files)
-    ops = {r: parse_comm_ops(Path(p).read_text(errors="replace")) for r, p in ir_files.items()}
+    texts = {r: Path(p).read_text(errors="replace") for r, p in ir_files.items()}
+    ops = {r: parse_comm_ops(text) for r, text in texts.items()}
     messages = check_point_to_point(ops) + check_collectives(ops)
+    if token_weight is not None:
+        messages += check_token_weight(texts, token_weight, stages, world)
     if needs_global_norm and stages > 1:
         messages += check_global_norm(ops, stages, world)
     if trainable is not None:
@@ -247,13 +286,14 @@ def check_irs(ir_files: Dict[int, Path], graph: str, *, stages: int = 1, world: 
 
 def check_compile_dir(workdir: Path, ranks: int, graphs: Sequence[str], *, stages: int = 1,
                       clip: bool = False, only: Optional[Sequence[int]] = None,
-                      trainable: Optional[Sequence[str]] = None) -> Dict:
+                      trainable: Optional[Sequence[str]] = None, token_weight: Optional[str] = None) -> Dict:
     """Check every graph of a compile job's ``rank_<r>/<graph>.ir``; the ``ir_checks`` record.
 
     ``ranks`` is the world size; ``only`` the ranks that were compiled when not all were: then
     Send/Receive are matched between the compiled ranks (pipeline neighbours at the same data /
     model position), collectives among the compiled members of each group, and every compiled
-    rank must join the global-norm reduction across all stages.  ``trainable``: see :func:`check_irs`."""
+    rank must join the global-norm reduction across all stages.  ``trainable``, ``token_weight`` (checked in
+    the one-graph train step): see :func:`check_irs`."""
     workdir = Path(workdir)
     results = []
     for graph in graphs:
@@ -263,10 +303,11 @@ def check_compile_dir(workdir: Path, ranks: int, graphs: Sequence[str], *, stage
             results.append(IrCheck(graph, False, [f"no IR for graph '{graph}' on {_fmt_ranks(absent)}"]))
             continue
         results.append(check_irs(files, graph, stages=stages, world=ranks,
-                                 needs_global_norm=clip and graph in ("train", "apply"), trainable=trainable))
+                                 needs_global_norm=clip and graph in ("train", "apply"), trainable=trainable,
+                                 token_weight=token_weight if graph == "train" else None))
     return {"passed": all(r.passed for r in results) and bool(results),
             "graphs": [r.to_dict() for r in results],
-            "trainable": None if trainable is None else len(trainable)}
+            "trainable": None if trainable is None else len(trainable), "token_weight": token_weight}
 
 
 def render(record: Dict) -> str:
@@ -285,4 +326,7 @@ def render(record: Dict) -> str:
             lines.append(f"  frozen weights: gradients reduced for at most {most} parameters per rank, all of "
                          f"them among the {record['trainable']} trainable ones" if g["passed"] else
                          "  frozen weights: see above")
+        if record.get("token_weight") and g["graph"] == "train" and g["passed"]:
+            lines.append(f"  masked loss: every rank's loss and every last-stage gradient seed is multiplied by the "
+                         f"host-set token weight '{record['token_weight']}' (1 / the global batch's learned tokens)")
     return "\n".join(lines)

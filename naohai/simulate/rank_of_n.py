@@ -154,7 +154,8 @@ def compile_ranks(target: str, world: int, ranks: Sequence[int], workdir, *, tim
         graphs = (per_rank[0].result or {}).get("graphs") or []
         report.ir_checks = check_compile_dir(workdir, world, graphs, stages=int(ir_check.get("stages", 1)),
                                              clip=bool(ir_check.get("clip", False)),
-                                             trainable=ir_check.get("trainable"), only=list(ranks))
+                                             trainable=ir_check.get("trainable"),
+                                             token_weight=ir_check.get("token_weight"), only=list(ranks))
     (workdir / "summary.json").write_text(json.dumps(report.to_dict(), indent=1, default=str))
     return report
 

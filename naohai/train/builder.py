@@ -94,6 +94,19 @@ def _masked_split(batch, token_weight, factor: int) -> Tuple[Tensor, Tensor]:
     return Tensor(ids), Tensor(labels)
 
 
+#: name of the masked loss's weight Parameter (the IR checks look for it)
+TOKEN_WEIGHT = "sft.token_weight"
+
+
+def token_weight_factors(parts, host_micro: int) -> Tuple[int, int]:
+    """(train, eval) ``f`` of the masked loss's weight ``f / N`` (N the global batch's learned tokens) for a
+    layout's :class:`naohai.strategy.gradients.StepParts`: what the steps divide the summed NLL by afterwards
+    -- the host micro-batches (``host_micro`` > 1) or the micro-batches summed inside the network, times
+    the data-parallel ranks averaged outside the graph (plain data parallel)."""
+    train = host_micro if host_micro > 1 else parts.micro
+    return train * parts.averaged, parts.eval_micro * parts.averaged
+
+
 @dataclass
 class CompiledSteps:
     """The compiled steps of one rank and how the loop calls them."""
@@ -109,7 +122,7 @@ class CompiledSteps:
     notes: List[str] = field(default_factory=list)
     token_weight: Any = None           # masked loss: the Parameter the host sets per step (see step.py) ...
     weight_factor: int = 1             # ... to weight_factor / N before a train step ...
-    eval_weight_factor: int = 1        # ... and to this / N before an eval call
+    eval_weight_factor: int = 1        # ... and to this / N for an eval call (applied on the host)
     score_step: Any = None             # semi-auto with train.eval.tasks: the downstream scoring graph ...
     score_rows: int = 0                # ... the rows this rank feeds it per call ...
     score_global_rows: int = 0         # ... the rows of one call over the whole job ...
@@ -137,9 +150,10 @@ class CompiledSteps:
 
     def evaluate(self, batch) -> float:
         """Held-out loss of ``batch`` (an SFT batch: the mean NLL of its learned tokens)."""
-        ids, labels = _masked_split(batch, self.token_weight, self.eval_weight_factor) if isinstance(batch, tuple) \
-            else _split(batch)
-        return float(self.eval_step(ids, labels).asnumpy())
+        if not isinstance(batch, tuple):
+            return float(self.eval_step(*_split(batch)).asnumpy())
+        ids, labels = _masked_split(batch, self.token_weight, self.eval_weight_factor)
+        return float(self.eval_step(ids, labels).asnumpy()) * float(self.token_weight.asnumpy())
 
     def score_forward(self):
         """The semi-auto scoring graph as :class:`naohai.downstream.engine.Scorer` calls it, or None (other
@@ -285,11 +299,7 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
     t = recipe.train
     token_weight = None
     if masked_loss:
-        if runtime.mode == "semi_auto":
-            raise UserError("fine-tuning on SFT data (the masked loss) runs on one device or plain data parallel so "
-                            "far; this layout shards the model (mode semi_auto)",
-                            where=recipe.source, key="data.prepared_dir")
-        token_weight = ms.Parameter(Tensor(1.0, ms.float32), name="sft.token_weight", requires_grad=False)
+        token_weight = ms.Parameter(Tensor(1.0, ms.float32), name=TOKEN_WEIGHT, requires_grad=False)
     loop, loop_note = layer_loop(recipe, resolved, runtime)
     if recipe.finetune is not None and t.layer_loop == "auto":
         loop, loop_note = False, None          # LoRA wraps the ops of each layer's own cell
@@ -309,8 +319,7 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
     steps = CompiledSteps(rows, eval_rows, seq, notes=list(parts.notes) + ([loop_note] if loop_note else []),
                   token_weight=token_weight)
     k = host_accumulation(resolved, runtime)
-    steps.weight_factor = (k if k > 1 else parts.micro) * parts.averaged
-    steps.eval_weight_factor = parts.eval_micro * parts.averaged
+    steps.weight_factor, steps.eval_weight_factor = token_weight_factors(parts, k)
     if k == 1:
         step = TrainStep(parts.network, optimizer, guard, t.optimizer.grad_clip, parts.micro, parts.collect, parts.reduce_loss,
                          token_weight)
@@ -324,7 +333,7 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
         steps.accumulate_step.set_train()
         steps.apply_step = ApplyStep(optimizer, buffers, guard, t.optimizer.grad_clip, k, parts.collect)
         steps.micro_batch = t.micro_batch_size
-    evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss, token_weight)
+    evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss)
     evaluator.set_train(False)
     steps.eval_step = compile_parallel(evaluator, resolved, runtime, train=False)
     if runtime.mode == "semi_auto" and t.eval.tasks:

@@ -68,12 +68,16 @@ def compile_layout(recipe, strategy_path: str, workdir, *, stages: int, ranks: i
 
 def ir_check(recipe, stages: int) -> Dict[str, Any]:
     """What the IR checks need to know of ``recipe``: the stages, whether the step clips (the global
-    norm), and for a fine-tuning run the only parameters that train (no other gradient may be reduced)."""
+    norm), for a fine-tuning run the only parameters that train (no other gradient may be reduced), and on
+    SFT data the masked loss's token-weight Parameter (the loss and its gradients must be scaled by it)."""
     check: Dict[str, Any] = {"stages": stages, "clip": recipe.train.optimizer.grad_clip > 0}
     if recipe.finetune is not None and recipe.finetune.method == "lora":   # the other methods: one device only
         from naohai.model.lora import select_targets
         check["trainable"] = [f"{op}.{factor}" for op in select_targets(recipe.model, recipe.finetune)
                               for factor in ("lora_a", "lora_b")]
+    if masked_loss(recipe):
+        from naohai.train.builder import TOKEN_WEIGHT
+        check["token_weight"] = TOKEN_WEIGHT
     return check
 
 
@@ -97,6 +101,14 @@ def compile_chosen_ranks(recipe, strategy_path: str, workdir, *, world: int, ran
     return compile_ranks("naohai.train.compile_target:build_for_compile", world, list(ranks), workdir,
                          timeout=timeout, kwargs=kwargs, keep_ir=keep_ir, progress=progress,
                          ir_check=ir_check(recipe, stages))
+
+
+def masked_loss(recipe) -> bool:
+    """Whether ``naohai train`` would build ``recipe``'s steps with the masked (SFT) loss: its data is
+    SFT data (``data.format: sft``, or a prepared folder of SFT shards)."""
+    from naohai.data.sft import is_sft_dir
+    prepared = recipe.data.prepared_dir
+    return recipe.data.format == "sft" or bool(prepared and is_sft_dir(prepared))
 
 
 def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
@@ -129,11 +141,12 @@ def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[
             table[name] = tuple(tuple(int(d) for d in dims) for dims in strat)
         run = dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, op_strategy=table))
     runtime = init_runtime(run.strategy, device)
+    masked = masked_loss(run.recipe)
     if not deferred:
-        return build(run, runtime).steps.compile_targets()
+        return build(run, runtime, masked_loss=masked).steps.compile_targets()
     from naohai.model.layers import deferred_parameters
     with deferred_parameters():
-        targets = build(run, runtime).steps.compile_targets()
+        targets = build(run, runtime, masked_loss=masked).steps.compile_targets()
     for _, network, _ in targets:
         skip_parameter_init_in_compile(network)
     return targets

@@ -241,19 +241,18 @@ def make_buffers(weights) -> ms.ParameterTuple:
 
 
 class EvalStep(nn.Cell):
-    """Forward loss only; ``reduce_loss`` and ``token_weight`` as in :class:`TrainStep`."""
+    """Forward loss only; ``reduce_loss`` as in :class:`TrainStep`.  A masked loss comes out as the sum of
+    the learned tokens' NLL (over micro-batches: ``reduce_loss``'s mean of it); the host weights it
+    (:meth:`naohai.train.builder.CompiledSteps.evaluate`: a Parameter read in a forward-only pipeline graph
+    crashes MindSpore 2.10's compile of the last stage)."""
 
-    def __init__(self, network, reduce_loss=None, token_weight=None):
+    def __init__(self, network, reduce_loss=None):
         super().__init__(auto_prefix=False)
         self.network = network
         self.reduce_loss = reduce_loss
-        self.weighted = token_weight is not None
-        self.token_weight = token_weight
 
     def construct(self, input_ids, labels):
         loss = self.network(input_ids, labels)
-        if self.weighted:
-            loss = loss * F.cast(self.token_weight.value(), F.dtype(loss))
         if self.reduce_loss is not None:
             loss = self.reduce_loss(loss)
         return loss

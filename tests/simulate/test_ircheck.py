@@ -138,3 +138,32 @@ def test_frozen_weights_gradient_reduction_is_flagged(tmp_path):
     assert not check.passed and "rank 0 reduces the gradient of 1 frozen parameter(s), e.g. " \
         "layers.0.attention.q_weight" in check.messages
     assert check_irs(write(tmp_path, bad), "train", world=2).passed     # a full-training run: no such rule
+
+
+def _weighted_step(loss_weighted=True, sens=True, sens_weighted=True):
+    """Train-step lines as MindSpore 2.10 prints them (validate pass, a tiny dp2-mp2-pp2 SFT step; a
+    first-stage rank has no ``sens`` node: its gradients arrive from the last stage)."""
+    lines = ['  %255(ValueNode_340) = Load(%para42_sft.token_weight, UMonad[U]) primitive_attrs: {output_names: '
+             '[output], input_names: [ref, u]} cnode_attrs: {checkpoint: Bool(1)}',
+             f'  %1348(loss) = PrimFunc_Mul(%1347, {"%255" if loss_weighted else "%1346"}) cnode_attrs: '
+             '{checkpoint: Bool(1)}']
+    if sens:
+        lines.append(f'  %256(sens) = PrimFunc_{"Mul" if sens_weighted else "Add"}(%254, %255) cnode_attrs: '
+                     '{checkpoint: Bool(1)}')
+    return lines
+
+
+def test_masked_loss_must_be_weighted_by_the_token_weight(tmp_path):
+    """SFT: every rank's loss and every gradient seed (last stage) is scaled by the host-set token weight."""
+    ok = {0: _weighted_step(sens=False), 1: _weighted_step()}
+    assert check_irs(write(tmp_path, ok), "train", stages=2, world=2, token_weight="sft.token_weight").passed
+    bad = {0: _weighted_step(sens=False), 1: _weighted_step(loss_weighted=False)}
+    check = check_irs(write(tmp_path, bad), "train", stages=2, world=2, token_weight="sft.token_weight")
+    assert not check.passed and check.messages == [
+        "rank 1: loss not multiplied by the token weight 'sft.token_weight' (the masked loss must be normalised "
+        "by the global batch's learned tokens)"]
+    for seedless in ({0: _weighted_step(sens=False), 1: _weighted_step(sens=False)},      # last stage: no seed
+                     {0: _weighted_step(sens_weighted=False), 1: _weighted_step()}):      # an unweighted seed
+        check = check_irs(write(tmp_path, seedless), "train", stages=2, world=2, token_weight="sft.token_weight")
+        assert not check.passed and "sens not multiplied" in check.messages[0], check.messages
+    assert check_irs(write(tmp_path, bad), "train", stages=2, world=2).passed     # pretraining: no such rule

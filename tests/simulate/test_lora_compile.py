@@ -1,10 +1,13 @@
-"""LoRA under a strategy file, compiled by MindSpore on 8 simulated devices (tiny, dp2 x mp2 x pp2).
+"""LoRA on SFT data under a strategy file, compiled by MindSpore on 8 simulated devices (tiny, dp2 x mp2 x pp2).
 
 The references are independent of naohai's rules: MindSpore's own compiled parameter layout (the
 adapter factors' slices must follow the base weight's split, the rank axis whole), the compiled IR
 (gradient reductions tagged with each parameter's name) and numpy slicing of the full-shape adapter
 a one-device build creates (every rank's compile-time slice is the block of it that its layout
-names: a dp1 run and a dp2-mp2-pp2 run start from the same adapter)."""
+names: a dp1 run and a dp2-mp2-pp2 run start from the same adapter).  The data is SFT data (``data.format:
+sft``), so the step is the masked loss's: the IR shows every rank's loss, and every last-stage rank's
+gradient seed, scaled by the host-set token weight (1 / the global batch's learned tokens; the host side of
+that wiring runs in tests/train/test_sft_loss.py)."""
 import json
 import re
 from pathlib import Path
@@ -19,7 +22,7 @@ from naohai.strategy.run_plan import plan_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGV = ["tiny", str(ROOT / "strategies/tiny-dp2-mp2-pp2.yaml"), "train.micro_batch_size=2", "finetune.method=lora",
-        r"finetune.targets=attention\.(q|out)$|mlp\.down$", "finetune.rank=4"]
+        r"finetune.targets=attention\.(q|out)$|mlp\.down$", "finetune.rank=4", "data.format=sft"]
 OPS = ("attention.q", "attention.out", "mlp.down")
 RANK = 4
 
@@ -65,7 +68,7 @@ def test_lora_compiles_on_every_rank_with_factors_following_the_base_split(compi
 
 def check_lora_compile(rc, workdir, out):
     import mindspore as ms
-    from naohai.simulate.ircheck import parse_comm_ops, reduced_gradients
+    from naohai.simulate.ircheck import parse_comm_ops, reduced_gradients, weighted_nodes
 
     summary = json.loads((workdir / "summary.json").read_text())
     assert rc == 0 and summary["ok"], out[-4000:]
@@ -74,6 +77,12 @@ def check_lora_compile(rc, workdir, out):
     ir = summary["ir_checks"]
     assert ir["passed"] and ir["trainable"] == 4 * len(OPS) * 2, ir
     assert "IR checks, graph train: passed" in out and "all of them among the 24 trainable ones" in out
+    assert ir["token_weight"] == "sft.token_weight" and "masked loss: every rank's loss" in out
+    for r in range(8):
+        weighted = weighted_nodes((workdir / f"rank_{r}" / "train.ir").read_text(errors="replace"), "sft.token_weight")
+        assert "loss" in weighted and ("sens" in weighted or r < 4), (r, weighted)
+        # the eval graph holds no weight: the host scales its summed NLL (builder.CompiledSteps.evaluate)
+        assert not weighted_nodes((workdir / f"rank_{r}" / "eval.ir").read_text(errors="replace"), "sft.token_weight")
     full = _one_device_adapters()
     run = plan_run(str(ROOT / "recipes/tiny.yaml"), str(ROOT / "strategies/tiny-dp2-mp2-pp2.yaml"), ARGV[2:])
     planned = check_adapters(run.recipe, run.strategy)      # naohai's rules, as the planner reads them

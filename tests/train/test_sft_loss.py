@@ -1,7 +1,12 @@
 """The masked fine-tuning loss: sum of the NLL of learned tokens / learned tokens of the GLOBAL batch,
 against a numpy reference from that definition (per-token NLL from the model's scorer), and the same
-loss and gradients whether the batch runs as one micro-batch or as 4 accumulated ones."""
+loss and gradients whether the batch runs as one micro-batch, as 4 accumulated on the host, or as 4
+micro-batches summed inside the step's network (the semi-auto wiring: a pipeline's or an in-graph
+accumulation's network returns the SUM of its micro-batch losses -- measured, shared/docs
+semi-auto-training.md -- which a CPU stand-in of the same contract replaces here, since a sharded step
+cannot execute on CPU).  Plain data parallel: tests/train/test_sft_data_parallel.py."""
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,11 +15,12 @@ from mindspore import Tensor
 
 from naohai.data.sft import SFTLoader, load_sft, masked_labels, prepare_sft
 from naohai.data.tokenizer import Tokenizer
-from naohai.errors import UserError
 from naohai.model.transformer import TokenNLLNet
 from naohai.strategy.runtime import Runtime
 from naohai.strategy.run_plan import plan_run
-from naohai.train.builder import build
+from naohai.strategy.gradients import MeanOverMicro, step_parts
+from naohai.train.builder import CompiledSteps, build, token_weight_factors
+from naohai.train.step import EvalStep, TrainStep
 from tests.conftest import micro_recipe
 
 
@@ -92,6 +98,66 @@ def test_per_micro_batch_normalisation_would_differ(sft_batch):
     assert np.abs(weights - 0.25).max() > 0.05
 
 
-def test_masked_loss_refuses_semi_auto(tmp_path):
-    with pytest.raises(UserError, match="plain data parallel so far"):
-        build(plan_run(_recipe(tmp_path, 1)), runtime=Runtime("semi_auto", 0, 8, 0, 2, 2, 4), masked_loss=True)
+class MicroSum(ms.nn.Cell):
+    """CPU stand-in of MindSpore's ``Pipeline`` / ``GradAccumulation`` network: the rows split into
+    ``micro`` micro-batches, the SUM of the model's loss over them."""
+
+    def __init__(self, model, micro):
+        super().__init__(auto_prefix=False)
+        self.model, self.micro = model, micro
+
+    def construct(self, input_ids, labels):
+        rows = input_ids.shape[0] // self.micro
+        loss = self.model(input_ids[:rows], labels[:rows])
+        for i in range(1, self.micro):
+            loss = loss + self.model(input_ids[i * rows:(i + 1) * rows], labels[i * rows:(i + 1) * rows])
+        return loss
+
+
+def _in_graph_micro_batches(tmp_path, stages):
+    """Steps wired as :func:`build` wires a semi-auto layout of 4 micro-batches (``stages`` pipeline stages
+    or in-graph accumulation): the layout's StepParts and weight factors, the network replaced by MicroSum."""
+    world = 8 if stages > 1 else 4
+    runtime = Runtime("semi_auto", 0, world, 0, 2, stages, 4)
+    one = build(plan_run(_recipe(tmp_path, 4)), masked_loss=True)        # model, optimizer, guard, token weight
+    resolved = SimpleNamespace(optimizer_parallel=SimpleNamespace(enabled=False), data=2, scheduler="1f1b",
+                               gradient_accumulation=1, micro_batches=4)      # what step_parts reads
+    parts = step_parts(one.model, one.optimizer.parameters, resolved, runtime)
+    assert parts.micro == 4 and parts.averaged == 1 and parts.eval_micro == (4 if stages > 1 else 1)
+    train_f, eval_f = token_weight_factors(parts, 1)
+    net = MicroSum(one.model, parts.micro)
+    step = TrainStep(net, one.optimizer, one.guard, 0.0, parts.micro, None, MeanOverMicro(parts.micro),
+                     one.steps.token_weight)
+    step.set_train()
+    evaluator = EvalStep(net if stages > 1 else one.model, MeanOverMicro(4) if stages > 1 else None)
+    evaluator.set_train(False)
+    steps = CompiledSteps(4, 4, one.steps.seq_length, train_step=step, eval_step=evaluator,
+                          token_weight=one.steps.token_weight, weight_factor=train_f, eval_weight_factor=eval_f)
+    return one, steps
+
+
+@pytest.mark.parametrize("stages", [2, 1])
+def test_in_graph_micro_batches_equal_one_batch(tmp_path, sft_batch, stages):
+    """4 micro-batches inside the step (pipeline: stages 2; in-graph accumulation: stages 1) == one batch
+    == host accumulation of 4 (the test above), with rows of unequal learned tokens."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ref_built = build(plan_run(_recipe(tmp_path / "ref", 4)), masked_loss=True)
+    ref = _reference_loss(ref_built.model, sft_batch)
+    res_ref = ref_built.steps.train(sft_batch)
+    built, steps = _in_graph_micro_batches(tmp_path / "mb", stages)
+    res = steps.train(sft_batch)
+    assert res.applied
+    assert abs(res.loss - ref) <= 1e-6 * abs(ref)
+    assert abs(res.loss - res_ref.loss) <= 1e-6 * abs(ref)
+    assert abs(res.grad_norm - res_ref.grad_norm) <= 1e-5 * res_ref.grad_norm
+    m_ref, m = _moments(ref_built), _moments(built)
+    for name, value in m_ref.items():
+        assert np.abs(m[name] - value).max() <= 1e-5 * np.abs(value).max(), name
+    assert abs(steps.evaluate(sft_batch) - _reference_loss(built.model, sft_batch)) <= 1e-5
+    # a per-micro-batch mean (each micro-batch's NLL over its own learned tokens, then averaged) is another
+    # number on these rows: the equalities above could fail
+    ids, labels = masked_labels(sft_batch)
+    learned = labels >= 0
+    nll = TokenNLLNet(built.model)(Tensor(ids), Tensor(np.where(learned, labels, 0).astype(np.int32))).asnumpy()
+    per_micro = np.mean([(nll[i] * learned[i]).sum() / learned[i].sum() for i in range(4)])
+    assert abs(per_micro - _reference_loss(built.model, sft_batch)) > 1e-3
