@@ -77,6 +77,18 @@ def predictions(net, tokens: np.ndarray, rows: int, vocab: int) -> np.ndarray:
     return np.concatenate(out)
 
 
+def refuse_sharded(recipe, mode: str) -> None:
+    """``train.exact_match`` scores with the whole model on each rank, which a layout that shards the model
+    (``mode`` semi_auto) does not hold: a :class:`naohai.errors.UserError` before anything is prepared."""
+    if recipe.train.exact_match and mode == "semi_auto":
+        from naohai.errors import UserError
+        raise UserError("train.exact_match scores the held-out answers with the whole model on each rank, and this "
+                        "strategy shards the model over ranks (op / pipeline parallel); turn train.exact_match off "
+                        "for this layout (the held-out loss of the learned tokens is still reported) or fine-tune "
+                        "on one device or plain data parallel", where=recipe.source or "recipe",
+                        key="train.exact_match", rule="exact_match needs one device or plain data parallel")
+
+
 class ExactMatch(Callback):
     """The ``train.exact_match`` callback (see the module docstring)."""
 

@@ -33,13 +33,13 @@ from naohai.runfiles import check_writable, created_here, lock_folder
 from naohai.strategy.host_collectives import HostComm
 from naohai.strategy.resolve import ResolvedStrategy
 from naohai.strategy.run_plan import Run
-from naohai.strategy.runtime import Runtime, check_runnable, describe, init_runtime, plan_runtime
+from naohai.strategy.runtime import Runtime, check_runnable, describe, init_runtime, layout_mode, plan_runtime
 from naohai.train.builder import build
 from naohai.train.callbacks import Callback, ConsoleLog, LossPlot, MetricsFiles, Throughput
 from naohai.devices import resolve_device
 from naohai.train.device import peak_tflops
 from naohai.train.downstream import DownstreamEval
-from naohai.train.exact_match import ExactMatch
+from naohai.train.exact_match import ExactMatch, refuse_sharded
 from naohai.train.loop import Trainer, TrainResult
 
 _USER_COMPILER_CACHE = os.environ.get("MS_COMPILER_CACHE_PATH")   # the user's own choice wins
@@ -200,6 +200,7 @@ def start(run: Run, *, device: Optional[str] = None, log: Callable[[str], None] 
     where = "command line" if device else (recipe.source or "recipe")
     device = resolve_device(device or recipe.train.device, where=where,
                             key="--device" if where == "command line" else "train.device")
+    refuse_sharded(recipe, layout_mode(resolved))
     check_runnable(resolved, device)
     downstream = DownstreamEval(recipe, log)
     downstream.job_started = job_started

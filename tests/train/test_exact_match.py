@@ -101,3 +101,14 @@ def test_exact_match_needs_sft_data(tmp_path):
     raw["train"]["exact_match"] = True
     with pytest.raises(UserError, match="key 'train.exact_match'"):
         recipe_from_dict(raw, where="test recipe").validate()
+
+
+def test_exact_match_refuses_a_layout_that_shards_the_model(tmp_path, micro_data):
+    """The scorer needs the whole model on each rank: a semi-auto layout stops before anything is prepared."""
+    recipe = _recipe(tmp_path, micro_data[1], steps=4)
+    strategy = Path(tmp_path) / "dp2-mp2.yaml"
+    strategy.write_text("name: micro-dp2-mp2\nmesh: {data: 2, model: 2, pipeline: 1}\nmicro_batches: 1\n"
+                        "optimizer_parallel: {enabled: false}\n", encoding="utf-8")
+    with pytest.raises(UserError, match="key 'train.exact_match'.*shards the model"):
+        train(plan_run(recipe, str(strategy)), log=lambda *_: None, progress=False)
+    assert not (Path(tmp_path) / "sft").exists() and not (Path(tmp_path) / "run").exists()
