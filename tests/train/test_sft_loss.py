@@ -4,7 +4,9 @@ loss and gradients whether the batch runs as one micro-batch, as 4 accumulated o
 micro-batches summed inside the step's network (the semi-auto wiring: a pipeline's or an in-graph
 accumulation's network returns the SUM of its micro-batch losses -- measured, shared/docs
 semi-auto-training.md -- which a CPU stand-in of the same contract replaces here, since a sharded step
-cannot execute on CPU).  Plain data parallel: tests/train/test_sft_data_parallel.py."""
+cannot execute on CPU), and the same gradient when two data-parallel groups each sum their share's
+micro-batches with the global batch's token count (semi-auto data parallel; plain data parallel over
+msrun: tests/train/test_sft_data_parallel.py)."""
 import json
 from types import SimpleNamespace
 
@@ -32,8 +34,8 @@ def _cpu_graph():
 
 
 @pytest.fixture(scope="module")
-def sft_batch(micro_data, tmp_path_factory):
-    """A global batch of 4 packed windows (multi-turn, truncated, padded) of the micro model's tokenizer."""
+def sft_dir(micro_data, tmp_path_factory):
+    """Packed windows (multi-turn, truncated, padded) of the micro model's tokenizer."""
     _, tok_path = micro_data
     tok = Tokenizer.load(tok_path)
     root = tmp_path_factory.mktemp("sftloss")
@@ -49,9 +51,16 @@ def sft_batch(micro_data, tmp_path_factory):
     meta = prepare_sft([str(root / "c.jsonl")], tok, str(root / "sft"), 32, holdout_fraction=0.1, seed=0,
                        truncation="truncate")
     assert meta["report"]["truncated"] > 0
-    batch = SFTLoader(load_sft(str(root / "sft")), "train", global_batch_size=4, seed=1).next_batch()
+    return str(root / "sft")
+
+
+@pytest.fixture(scope="module")
+def sft_batch(sft_dir):
+    """A global batch of 4 windows with unequal learned tokens, padding included."""
+    tok_pad = load_sft(sft_dir).meta["tokenizer"]["pad_id"]
+    batch = SFTLoader(load_sft(sft_dir), "train", global_batch_size=4, seed=1).next_batch()
     counts = batch[1][:, 1:].sum(axis=1)
-    assert len(set(counts.tolist())) > 1 and (batch[0][:, -1] == tok.pad_id).any()   # unequal rows, padding
+    assert len(set(counts.tolist())) > 1 and (batch[0][:, -1] == tok_pad).any()   # unequal rows, padding
     return batch
 
 
@@ -161,3 +170,37 @@ def test_in_graph_micro_batches_equal_one_batch(tmp_path, sft_batch, stages):
     nll = TokenNLLNet(built.model)(Tensor(ids), Tensor(np.where(learned, labels, 0).astype(np.int32))).asnumpy()
     per_micro = np.mean([(nll[i] * learned[i]).sum() / learned[i].sum() for i in range(4)])
     assert abs(per_micro - _reference_loss(built.model, sft_batch)) > 1e-3
+
+
+
+def test_data_parallel_groups_of_in_graph_micro_batches_sum_to_one_batch(tmp_path, sft_dir, sft_batch):
+    """Semi-auto data parallel: each data-parallel group feeds its rows (its loader's share of the global
+    batch) to a network summing 2 micro-batches, weighted by the host with 2 / N, N counted by every
+    group's loader over the GLOBAL batch; MindSpore's gradient of the logical graph is the sum over the
+    groups' contributions (accumulated here in one set of buffers), which equals one batch's gradient.
+    With each group's own learned tokens as N it would not."""
+    from naohai.train.builder import _masked_split
+    from naohai.train.step import AccumulateStep, make_buffers
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ref = build(plan_run(_recipe(tmp_path / "ref", 4)), masked_loss=True)
+    assert ref.steps.train(sft_batch).applied
+    beta1 = ref.optimizer.beta1.asnumpy().item()          # Adam's first moment after one step: (1 - beta1) x grad
+    g_ref = {m.name[len("adam_m."):]: m.asnumpy() / (1 - beta1) for m in ref.optimizer.moments1}
+    one = build(plan_run(_recipe(tmp_path / "dp", 4)), masked_loss=True)
+    weights = one.optimizer.parameters
+    buffers = make_buffers(weights)
+    step = AccumulateStep(MicroSum(one.model, 2), weights, buffers, one.guard, one.steps.token_weight)
+    step.set_train()
+    groups = [SFTLoader(load_sft(sft_dir), "train", 4, rank=g, world_size=2, seed=1).next_batch() for g in (0, 1)]
+    np.testing.assert_array_equal(np.concatenate([g.tokens for g in groups]), sft_batch.tokens)
+    own = [int(g.mask[:, 1:].sum()) for g in groups]
+    assert groups[0].learned == groups[1].learned == sum(own) and own[0] != own[1]
+    scale = float(one.guard.loss_scale.asnumpy())
+    for g in groups:
+        step(*_masked_split(g, one.steps.token_weight, 2))      # the factor a 2-micro-batch network gets
+    assert set(g_ref) == {w.name for w in weights}
+    for w, buf in zip(weights, buffers):
+        got = buf.asnumpy() / scale / 2                           # TrainStep divides the seed by micro
+        want = g_ref[w.name]
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), w.name
