@@ -99,11 +99,11 @@ class CachedDecoder:
     """Batch generation with a key/value cache over a built :class:`~naohai.model.transformer.NaohaiLM`."""
 
     def __init__(self, model, cfg, pad_id: int = 0):
-        from naohai.model.finetune import refuse_cached_step
-        refuse_cached_step(model, "recipe")
         self.model = model
         self.cfg = cfg
         self.pad_id = pad_id
+        # prefix / prompt tuning: the cache's first columns hold the virtual positions (NaohaiLM.step)
+        self.virtual = model.virtual_count()
 
     #: the fixed cache length is rounded up to a multiple of this, so calls of similar lengths share
     #: one compiled decode step
@@ -131,11 +131,12 @@ class CachedDecoder:
         """One new token per row through the compiled fixed-cache step; ``bias`` covers the
         ``column + 1`` filled columns and is padded blocked to the cache's size."""
         from mindspore import Tensor
-        size = keys[0].shape[2]
+        size, n = keys[0].shape[2], self.virtual
         full = np.full(bias.shape[:-1] + (size,), -1e9, np.float32)
-        full[..., : bias.shape[-1]] = bias
+        full[..., :n] = 0.0                                   # the virtual positions: open to every row
+        full[..., n:n + bias.shape[-1]] = bias
         slot = np.zeros((1, 1, size, 1), np.bool_)
-        slot[0, 0, column, 0] = True
+        slot[0, 0, n + column, 0] = True
         from mindspore import mutable       # tuples of tensors are graph constants unless marked mutable
         logits, keys, values = self._decode_step()(Tensor(ids.astype(np.int32)), Tensor(positions.astype(np.int32)),
                                                    Tensor(full), Tensor(slot), mutable(tuple(keys)),
@@ -149,7 +150,7 @@ class CachedDecoder:
         """New ids per prompt (stopping at ``stop_id``, or once ``stop(row, its new ids)`` is true);
         ``on_token(row, id)`` streams each one."""
         cfg.validate()
-        limit = self.cfg.positions
+        limit = self.cfg.positions - self.virtual          # the virtual positions come first
         prompts = [list(p)[-(limit - 1):] or [self.pad_id] for p in prompts]
         b, longest = len(prompts), max(len(p) for p in prompts)
         pads = [longest - len(p) for p in prompts]
@@ -162,7 +163,7 @@ class CachedDecoder:
         bucket = self.CACHE_BUCKET
         # the cache holds what can be generated: the request, but never past the model's window (generation
         # stops there), so a huge --max-new-tokens cannot allocate more than one window of keys and values
-        needed = min(longest + cfg.max_new_tokens, limit + min(pads) + 1)
+        needed = self.virtual + min(longest + cfg.max_new_tokens, limit + min(pads) + 1)
         keys, values = self._fixed_cache(cache, -(-needed // bucket) * bucket)
         rng = np.random.default_rng(cfg.seed)
         counts = np.zeros((b, vocab), np.int64)
@@ -204,12 +205,10 @@ class Generator:
         from naohai.checkpoint.weights import load_model
         from naohai.data.tokenizer import Tokenizer
         from naohai.devices import resolve_device
-        from naohai.model.finetune import refuse_cached_step
 
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
         found, self.model = load_model(checkpoint, verify=verify)
-        refuse_cached_step(self.model, found.path)
         recipe, self.step = found.recipe, found.step
         self.tokenizer = Tokenizer.load(found.tokenizer_file())
         self.cfg = recipe.model

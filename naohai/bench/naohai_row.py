@@ -56,23 +56,30 @@ class StepTimer(Callback):
         return [b[i + 1] - b[i] for i in range(1, len(b) - 1)] + ([self.last_end - b[-1]] if len(b) > 1 else [])
 
 
-def bench_recipe(bm: BenchModel, output_dir: str, prepared_dir: str):
+def bench_recipe(bm: BenchModel, output_dir: str, prepared_dir: str, finetune: Optional[Dict] = None):
     """The recipe of a benchmark run: the model, one device, no accumulation, AdamW, clip 1.0, fp32;
-    evaluation and checkpoints only outside the timed iterations."""
+    evaluation and checkpoints only outside the timed iterations; ``finetune``: the recipe's ``finetune``
+    section (None: every parameter trained)."""
     from naohai.config import recipe_from_dict
     model = {k: v for k, v in dataclasses.asdict(bm.model).items()}
     train = dict(steps=100000, global_batch_size=bm.batch, micro_batch_size=bm.batch, grad_clip=1.0,
                  weight_decay=0.1, log_every=10, eval_every=100000, eval_batches=1, save_every=100000,
                  keep_checkpoints=1, output_dir=output_dir, device="CPU", mode="graph")
-    return recipe_from_dict({"name": f"bench-{bm.name}", "model": model,
-                             "data": {"prepared_dir": prepared_dir}, "train": train}, where=f"naohai bench {bm.name}")
+    d = {"name": f"bench-{bm.name}", "model": model, "data": {"prepared_dir": prepared_dir}, "train": train}
+    if finetune is not None:
+        d["finetune"] = dict(finetune)
+    return recipe_from_dict(d, where=f"naohai bench {bm.name}")
 
 
 class NaohaiRun:
     """A built trainer for ``bm`` in ``workdir`` (see the module docstring)."""
 
-    def __init__(self, bm: BenchModel, workdir: str, peak_tflops: float, prepared_dir: Optional[str] = None):
+    def __init__(self, bm: BenchModel, workdir: str, peak_tflops: float, prepared_dir: Optional[str] = None,
+                 finetune: Optional[Dict] = None, tag: str = ""):
+        """``finetune``: see :func:`bench_recipe`; a prepared SFT folder trains with the masked loss, as
+        `naohai train` does; ``tag`` names the run folder apart (``run-<model><tag>``)."""
         from naohai.checkpoint.store import CheckpointStore
+        from naohai.data.sft import is_sft_dir
         from naohai.strategy.run_plan import plan_run
         from naohai.train import job
         from naohai.train.builder import build
@@ -82,22 +89,25 @@ class NaohaiRun:
 
         self.bm = bm
         self.lines: List[str] = []
-        out = os.path.join(workdir, f"run-{bm.name}")
+        out = os.path.join(workdir, f"run-{bm.name}{tag}")
         prepared = prepared_dir or write_random_prepared(os.path.join(workdir, f"data-{bm.name}"),
                                                          bm.model.vocab_size, bm.seq, train_windows=max(64, 8 * bm.batch))
         self.prepared_dir = prepared
-        recipe = bench_recipe(bm, out, prepared)
+        recipe = bench_recipe(bm, out, prepared, finetune)
         job.set_context(recipe, "CPU")
         recipe = job.adopt_token_ids(recipe, prepared, self.lines.append)
         run = plan_run(recipe)
         self.recipe = recipe
         self.rss_before_build = rss_bytes()
-        built = build(run)
+        built = build(run, masked_loss=is_sft_dir(prepared))
         self.rss_after_build = rss_bytes()
         self.built = built
         store = CheckpointStore(out, keep_last=1)
         manifest = {"recipe": recipe.to_dict(), "seed": recipe.train.seed, "layout": job.checkpoint_layout(run.strategy, built.runtime),
                     "strategy": None}
+        if recipe.finetune is not None:          # as naohai.train.job: the adapters' base (here: the seed's)
+            from naohai.checkpoint.adapters import BASE_KEY, base_record
+            manifest[BASE_KEY] = base_record(None, recipe.train.seed)
         self.timer = StepTimer()
         self.trainer = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=self.lines.append,
                                callbacks=[Throughput(recipe.train.global_batch_size * recipe.model.seq_length,
@@ -126,6 +136,8 @@ class NaohaiRun:
         model = list(self.built.model.trainable_params())
         moments = list(opt.moments1) + list(opt.moments2)
         return {"parameters": nbytes(model), "optimizer_state": nbytes(moments),
+                "optimizer_state_tensors": len(moments),
+                "optimizer_state_shapes": [[p.name, list(p.shape), str(p.dtype)] for p in moments],
                 "parameters_count": int(sum(int(p.size) for p in model)),
                 "rss_before_build": self.rss_before_build, "rss_after_build": self.rss_after_build,
                 "rss_after_first_round": self.rss_after_first_round, "rss_peak": rss_bytes("VmHWM")}

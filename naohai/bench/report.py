@@ -10,6 +10,8 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
+from naohai.bench.arith import ratio
+
 DASH = "\u2014"
 MIB = 1024.0 ** 2
 
@@ -83,6 +85,34 @@ def peak_lines(peak: Dict[str, Any]) -> List[str]:
     return out
 
 
+def finetune_lines(ft: Optional[Dict[str, Any]]) -> List[str]:
+    """The fine-tuning section (:mod:`naohai.bench.finetune`), or nothing when it did not run."""
+    if not ft:
+        return []
+    rows = []
+    for key, label in (("full", "full SFT (every parameter)"), ("lora", "LoRA (base frozen)")):
+        r = ft["rows"][key]
+        rows.append([label, fmt_int(r["trainable_params"]), fmt_mib(r["optimizer_state_bytes"]),
+                     fmt_int(r["tokens_per_s"]), fmt_int(r["learned_tokens_per_s"]), fmt_gib(r.get("peak_rss"))])
+    q = ft["ratios"]
+    rows.append(["LoRA / full", fmt_ratio(ratio(ft["rows"]["lora"]["trainable_params"],
+                                                      ft["rows"]["full"]["trainable_params"]), 3),
+                 fmt_ratio(q["lora_over_full_optimizer_state"], 3), fmt_ratio(q["lora_over_full_tokens_per_s"]),
+                 fmt_ratio(q["lora_over_full_tokens_per_s"]), fmt_ratio(q["lora_over_full_peak_rss"])])
+    lora = ft["lora"]
+    return ["## Fine-tuning: full SFT against LoRA (tokens/s, optimizer state, peak RSS)", ""] + _table(
+        ["variant", "trained parameters", "optimizer state (Adam moments)", "all tokens/s", "learned tokens/s",
+         "peak RSS"], rows) + [
+        "", f"{ft['model']} ({ft['params'] / 1e6:.2f}M parameters, random-initialised), batch {ft['batch']} x "
+        f"{ft['seq']}, the masked SFT loss on random conversations (prompt 8-31 tokens, response 8-31 learned, "
+        f"packed; {100 * ft['learned_fraction']:.1f}% of the labels learned), the same windows in the same order for "
+        f"both; LoRA rank {lora['rank']}, alpha {lora['alpha']:g} on `{lora['targets']}` (the sft-tiny recipe's). "
+        f"All tokens/s counts every token of the batches, learned tokens/s the loss-mask ones (all tokens/s x the "
+        f"learned fraction); best of {ft['rounds']} alternating rounds of {ft['steps_per_round']} timed steps. The "
+        "optimizer state is the bytes of AdamWeightDecay's moment tensors as built (fp32, two per trained "
+        "parameter); peak RSS is each variant's worker process's `ru_maxrss` (each in a process of its own).", ""]
+
+
 def render_markdown(results: Dict[str, Any]) -> str:
     env = results["environment"]
     per_round = ", ".join(f"{m['name']} {m['steps_per_round']}" for m in results.get("models", []))
@@ -115,6 +145,7 @@ def render_markdown(results: Dict[str, Any]) -> str:
         out += ["", "Each row trains in a worker process of its own; the figure is that process's `ru_maxrss` "
                 "(getrusage) after its last round: the library, the built model, optimizer state, compiled graphs "
                 "(naohai: the train and the eval step), activations and allocator pools.", ""]
+    out += finetune_lines(results.get("finetune"))
     comp = results.get("compile")
     if comp:
         out += ["## Train-step compile time (one CPU device, graph mode; hidden 64, seq 32)", ""]

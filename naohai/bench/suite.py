@@ -1,4 +1,4 @@
-"""One benchmark run, in order: matmul peak, training rows, loader, memory, compile times.
+"""One benchmark run, in order: matmul peak, training rows, loader, memory, fine-tuning rows, compile times.
 
 :func:`run_suite` measures everything on this machine -- each training row in its own
 worker process (:mod:`naohai.bench.worker`), each compile probe in a fresh one -- and returns the results dict that :mod:`naohai.bench.report` and
@@ -10,7 +10,8 @@ started ``naohai bench`` with.  The load average before and after and the CPU sh
 used are recorded, and the report warns when the machine was not quiet (:mod:`naohai.bench.quiet`).
 The peak is the best of MindSpore's compiled MatMul, NumPy's BLAS (a child without the machine's thread
 variables) and PyTorch's matmul (a child, when installed), printed beside the CPU's theoretical peak
-(:mod:`naohai.bench.peak`); every row's peak RSS is its worker process's ``ru_maxrss``.
+(:mod:`naohai.bench.peak`); every row's peak RSS is its worker process's ``ru_maxrss``.  The fine-tuning
+rows (:mod:`naohai.bench.finetune`: full SFT against LoRA) train the first model of ``--models``.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class Options:
     compile_forms: Sequence[str] = ("loop", "shared", "separate")   # see naohai.bench.compile_time.FORMS
     torch_compile: bool = True
     lm_eval: bool = True                            # the downstream scoring row (naohai.bench.lm_eval_rate)
+    finetune: bool = True                           # full SFT against LoRA on the first model (naohai.bench.finetune)
     torch_threads: Optional[int] = None
     peak_n: int = 2048
     peak_repeats: int = 5
@@ -178,6 +180,12 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
             results["loader"].append(m.pop("loader"))
             results["memory"].append(m.pop("memory"))
             results["models"].append(m)
+        if opts.finetune and opts.models:
+            from naohai.bench.finetune import bench_finetune
+            bm = opts.models[0]
+            log(f"{bm.name}: fine-tuning rows, full SFT against LoRA on random SFT windows ...")
+            results["finetune"] = bench_finetune(bm, opts.rounds, int(opts.steps or DEFAULT_STEPS.get(bm.name, 10)),
+                                                 workdir, peak, log)
     runs = []
     for layers in opts.compile_layers:
         for form in opts.compile_forms:

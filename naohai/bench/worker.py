@@ -4,7 +4,8 @@ MindSpore and PyTorch in one process slowed PyTorch by an order of magnitude her
 tiny eager row after naohai's rounds in the same process: 444 tokens/s with
 OMP_WAIT_POLICY=PASSIVE; in a process of its own 7,600-8,000, same load), so each row
 (``naohai``, ``eager``, ``compile``) runs in a worker: ``python -m naohai.bench.worker
-ROW MODEL PREPARED_DIR WORKDIR PEAK``.  It builds the row, answers ``@@bench {"ready": ...}``,
+ROW MODEL PREPARED_DIR WORKDIR PEAK``.  ``sft-full`` and ``sft-lora`` are :mod:`naohai.bench.finetune`'s rows (MODEL: the bench model as JSON).
+It builds the row, answers ``@@bench {"ready": ...}``,
 then reads one JSON command per line from stdin -- ``{"cmd": "round", "steps": N}`` (answer:
 the timed step seconds, the first step's seconds and the worker's peak resident set so far,
 ``ru_maxrss`` of ``getrusage(RUSAGE_SELF)`` in bytes), ``{"cmd": "allocated"}`` (naohai:
@@ -76,11 +77,12 @@ class WorkerProcess:
 class Worker(WorkerProcess):
     """A benchmark row's worker (this module's :func:`main`)."""
 
-    def __init__(self, row: str, model: str, prepared_dir: str, workdir: str, peak: float):
+    def __init__(self, row: str, model: str, prepared_dir: str, workdir: str, peak: float, label: str = ""):
+        """``label``: the model's name in the log file's name (default ``model``)."""
         self.row = row
         super().__init__(f"bench worker {row}", ["naohai.bench.worker", row, model, prepared_dir, workdir,
                                                  repr(float(peak))],
-                         os.path.join(workdir, f"worker-{model}-{row}.log"))
+                         os.path.join(workdir, f"worker-{label or model}-{row}.log"))
 
 
 def peak_rss_bytes() -> int:
@@ -97,11 +99,17 @@ def _say(obj: Dict[str, Any]) -> None:
 def main(argv) -> int:
     row, model, prepared_dir, workdir, peak = argv[0], argv[1], argv[2], argv[3], float(argv[4])
     from naohai.bench.models import bench_models
-    bm = bench_models()[model]
-    if row == "naohai":
+    if row.startswith("sft-"):          # fine-tuning rows (naohai.bench.finetune): MODEL is a BenchModel's JSON
+        from naohai.bench.finetune import VARIANTS, bench_model_from_json
+        from naohai.bench.naohai_row import NaohaiRun
+        bm = bench_model_from_json(model)
+        runner = NaohaiRun(bm, workdir, peak, prepared_dir=prepared_dir, finetune=VARIANTS[row[4:]], tag=row)
+    elif row == "naohai":
+        bm = bench_models()[model]
         from naohai.bench.naohai_row import NaohaiRun
         runner = NaohaiRun(bm, workdir, peak, prepared_dir=prepared_dir)
     else:
+        bm = bench_models()[model]
         from naohai.bench.naohai_row import bench_recipe
         from naohai.bench.torch_row import TorchRun, peer_module
         peer, why = peer_module()
@@ -110,7 +118,7 @@ def main(argv) -> int:
         train = bench_recipe(bm, os.path.join(workdir, "unused"), prepared_dir).train
         runner = TorchRun(peer, bm, prepared_dir, train, compiled=row == "compile")
     info: Dict[str, Any] = {"ready": True}
-    if row != "naohai":
+    if row in ("eager", "compile"):
         import torch
         info.update(torch=torch.__version__, threads=torch.get_num_threads())
     _say(info)

@@ -132,9 +132,6 @@ class Scorer:
         (see the module docstring) or one with ``packs = True`` taking positions and bias too."""
         if batch <= 0:
             raise ValueError(f"batch must be positive, got {batch}")
-        if forward is None:                  # the packed forward runs the cached step
-            from naohai.model.finetune import refuse_cached_step
-            refuse_cached_step(model, "recipe")
         self.model = model
         self.cfg = cfg
         self.pad_id = int(pad_id)

@@ -32,8 +32,10 @@ marks every other parameter ``requires_grad=False`` (LoRA: :mod:`naohai.model.lo
     ``adapters`` library's Houlsby configuration).
 
 Every method's initial values are drawn from ``numpy.random.default_rng([seed, crc32(name)])``: the
-same whatever the layout.  The generation step (:meth:`NaohaiLM.step`) carries the llama_adapter and
-adapter terms; prefix and prompt tuning change the positions, which :mod:`naohai.generate` refuses.
+same whatever the layout.  The generation step (:meth:`NaohaiLM.step`) carries every method: the
+llama_adapter and adapter terms in the layers, prefix and prompt tuning's virtual positions as the first
+columns of the key/value cache (real tokens numbered from n), so `naohai generate` and downstream scoring
+run every method.
 """
 from __future__ import annotations
 
@@ -60,16 +62,6 @@ def is_method_name(name: str) -> bool:
 def is_trained_name(name: str) -> bool:
     """Is ``name`` a trained tensor of any fine-tuning method, LoRA's factors included?"""
     return is_method_name(name) or (name.startswith("layers.") and name.endswith((".lora_a", ".lora_b")))
-
-
-def refuse_cached_step(model, where: str) -> None:
-    """Generation and downstream scoring run :meth:`NaohaiLM.step` over a key/value cache, which does not
-    carry prefix / prompt tuning's virtual positions yet: exit 2 rather than ignore them."""
-    virtual = getattr(model, "virtual", None)
-    if virtual is not None:
-        raise UserError(f"is a {virtual.kind}-tuned model; the cached generation step (generate, downstream "
-                        f"scoring) does not carry its virtual tokens yet, so it refuses it (eval and score read "
-                        f"it; llama_adapter, adapter and lora generate)", where=where, key="finetune.method")
 
 
 def draw(name: str, seed: int, shape, kind: str, scale: float = 1.0) -> np.ndarray:

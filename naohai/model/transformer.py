@@ -226,6 +226,20 @@ class NaohaiLM(nn.Cell):
             out.append((k, v))
         return out
 
+    def virtual_count(self) -> int:
+        """How many virtual positions prefix / prompt tuning put before every sequence (0 without)."""
+        if self.virtual is None:
+            return 0
+        return int(self.virtual.embedding.shape[0])
+
+    def virtual_cache(self, batch: int):
+        """The key/value cache of the virtual positions alone: per layer (keys, values) [batch, nkv, n, d]."""
+        out = []
+        for k, v in self.virtual_prefixes():
+            shape = (batch,) + tuple(k.shape[1:])
+            out.append((ops.broadcast_to(k, shape), ops.broadcast_to(v, shape)))
+        return out
+
     def construct(self, input_ids, labels):
         x = self.hidden(input_ids)
         logits = self.head(x, self.embedding.word_embedding)
@@ -237,9 +251,20 @@ class NaohaiLM(nn.Cell):
         ``cache`` is None or a list of (keys, values) per layer; returns (logits, new cache).  One call
         costs the new tokens' work plus attention over the cache, not the whole window.  With
         ``slot`` the cache has a fixed size (see :meth:`Attention.step`).
+
+        ``positions`` number the real tokens from 0.  With prefix / prompt tuning (:meth:`virtual_count`
+        n > 0) the model numbers them from n, as :meth:`construct` does, and the cache's first n columns
+        are the virtual positions: a call without a cache starts one from :meth:`virtual_cache` and puts
+        n open columns in front of ``bias``; a call with a cache gets a ``bias`` that covers them.
         """
         if self.layer_loop:
             raise ValueError("generation needs the per-layer model (NaohaiLM(..., layer_loop=False))")
+        n = self.virtual_count()
+        if n:
+            positions = positions + n
+            if cache is None:
+                cache = self.virtual_cache(input_ids.shape[0])
+                bias = ops.concat((ops.zeros(bias.shape[:-1] + (n,), bias.dtype), bias), -1)
         x = self.embedding.step(input_ids, positions)
         new = []
         for i, layer in enumerate(self.layers):

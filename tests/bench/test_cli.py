@@ -46,3 +46,5 @@ def test_flags_become_options():
     assert o.torch_compile and tuple(o.compile_forms) == ("loop", "shared", "separate")
     o = options(build_parser().parse_args(["bench", "--compile-forms", "shared,loop"]))
     assert o.compile_forms == ("shared", "loop")
+    assert o.finetune
+    assert not options(build_parser().parse_args(["bench", "--no-finetune"])).finetune

@@ -84,6 +84,48 @@ def test_naohai_adapter_loads_in_peft_with_equal_logits(llama, tmp_path, method)
         write_peft(adapter, _recipe(base).model, ft, tensors)
 
 
+def _peft_greedy(model, prompt, new):
+    """Greedy continuation by ``model``'s full forward over the whole sequence at every step (no cache).
+    PEFT's own ``generate`` is not the reference: with transformers 5.24 / peft 0.21 it continued a
+    prefix-tuned model exactly as the base model (the prefix lost in generation), while its forward
+    agrees with naohai's logits (the tests above)."""
+    ids = list(prompt)
+    for _ in range(new):
+        ids.append(int(np.argmax(hf_models.hf_logits(model, np.asarray([ids]))[0, -1])))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_cached_generation_equals_peft_recompute(llama, tmp_path, method):
+    """naohai's key/value-cached greedy generation (prefix tuning's virtual keys/values in every layer's
+    cache, prompt tuning's virtual tokens, LLaMA-Adapter's gated prompts) on two left-padded prompts gives
+    the greedy tokens of ``peft.PeftModel`` over the transformers model recomputing the whole sequence."""
+    from mindspore import Tensor
+    from transformers import AutoModelForCausalLM
+    from naohai.checkpoint.weights import load_model
+    from naohai.generate import CachedDecoder, SamplingConfig
+    src, base = llama
+    ft = CONFIGS[method]
+    _, tensors = _naohai(base, ft)
+    adapter = str(tmp_path / "adapter")
+    write_peft(adapter, _recipe(base).model, ft, tensors, base_model=src)
+    peft_model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(src), adapter).eval()
+    prompts = [list(map(int, _ids()[0, :9])), list(map(int, _ids()[1, :4]))]
+    found, model = load_model(base)
+    apply_finetune(model, ft, seed=0)
+    for p in method_params(model):
+        p.set_data(Tensor(tensors[p.name]))
+    model.set_train(False)
+    cfg = found.recipe.model
+    ours = CachedDecoder(model, cfg, pad_id=0).generate_ids(prompts, SamplingConfig(max_new_tokens=6, temperature=0),
+                                                           cfg.vocab_size)
+    theirs = [_peft_greedy(peft_model, p, 6) for p in prompts]
+    plain = [_peft_greedy(AutoModelForCausalLM.from_pretrained(src).eval(), p, 6) for p in prompts]
+    print(f"{method}: naohai {ours}, peft {theirs}, base model {plain}")
+    assert theirs != plain                                   # the adapter changes the continuation ...
+    assert ours == theirs                                    # ... as naohai's cached generation does
+
+
 def _recipe(base):
     from naohai.checkpoint.weights import find_weights
     return find_weights(base).recipe
@@ -122,7 +164,7 @@ def test_peft_adapter_imports_with_equal_logits(llama, tmp_path, method):
 @pytest.mark.parametrize("method", sorted(CONFIGS))
 def test_cli_import_reads_serves_and_exports_back(llama, tmp_path, capsys, method):
     """``ckpt import --from peft`` writes an adapter folder; eval reads it over its base (logits as PEFT's);
-    generate runs it or refuses it clearly (prefix / prompt); ``ckpt export --to peft`` gives PEFT's own."""
+    generate runs it; ``ckpt export --to peft`` gives PEFT's own."""
     import json
     from mindspore import Tensor
     from naohai.checkpoint.weights import load_model
@@ -141,11 +183,7 @@ def test_cli_import_reads_serves_and_exports_back(llama, tmp_path, capsys, metho
     assert main(["eval", out, "--ids", str(tmp_path / "ids.npy"), "--json"]) == 0
     assert np.isfinite(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loss"])
     code = main(["generate", out, "--prompt", "The for", "--max-new-tokens", "3", "--temperature", "0"])
-    err = capsys.readouterr().err
-    if method in ("prefix", "prompt"):
-        assert code == 2 and "finetune.method" in err and "Traceback" not in err, err
-    else:
-        assert code == 0, err
+    assert code == 0, capsys.readouterr().err
     for refused in (["ckpt", "merge-adapter", out, "--out", str(tmp_path / "merged")],):
         assert main(refused) == 2
         assert "does not fold" in capsys.readouterr().err

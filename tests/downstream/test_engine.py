@@ -23,6 +23,9 @@ VARIANTS = {
     "pangu": dict(position="learned", query_layer=True, final_norm="before_query_layer", eod_reset=True,
                   eod_reset_positions=True, eod_id=2, activation="fast_gelu", num_layers=3),
     "alibi": dict(position="alibi", norm="rmsnorm", bias=False),
+    # prefix / prompt tuning (random trained tensors): the scoring step puts the virtual positions first
+    "prefix": dict(max_positions=MICRO_MODEL["seq_length"] + 4),
+    "prompt": dict(max_positions=MICRO_MODEL["seq_length"] + 4),
 }
 
 
@@ -30,6 +33,12 @@ def _model(variant):
     ms.set_context(mode=ms.PYNATIVE_MODE)
     cfg = recipe_from_dict({"name": "m", "model": dict(MICRO_MODEL, **VARIANTS[variant])}, where="test").model
     model = NaohaiLM(cfg, seed=3)
+    if variant in ("prefix", "prompt"):
+        from naohai.config import FinetuneConfig
+        from naohai.model.finetune import apply_finetune, method_params
+        apply_finetune(model, FinetuneConfig(method=variant, num_virtual_tokens=3), seed=0)
+        for p in method_params(model):
+            p.set_data(Tensor(np.random.default_rng(1).normal(0, 0.5, p.shape).astype(np.float32)))
     model.set_train(False)
     return cfg, model
 
