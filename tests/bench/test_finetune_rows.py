@@ -27,8 +27,9 @@ def _base_shapes():
 def test_random_sft_folder_reads_back_with_prompts_unlearned(tmp_path):
     path = write_random_sft(str(tmp_path / "sft"), 256, 32, train_windows=10)
     prep = load_sft(path)
-    tokens, mask = SFTLoader(prep, "train", 4).next_batch()
-    assert tokens.shape == mask.shape == (4, 33)
+    batch = SFTLoader(prep, "train", 4).next_batch()
+    tokens, mask = batch.tokens, batch.mask
+    assert tokens.shape == mask.shape == (4, 33) and batch.learned == int(mask[:, 1:].sum())
     assert (mask[:, 0] == 0).all() and 0.2 < mask[:, 1:].mean() < 0.8
     meta = json.load(open(os.path.join(path, "meta.json")))
     assert meta["splits"]["train"]["learned_tokens"] == int(np.asarray(prep.mask("train")).sum())
