@@ -211,7 +211,6 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
     from naohai.data.tokenizer import Tokenizer
     from naohai.downstream.engine import Scorer, padding_id
     from naohai.checkpoint.weights import load_model
-    from naohai.model.finetune import refuse_cached_step
     from naohai.devices import resolve_device
 
     if not os.path.exists(path):
@@ -219,7 +218,6 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
     found, model = load_model(path)
-    refuse_cached_step(model, found.path)
     recipe, ckpt, step = found.recipe, found.checkpoint, found.step
     model.set_train(False)
     tok_file = tokenizer or found.tokenizer_file()
