@@ -7,12 +7,14 @@ reading the whole global batch on one rank, sliced by data-parallel index, and M
 device-matrix rule ``dp = (rank % per_stage) // (per_stage // dp)``), that only rank 0 logs
 and writes metrics, the eval and checkpoint cadence of the recipe, one parameter file per
 rank in every checkpoint, and that a resumed run continues at the same data position with
-each rank's own slices restored.
+each rank's own slices restored.  On SFT data: each rank's rows and loss mask, and the token
+weight it sets from the learned tokens of the GLOBAL batch (the masked loss's normalisation).
 """
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -493,3 +495,87 @@ def test_in_loop_downstream_eval_agrees_on_every_rank(tmp_path, micro_data):
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["task"]) for r in metrics if r["split"] == "downstream"] == [
         (s, t) for s in (0, 2, 4) for t in ("gen_probe", "mc_probe")]
+
+
+class SFTStandInSteps(StandInSteps):
+    """The stand-in for a masked-loss step: records each SFT batch and the weight the real
+    :func:`naohai.train.builder._masked_split` sets on this rank (``MICRO`` micro-batches summed inside
+    the network, as the semi-auto step's factor)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.weights, self.eval_fed = [], []
+        self.token_weight = Parameter(Tensor(1.0, ms.float32), name="sft.token_weight", requires_grad=False)
+
+    def train(self, batch):
+        from naohai.train.builder import _masked_split
+        with MS_LOCK:
+            _masked_split(batch, self.token_weight, MICRO)
+            self.weights.append(float(self.token_weight.asnumpy()))
+            for p in self.params:
+                p.set_data(Tensor(p.asnumpy() + 1.0))
+        self.fed.append(batch)
+        return StepResult(loss=10.0 / len(self.fed), grad_norm=1.0, applied=True, loss_scale=1.0)
+
+    def evaluate(self, batch):
+        self.evals += 1
+        self.eval_fed.append(batch)
+        assert batch.tokens.shape[0] == self.eval_rows
+        return 3.0
+
+
+def _sft_folder(tok_path, root):
+    """Packed SFT windows of the micro model's tokenizer, learned tokens unequal between rows."""
+    from naohai.data.sft import prepare_sft
+    from naohai.data.tokenizer import Tokenizer
+
+    lines = []
+    for i in range(60):
+        turns = [{"role": "user", "content": f"q{i} " * (1 + i % 3)},
+                 {"role": "assistant", "content": f"a{i} " * (1 + i % 5)}]
+        lines.append(json.dumps({"messages": turns}))
+    (root / "c.jsonl").write_text("\n".join(lines))
+    prepare_sft([str(root / "c.jsonl")], Tokenizer.load(tok_path), str(root / "sft"), 32, holdout_fraction=0.2,
+                seed=0, truncation="truncate")
+    return str(root / "sft")
+
+
+def test_sft_host_loop_weights_every_rank_by_the_global_batch(tmp_path, micro_data, monkeypatch):
+    """SFT data under dp2 x mp2 x pp2: each rank feeds its data-parallel group's rows of the global batch
+    (tokens and loss mask) and sets its token weight to MICRO / N with N the learned tokens of the GLOBAL
+    batch (read on one rank as a reference), the same N on all 8 ranks, so the data-parallel groups'
+    weighted sums add up to the global mean; the held-out batches likewise."""
+    from naohai.data.sft import SFTLoader
+
+    _, tok_path = micro_data
+    sft = _sft_folder(tok_path, tmp_path)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    recipe = micro_recipe(tmp_path / "run", sft, tok_path, steps=4, global_batch_size=8, micro_batch_size=1,
+                          log_every=2, eval_every=2, eval_batches=1, save_every=100)
+    monkeypatch.setattr(sys.modules[__name__], "StandInSteps", SFTStandInSteps)
+    trainers, _ = _run_ranks(recipe, sft, max_steps=None, resume=False)
+
+    reference = SFTLoader(sft, "train", 8, 0, 1, seed=recipe.data.shuffle_seed)
+    global_batches = [reference.next_batch() for _ in range(4)]
+    held = SFTLoader(sft, "valid", 8, 0, 1, seed=0, shuffle=False).next_batch()
+    rows = 8 // DP
+    learned = [int(np.count_nonzero(b.mask[:, 1:])) for b in global_batches]
+    per_row = [b.mask[:, 1:].sum(axis=1) for b in global_batches]
+    assert all(len(set(r.tolist())) > 1 for r in per_row)         # rows differ: a local count would be wrong
+    for rank, tr in trainers.items():
+        d = tr.runtime.dp_rank
+        assert d == (rank % PER_STAGE) // (PER_STAGE // DP)
+        assert len(tr.steps.fed) == 4
+        for i, batch in enumerate(tr.steps.fed):
+            np.testing.assert_array_equal(batch.tokens, global_batches[i].tokens[rows * d:rows * (d + 1)])
+            np.testing.assert_array_equal(batch.mask, global_batches[i].mask[rows * d:rows * (d + 1)])
+            assert batch.learned == learned[i]
+        np.testing.assert_allclose(tr.steps.weights, [MICRO / n for n in learned], rtol=1e-6)
+        for batch in tr.steps.eval_fed:                             # steps 0, 2, 4: the same held-out batch
+            np.testing.assert_array_equal(batch.mask, held.mask[rows * d:rows * (d + 1)])
+            assert batch.learned == int(np.count_nonzero(held.mask[:, 1:]))
+    # a NLL of 1 per learned token: the groups' weighted sums (each / MICRO, as the step divides) add up to 1
+    for i in range(4):
+        total = sum(trainers[r].steps.weights[i] * per_row[i][rows * d:rows * (d + 1)].sum() / MICRO
+                    for d, r in enumerate((0, 2)))
+        assert total == pytest.approx(1.0, rel=1e-6)
