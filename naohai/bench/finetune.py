@@ -98,7 +98,7 @@ def write_random_sft(path: str, vocab_size: int, seq_length: int, train_windows:
 def bench_finetune(bm: BenchModel, rounds: int, steps: int, workdir: str, peak: float,
                    log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Both variants on ``bm`` (see the module docstring): ``{"model", "rows": {variant: row}, "ratios", ...}``."""
-    from naohai.bench.worker import Worker
+    from naohai.bench.process import Worker
     from naohai.model.params import count_params
 
     prepared = write_random_sft(os.path.join(workdir, f"sft-{bm.name}"), bm.model.vocab_size, bm.seq,

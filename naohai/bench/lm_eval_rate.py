@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List
 
-from naohai.bench.worker import PREFIX, WorkerProcess
+from naohai.bench.process import PREFIX, WorkerProcess
 
 BATCH = 16
 

@@ -114,7 +114,7 @@ def this_machine_theoretical_peak() -> Dict[str, Any]:
 def torch_matmul_tflops(n: int, repeats: int) -> Optional[float]:
     """PyTorch's n x n fp32 matmul rate in a child process at PyTorch's defaults (the environment as Python
     sees it, as the peer rows get); None without PyTorch."""
-    from naohai.bench.worker import worker_env
+    from naohai.bench.process import worker_env
     from naohai.train.device import child_matmul_seconds
     sec = child_matmul_seconds(TORCH_CHILD, n, repeats, worker_env())
     return 2.0 * n ** 3 / sec / 1e12 if sec else None

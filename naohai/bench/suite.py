@@ -77,7 +77,7 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
     from naohai.bench.loader_speed import loader_tokens_per_s
     from naohai.bench.memory import compare, planned_states
     from naohai.bench.randdata import write_random_prepared
-    from naohai.bench.worker import Worker
+    from naohai.bench.process import Worker
     from naohai.model.flops import flops_per_token
     from naohai.model.params import count_params
 

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from naohai.bench.worker import worker_env
+from naohai.bench.process import worker_env
 
 CHILD = "import os, sys; sys.stdout.write(os.environ.get('OMP_NUM_THREADS', 'unset'))"
 
@@ -13,7 +13,7 @@ def test_workers_do_not_inherit_mindspores_omp_num_threads():
         "import os, subprocess, sys\n"
         "import mindspore as ms\n"
         "ms.set_device('CPU')\n"
-        "from naohai.bench.worker import worker_env\n"
+        "from naohai.bench.process import worker_env\n"
         f"child = {CHILD!r}\n"
         "inherited = subprocess.run([sys.executable, '-c', child], capture_output=True, text=True).stdout\n"
         "explicit = subprocess.run([sys.executable, '-c', child], capture_output=True, text=True,\n"
