@@ -379,7 +379,8 @@ SINGLE_DEVICE_SOURCE = "built-in single-device strategy"
 
 def single_device_strategy() -> Strategy:
     """The strategy of a run without a strategy file: one device, every slice count 1, no recompute."""
-    return parse_strategy({"name": "single-device", "mesh": {"data": 1, "model": 1, "pipeline": 1}},
+    return parse_strategy({"name": "single-device", "mesh": {"data": 1, "model": 1, "pipeline": 1},
+                           "optimizer_parallel": {"enabled": False}},   # nothing to shard it over
                           where=SINGLE_DEVICE_SOURCE)
 
 

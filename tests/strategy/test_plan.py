@@ -136,6 +136,8 @@ def test_default_strategy_is_all_ones():
     assert all(all(d == 1 for dims in v for d in dims) for v in r.op_strategy.values())
     assert set(r.op_strategy) == set(__import__("naohai.model.catalog", fromlist=["op_catalog"]).op_catalog(cfg, 1))
     assert r.op_strategy["layers.0.attention.scale"][1] == ()
+    # a plain run prints no strategy warning (optimizer parallel has nothing to shard over at data 1)
+    assert r.warnings == () and not r.optimizer_parallel.enabled
 
 
 def test_auto_split_reproduces_published_7b():
