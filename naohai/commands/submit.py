@@ -56,6 +56,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from naohai.launch import submission   # MindSpore (the strategy checks): imported when a job is made
+    from naohai.launch.modelarts import JobPlatform
 
     if args.target in ACTIONS and not os.path.isfile(args.target):
         return _action(args)
@@ -64,13 +65,14 @@ def run(args) -> int:
                if not value]
     if missing:
         raise UserError(f"creating a job needs {', '.join(missing)}", where="command line", key=missing[0])
+    platform = JobPlatform(name=args.name, flavor=args.flavor, nodes=args.nodes, image_url=args.image_url,
+                           engine_name=args.engine_name, engine_version=args.engine_version,
+                           pool_id=args.pool_id, workspace_id=args.workspace_id, device=args.device)
     opts = submission.SubmitOptions(
-        recipe=args.target, overrides=list(args.rest), strategy=args.strategy, name=args.name,
-        flavor=args.flavor, nodes=args.nodes, code_obs=args.code_obs, output_obs=args.output_obs,
-        log_obs=args.log_obs, data=args.data, data_obs=args.data_obs, image_url=args.image_url,
-        engine_name=args.engine_name, engine_version=args.engine_version, pool_id=args.pool_id,
-        workspace_id=args.workspace_id, endpoint=args.endpoint, obs_endpoint=args.obs_endpoint,
-        region=args.region, code_dir=args.code_dir or submission.REPO_ROOT, device=args.device)
+        recipe=args.target, platform=platform, overrides=list(args.rest), strategy=args.strategy,
+        code_obs=args.code_obs, output_obs=args.output_obs, log_obs=args.log_obs, data=args.data,
+        data_obs=args.data_obs, endpoint=args.endpoint, obs_endpoint=args.obs_endpoint, region=args.region,
+        code_dir=args.code_dir or submission.REPO_ROOT)
     submission.submit(opts, os.environ, dry_run=args.dry_run)
     return 0
 

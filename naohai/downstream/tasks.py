@@ -136,22 +136,35 @@ def prepare(names: Sequence[str], *, include: Sequence[str] = (), num_fewshot: O
     return Prepared(list(names), loaded, num_fewshot, limit)
 
 
-def run(lm, prepared: Prepared, *, log_samples: bool = False, bootstrap_iters: int = 1000) -> Dict[str, Any]:
-    """lm-eval's ``evaluate`` of the prepared tasks with ``lm`` (its results dict)."""
+def run(lm, prepared: Prepared, *, log_samples: bool = False, bootstrap_iters: int = 1000,
+        progress: bool = True) -> Dict[str, Any]:
+    """lm-eval's ``evaluate`` of the prepared tasks with ``lm`` (its results dict).  ``progress=False``
+    (the in-loop evaluator, between training log lines) hides lm-eval's progress bars for this call."""
+    import functools
     import logging
 
+    import lm_eval.api.model
+    import lm_eval.api.task
     from lm_eval.evaluator import evaluate
 
     quiet = logging.getLogger("lm-eval"), logging.getLogger("lm_eval")
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.WARNING)
+    # lm-eval draws its bars with the module-level name ``tqdm`` of these two modules (request building,
+    # request tokenizing) and offers no switch for them through ``evaluate``
+    bars = [(module, module.tqdm) for module in (lm_eval.api.task, lm_eval.api.model)]
+    if not progress:
+        for module, bar in bars:
+            module.tqdm = functools.partial(bar, disable=True)
     try:
         return evaluate(lm=lm, task_dict=prepared.loaded, limit=prepared.limit, log_samples=log_samples,
                         bootstrap_iters=bootstrap_iters, verbosity="WARNING")
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
+        for module, bar in bars:
+            module.tqdm = bar
 
 
 def rows(results: Dict[str, Any], step: Optional[int], prepared: Optional[Prepared] = None) -> List[Dict[str, Any]]:

@@ -27,30 +27,37 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 @dataclass
-class JobRequest:
-    """Everything `naohai submit` needs to describe one training job."""
+class JobPlatform:
+    """What a job runs as and on: its name, the resources, the image or preset engine, the device."""
 
     name: str
-    recipe: str                      # path relative to the code directory
-    strategy: Optional[str]          # path relative to the code directory
     flavor: str
-    code_obs: ObsPath
-    output_obs: ObsPath
     nodes: int = 1
-    overrides: List[str] = field(default_factory=list)
-    log_obs: Optional[ObsPath] = None
-    data_obs: Optional[ObsPath] = None
     image_url: Optional[str] = None
     engine_name: Optional[str] = None
     engine_version: Optional[str] = None
     pool_id: Optional[str] = None
     workspace_id: Optional[str] = None
-    description: str = "naohai training job"
-    environments: Dict[str, str] = field(default_factory=dict)
     device: str = "Ascend"           # passed to the boot script, then to every worker
 
 
-def validate_request(req: JobRequest) -> None:
+@dataclass
+class JobRequest:
+    """Everything `naohai submit` needs to describe one training job."""
+
+    platform: JobPlatform
+    recipe: str                      # path relative to the code directory
+    strategy: Optional[str]          # path relative to the code directory
+    code_obs: ObsPath
+    output_obs: ObsPath
+    overrides: List[str] = field(default_factory=list)
+    log_obs: Optional[ObsPath] = None
+    data_obs: Optional[ObsPath] = None
+    description: str = "naohai training job"
+    environments: Dict[str, str] = field(default_factory=dict)
+
+
+def validate_platform(req: JobPlatform) -> None:
     if not _NAME_RE.match(req.name or ""):
         raise UserError(f"job name '{req.name}' must be 1-64 letters, digits, '-' or '_', starting with a "
                         "letter or digit", where="command line", key="--name")
@@ -74,13 +81,14 @@ def _obs_io(name: str, path: ObsPath) -> Dict[str, Any]:
 
 def build_job_body(req: JobRequest) -> Dict[str, Any]:
     """The JSON body of POST /v2/{project_id}/training-jobs."""
-    validate_request(req)
+    job = req.platform
+    validate_platform(job)
     params = [{"name": "recipe", "value": req.recipe}]
     if req.strategy:
         params.append({"name": "strategy", "value": req.strategy})
     if req.overrides:
         params.append({"name": "overrides", "value": " ".join(req.overrides)})
-    params.append({"name": "device", "value": req.device})
+    params.append({"name": "device", "value": job.device})
     algorithm: Dict[str, Any] = {
         "code_dir": req.code_obs.api_form,
         "boot_file": req.code_obs.child(BOOT_FILE).api_form,
@@ -89,16 +97,16 @@ def build_job_body(req: JobRequest) -> Dict[str, Any]:
         "outputs": [_obs_io("output", req.output_obs)],
         "environments": dict({"PYTHONUNBUFFERED": "1"}, **req.environments),
     }
-    if req.image_url:
-        algorithm["engine"] = {"image_url": req.image_url}
+    if job.image_url:
+        algorithm["engine"] = {"image_url": job.image_url}
     else:
-        algorithm["engine"] = {"engine_name": req.engine_name, "engine_version": req.engine_version}
-    metadata: Dict[str, Any] = {"name": req.name, "description": req.description}
-    if req.workspace_id:
-        metadata["workspace_id"] = req.workspace_id
-    resource: Dict[str, Any] = {"flavor_id": req.flavor, "node_count": req.nodes}
-    if req.pool_id:
-        resource["pool_id"] = req.pool_id
+        algorithm["engine"] = {"engine_name": job.engine_name, "engine_version": job.engine_version}
+    metadata: Dict[str, Any] = {"name": job.name, "description": req.description}
+    if job.workspace_id:
+        metadata["workspace_id"] = job.workspace_id
+    resource: Dict[str, Any] = {"flavor_id": job.flavor, "node_count": job.nodes}
+    if job.pool_id:
+        resource["pool_id"] = job.pool_id
     spec: Dict[str, Any] = {"resource": resource}
     if req.log_obs:
         spec["log_export_path"] = {"obs_url": req.log_obs.api_form}

@@ -19,7 +19,7 @@ from naohai.launch.credentials import (AK_VAR, PROJECT_VAR, SK_VAR, credentials_
                                        modelarts_endpoint, obs_endpoint)
 from naohai.strategy.run_plan import plan_run
 from naohai.strategy.runtime import check_runnable
-from naohai.launch.modelarts import JobRequest, TrainingJobs, build_job_body
+from naohai.launch.modelarts import JobPlatform, JobRequest, TrainingJobs, build_job_body
 from naohai.launch.obs_upload import (DEFAULT_EXCLUDES, MULTIPART_THRESHOLD, PART_SIZE, Uploader,
                                       collect_files, obs_client, parse_obs_path, plan_summary)
 
@@ -28,22 +28,17 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 @dataclass
 class SubmitOptions:
+    """A job as the command line gives it: local paths (checked and uploaded here) and the platform."""
+
     recipe: str
-    name: str
-    flavor: str
+    platform: JobPlatform
     code_obs: str
     output_obs: str
     strategy: Optional[str] = None
     overrides: List[str] = field(default_factory=list)
-    nodes: int = 1
     log_obs: Optional[str] = None
     data: Optional[str] = None
     data_obs: Optional[str] = None
-    image_url: Optional[str] = None
-    engine_name: Optional[str] = None
-    engine_version: Optional[str] = None
-    pool_id: Optional[str] = None
-    workspace_id: Optional[str] = None
     endpoint: Optional[str] = None
     obs_endpoint: Optional[str] = None
     region: Optional[str] = None
@@ -51,7 +46,6 @@ class SubmitOptions:
     excludes: tuple = DEFAULT_EXCLUDES
     multipart_threshold: int = MULTIPART_THRESHOLD
     part_size: int = PART_SIZE
-    device: str = "Ascend"
 
 
 def _inside(path: str, root: str, flag: str) -> str:
@@ -69,14 +63,15 @@ def build_request(opts: SubmitOptions) -> JobRequest:
     recipe_path = resolve_recipe_path(opts.recipe)
     recipe = load_recipe(recipe_path, opts.overrides)   # fail here, not after an upload and a queue
     strategy_rel = None
-    if opts.device not in ("Ascend", "GPU", "CPU", "auto"):
-        raise UserError(f"'{opts.device}' is not one of Ascend, GPU, CPU, auto", where="command line",
+    device = opts.platform.device
+    if device not in ("Ascend", "GPU", "CPU", "auto"):
+        raise UserError(f"'{device}' is not one of Ascend, GPU, CPU, auto", where="command line",
                         key="--device")
     if opts.strategy:
         run = plan_run(recipe, opts.strategy)   # the checks every worker will make
         run.tell()
-        if opts.device != "auto":
-            check_runnable(run.strategy, opts.device, opts.recipe)
+        if device != "auto":
+            check_runnable(run.strategy, device, opts.recipe)
         strategy_rel = _inside(opts.strategy, opts.code_dir, "--strategy")
     if opts.data and not opts.data_obs:
         raise UserError("--data needs --data-obs /bucket/path/ to upload it to", where="command line",
@@ -84,14 +79,12 @@ def build_request(opts: SubmitOptions) -> JobRequest:
     if opts.data and not os.path.exists(opts.data):
         raise UserError("does not exist", where=opts.data, key="--data")
     return JobRequest(
-        name=opts.name, recipe=_inside(recipe_path, opts.code_dir, "recipe"), strategy=strategy_rel,
-        flavor=opts.flavor, nodes=opts.nodes, overrides=list(opts.overrides), device=opts.device,
+        platform=opts.platform, recipe=_inside(recipe_path, opts.code_dir, "recipe"), strategy=strategy_rel,
+        overrides=list(opts.overrides),
         code_obs=parse_obs_path(opts.code_obs, "--code-obs"),
         output_obs=parse_obs_path(opts.output_obs, "--output-obs"),
         log_obs=parse_obs_path(opts.log_obs, "--log-obs") if opts.log_obs else None,
-        data_obs=parse_obs_path(opts.data_obs, "--data-obs") if opts.data_obs else None,
-        image_url=opts.image_url, engine_name=opts.engine_name, engine_version=opts.engine_version,
-        pool_id=opts.pool_id, workspace_id=opts.workspace_id)
+        data_obs=parse_obs_path(opts.data_obs, "--data-obs") if opts.data_obs else None)
 
 
 def describe_credentials(environ: Mapping[str, str]) -> str:
@@ -133,7 +126,7 @@ def submit(opts: SubmitOptions, environ: Mapping[str, str], dry_run: bool = Fals
     meta = created.get("metadata") or {}
     job_id = meta.get("id")
     phase = (created.get("status") or {}).get("phase", "?")
-    print(f"created job {meta.get('name', opts.name)}: id {job_id}, phase {phase}", file=out)
+    print(f"created job {meta.get('name', opts.platform.name)}: id {job_id}, phase {phase}", file=out)
     return job_id
 
 

@@ -125,7 +125,7 @@ class DownstreamEval(Callback):
         before = self.lm.scorer.truncated.total()
         graph_before = self.lm.scorer.graph_seconds
         self.lm.step = trainer.step
-        results = run(self.lm, self.prepared)
+        results = run(self.lm, self.prepared, progress=False)
         seconds = time.time() - t0
         self.seconds += seconds
         self.evaluations += 1

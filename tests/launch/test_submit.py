@@ -12,6 +12,7 @@ import pytest
 from naohai.cli import main
 from naohai.errors import UserError
 from naohai.launch import submission
+from naohai.launch.modelarts import JobPlatform
 from naohai.launch.obs_upload import parse_obs_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -121,8 +122,9 @@ def test_multipart_upload_of_large_data(cloud, creds, code, tmp_path, capsys, ca
     (data / "train.bin").write_bytes(blob)
     (data / "meta.json").write_text("{}")
     opts = submission.SubmitOptions(
-        recipe=str(code / "recipes" / "tiny.yaml"), name="j", flavor="f", code_obs="/naohai-bkt/code/",
-        output_obs="/naohai-bkt/out/", image_url="swr.example/ns/img:1", data=str(data),
+        recipe=str(code / "recipes" / "tiny.yaml"),
+        platform=JobPlatform(name="j", flavor="f", image_url="swr.example/ns/img:1"),
+        code_obs="/naohai-bkt/code/", output_obs="/naohai-bkt/out/", data=str(data),
         data_obs="/naohai-bkt/data/", endpoint=cloud.url, obs_endpoint=cloud.url, code_dir=str(code),
         excludes=(".git",), multipart_threshold=1024 * 1024, part_size=1024 * 1024)
     submission.submit(opts, os.environ)
@@ -195,8 +197,8 @@ def test_refused_connection_is_clear(creds, code, capsys):
     assert "cannot connect to ModelArts" in err and SK not in err
     with pytest.raises(UserError, match="cannot connect to OBS"):
         submission.submit(submission.SubmitOptions(
-            recipe=str(code / "recipes" / "tiny.yaml"), name="j", flavor="f", code_obs="/naohai-bkt/c/",
-            output_obs="/naohai-bkt/o/", image_url="img", endpoint=dead, obs_endpoint=dead,
+            recipe=str(code / "recipes" / "tiny.yaml"), platform=JobPlatform(name="j", flavor="f", image_url="img"),
+            code_obs="/naohai-bkt/c/", output_obs="/naohai-bkt/o/", endpoint=dead, obs_endpoint=dead,
             code_dir=str(code)), os.environ)
 
 
@@ -261,8 +263,8 @@ def test_recipe_outside_code_dir(cloud, creds, code, tmp_path):
     shutil.copy(code / "recipes" / "tiny.yaml", outside)
     with pytest.raises(UserError, match="inside the uploaded code directory"):
         submission.build_request(submission.SubmitOptions(
-            recipe=str(outside), name="j", flavor="f", code_obs="/naohai-bkt/c/", output_obs="/naohai-bkt/o/",
-            image_url="img", code_dir=str(code)))
+            recipe=str(outside), platform=JobPlatform(name="j", flavor="f", image_url="img"),
+            code_obs="/naohai-bkt/c/", output_obs="/naohai-bkt/o/", code_dir=str(code)))
 
 
 def test_obs_path_forms():
