@@ -9,6 +9,11 @@ Nothing malformed stops the run or disappears: a line that is not UTF-8, not JSO
 not a JSON object, has no (string) text field, or is longer than ``max_line_bytes``
 comes out as a :class:`Problem` with the file and line number, and so does a
 truncated or corrupt ``.gz`` file.  The caller counts and reports them.
+
+An uncompressed ``.jsonl`` file can also be read in byte ranges (:class:`Split`,
+:func:`byte_ranges`, :func:`read_split`: the Spark engine's input splits): each range
+gives the lines that start in it, numbered as in the whole file, so the ranges of a file
+together give exactly what reading it whole gives.
 """
 from __future__ import annotations
 
@@ -71,12 +76,28 @@ def _open(path: str):
     return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
 
 
-def _lines(path: str, max_line_bytes: int) -> Iterator[Union[tuple, Problem]]:
-    """(lineno, bytes) for each line, or a Problem for an over-long line / unreadable file."""
+def _skip_line(fh) -> None:
+    """Read past the end of the line the file position is in (however long it is)."""
+    raw = fh.readline(1 << 20)
+    while raw and not raw.endswith(b"\n"):
+        raw = fh.readline(1 << 20)
+
+
+def _lines(path: str, max_line_bytes: int, part: Optional["Split"] = None) -> Iterator[Union[tuple, Problem]]:
+    """(lineno, bytes) for each line, or a Problem for an over-long line / unreadable file; with ``part``,
+    only the lines that start inside its byte range, numbered as in the whole file."""
     lineno = 0
     try:
         with _open(path) as fh:
+            if part is not None and part.start:
+                lineno = part.newlines_before
+                fh.seek(part.start - 1)
+                if fh.read(1) != b"\n":           # the range starts inside a line: it belongs to the range before
+                    _skip_line(fh)
+                    lineno += 1
             while True:
+                if part is not None and part.end is not None and fh.tell() >= part.end:
+                    return
                 raw = fh.readline(max_line_bytes + 1)
                 if not raw:
                     return
@@ -93,8 +114,9 @@ def _lines(path: str, max_line_bytes: int) -> Iterator[Union[tuple, Problem]]:
         yield Problem(f"{path}:{lineno + 1}", f"file unreadable from here on: {exc}")
 
 
-def _jsonl(path: str, text_key: str, max_line_bytes: int) -> Iterator[Union[Record, Problem]]:
-    for item in _lines(path, max_line_bytes):
+def _jsonl(path: str, text_key: str, max_line_bytes: int, part: Optional["Split"] = None
+           ) -> Iterator[Union[Record, Problem]]:
+    for item in _lines(path, max_line_bytes, part):
         if isinstance(item, Problem):
             yield item
             continue
@@ -163,6 +185,62 @@ def read_inputs(files: Sequence[str], text_key: str = "text",
             yield from _jsonl(path, text_key, max_line_bytes)
         else:
             yield from _txt(path, max_line_bytes)
+
+
+@dataclass(frozen=True)
+class Split:
+    """A byte range of an uncompressed ``.jsonl`` file: the lines that start in ``[start, end)`` (``end`` None:
+    to the end of the file); ``newlines_before`` is the number of newline bytes in ``[0, start)``, which
+    numbers those lines as in the whole file."""
+
+    start: int = 0
+    end: Optional[int] = None
+    newlines_before: int = 0
+
+
+def splittable(path: str) -> bool:
+    """Only uncompressed ``.jsonl`` files are read in byte ranges (a ``.txt`` document spans lines; gzip has
+    no random access)."""
+    return path.lower().endswith(".jsonl")
+
+
+def byte_ranges(path: str, split_bytes: int) -> List[tuple]:
+    """``[start, end)`` ranges of ``split_bytes`` covering the file (one range for a file that is not
+    :func:`splittable` or not larger)."""
+    size = os.path.getsize(path)
+    if not splittable(path) or size <= split_bytes:
+        return [(0, None)]
+    starts = list(range(0, size, split_bytes))
+    return [(a, b if b < size else None) for a, b in zip(starts, starts[1:] + [size])]
+
+
+def count_newlines(path: str, start: int, end: Optional[int], chunk: int = 8 << 20) -> int:
+    """The number of newline bytes in ``[start, end)`` of the file (summed over the ranges before one, its
+    :attr:`Split.newlines_before`)."""
+    n = 0
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        left = None if end is None else end - start
+        while left is None or left > 0:
+            buf = fh.read(chunk if left is None else min(chunk, left))
+            if not buf:
+                break
+            n += buf.count(b"\n")
+            if left is not None:
+                left -= len(buf)
+    return n
+
+
+def read_split(path: str, part: Split, text_key: str = "text",
+               max_line_bytes: int = 16 << 20) -> Iterator[Union[Record, Problem]]:
+    """The records and problems of the lines that start in one :class:`Split` of a ``.jsonl`` file, with the
+    file's own line numbers; the splits of a file together give exactly what :func:`read_inputs` gives."""
+    if part.start == 0 and part.end is None:
+        yield from read_inputs([path], text_key, max_line_bytes)
+        return
+    if not splittable(path):
+        raise ValueError(f"{path} cannot be read in byte ranges")
+    yield from _jsonl(path, text_key, max_line_bytes, part)
 
 
 def fingerprint(files: Sequence[str]) -> List[list]:

@@ -8,12 +8,17 @@ plus a Java runtime); ``--master`` is any Spark master URL (``local[N]``, ``yarn
 without the web UI, so nothing listens beyond loopback.
 
 How it runs (RDD API; every rule is the local engine's own function)
-    1. One task per input file reads it with :func:`naohai.data.reader.read_inputs` (bad
+    1. One task per input split reads it with :func:`naohai.data.reader.read_split` (bad
        lines become problems with file and line, as locally), runs
        :func:`naohai.data.clean.filter_documents` on batches of ``batch_docs`` and the
-       MinHash signatures of the survivors (:func:`naohai.data.dedup.signatures`).  The
-       per-batch step statistics are merged in input order, so the report's counts and
-       samples are those of the local engine.
+       MinHash signatures of the survivors (:func:`naohai.data.dedup.signatures`).  An
+       uncompressed ``.jsonl`` file larger than ``split_bytes`` (default 128 MB, ``--split-mb``)
+       is read as byte ranges, each the lines that start in it, by as many tasks: one large
+       file keeps every core busy.  A first, cheap job counts each range's newlines so that
+       every line keeps its line number in the whole file (``source`` in the output, problems,
+       samples).  ``.txt`` and ``.gz`` files are one task each.  The per-batch step statistics
+       are merged in input order, so the report's counts and samples are those of the local
+       engine.
     2. Exact dedup: a shuffle on the exact key; each group keeps its smallest
        :func:`~naohai.data.dedup.order_key`.
     3. Near dedup: a shuffle of (band, rows) bucket keys
@@ -47,13 +52,14 @@ from naohai.data import dedup
 from naohai.data.clean import (MAX_PROBLEMS_LISTED, STEPS, StepStats, _Models, _nbytes, _plan, _Problems, _Step,
                                filter_documents, make_report, output_record, unit_record)
 from naohai.data.clean_config import CleanConfig
-from naohai.data.reader import Problem, read_inputs, resolve_inputs
+from naohai.data.reader import Problem, Split, byte_ranges, count_newlines, read_split, resolve_inputs
 from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_run_dir, remove_outputs
 from naohai.errors import UserError
 
 STAGING = "spark"          # below .work: shards being written
 _FAILED = "a step failed on the documents"
 DRIVER_LINKS = 1_000_000   # up to this many near-duplicate links, their components are found on the driver
+SPLIT_BYTES = 128 << 20    # a .jsonl file larger than this is read by several tasks (an HDFS block's size)
 
 
 def _require_pyspark():
@@ -104,10 +110,11 @@ def _models(cfg: CleanConfig) -> _Models:
     return _EXECUTOR_MODELS[key]
 
 
-def _read_file(cfg: CleanConfig, item) -> Iterator[tuple]:
-    """One input file through the per-document steps: ('doc', (pos, record, sig)) per survivor, ('steps',
-    (file, batch, stats)) per batch, and one ('read', (file, docs, bytes, problems)) at the end."""
-    fi, path = item
+def _read_split(cfg: CleanConfig, item) -> Iterator[tuple]:
+    """One input split through the per-document steps: ('doc', (pos, record, sig)) per survivor, ('steps',
+    ((file, split, batch), stats)) per batch, and one ('read', ((file, split), docs, bytes, problems)) at the
+    end."""
+    fi, si, path, part = item
     models = _models(cfg)
     problems = _Problems()
     docs_in = bytes_in = 0
@@ -123,9 +130,9 @@ def _read_file(cfg: CleanConfig, item) -> Iterator[tuple]:
             raise RuntimeError(f"{_FAILED} {batch[0][1]} .. {batch[-1][1]}: {type(exc).__name__}: {exc}") from exc
         for k, sig in zip(kept, sigs):
             yield "doc", (_line_pos(fi, k[1]), unit_record(*k, cfg), sig)
-        yield "steps", ((fi, nbatch), {name: st.s.as_dict() for name, st in steps.items()})
+        yield "steps", ((fi, si, nbatch), {name: st.s.as_dict() for name, st in steps.items()})
 
-    for rec in read_inputs([path], cfg.text_key, cfg.max_line_bytes):
+    for rec in read_split(path, part, cfg.text_key, cfg.max_line_bytes):
         if isinstance(rec, Problem):
             problems.add(rec)
             continue
@@ -137,7 +144,24 @@ def _read_file(cfg: CleanConfig, item) -> Iterator[tuple]:
             batch, nbatch = [], nbatch + 1
     if batch:
         yield from run(batch, nbatch)
-    yield "read", (fi, docs_in, bytes_in, problems)
+    yield "read", ((fi, si), docs_in, bytes_in, problems)
+
+
+def _splits(sc, files: Sequence[str], split_bytes: int) -> List[tuple]:
+    """(file number, split number, path, :class:`Split`) of every input split, in input order; the newline
+    counts that number the lines of later ranges are taken by one Spark task per range."""
+    ranges = [(fi, si, path, a, b) for fi, path in enumerate(files)
+              for si, (a, b) in enumerate(byte_ranges(path, split_bytes))]
+    counted = [r for r in ranges if r[4] is not None]          # the last range of a file numbers nothing
+    counts = (dict(zip([r[:2] for r in counted],
+                       sc.parallelize(counted, len(counted)).map(lambda r: count_newlines(r[2], r[3], r[4]))
+                       .collect())) if counted else {})
+    out, before = [], {}
+    for fi, si, path, a, b in ranges:
+        n = before.get(fi, 0)
+        out.append((fi, si, path, Split(a, b, n)))
+        before[fi] = n + counts.get((fi, si), 0)
+    return out
 
 
 def _line_pos(fi: int, where: str) -> tuple:
@@ -261,10 +285,13 @@ def _out_line(cfg: CleanConfig):
 # --------------------------------------------------------------------------- the run
 def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master: str = "local[*]",
                 conf: Optional[Dict[str, str]] = None, restart: bool = False, progress: bool = True,
-                timings: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
-    """:func:`naohai.data.clean.clean` on Spark: the same output shards and report.
+                timings: Optional[Dict[str, float]] = None, split_bytes: int = SPLIT_BYTES) -> Dict[str, Any]:
+    """:func:`naohai.data.clean.clean` on Spark: the same output shards and report, whatever ``split_bytes``.
 
     ``timings``, when given, receives the seconds of each phase (``run/bench_clean.py``)."""
+    if isinstance(split_bytes, bool) or not isinstance(split_bytes, int) or split_bytes < 1:
+        raise UserError(f"must be a positive size, got {split_bytes!r} bytes", where="command line",
+                        key="--split-mb")
     if cfg.perplexity.enabled:
         raise UserError("the perplexity step runs on the local engine only; switch it off here and run "
                         "`naohai data score` on the Spark engine's output", where=cfg.source,
@@ -285,7 +312,8 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
     had = _active_session()
     spark = spark_session(master, conf)
     try:
-        report = _run(spark.sparkContext, files, out_dir, staging, cfg, timings if timings is not None else {})
+        report = _run(spark.sparkContext, files, out_dir, staging, cfg, timings if timings is not None else {},
+                      split_bytes)
     except Exception as exc:   # a step failed on a document: name the documents, keep nothing half-written
         said = [ln.strip() for ln in str(exc).splitlines() if _FAILED in ln]
         if not said:
@@ -305,8 +333,8 @@ def _active_session() -> bool:
     return SparkSession.getActiveSession() is not None
 
 
-def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, timings: Dict[str, float]
-         ) -> Dict[str, Any]:
+def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, timings: Dict[str, float],
+         split_bytes: int) -> Dict[str, Any]:
     from pyspark import StorageLevel
     clock = [time.perf_counter()]
 
@@ -315,8 +343,9 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
         timings[name] = now - clock[0]
         clock[0] = now
     parts = max(2, sc.defaultParallelism * 2)
-    stage1 = (sc.parallelize(list(enumerate(files)), len(files))
-              .flatMap(lambda item: _read_file(cfg, item)).persist(StorageLevel.MEMORY_AND_DISK))
+    splits = _splits(sc, files, split_bytes)
+    stage1 = (sc.parallelize(splits, len(splits))
+              .flatMap(lambda item: _read_split(cfg, item)).persist(StorageLevel.MEMORY_AND_DISK))
     meta = stage1.filter(lambda kv: kv[0] != "doc").collect()
     phase("read + per-document steps + signatures")
     docs = stage1.filter(lambda kv: kv[0] == "doc").map(lambda kv: kv[1])

@@ -16,6 +16,7 @@ import pytest
 from naohai.data import dedup
 from naohai.data.clean import clean, output_files
 from naohai.data.clean_config import load_clean_config
+from naohai.data.reader import byte_ranges
 from naohai.data.spark_engine import clean_spark, connected_components, spark_session
 from naohai.errors import UserError
 from tests.data import planted
@@ -70,7 +71,11 @@ def test_spark_engine_writes_what_the_local_engine_writes(spark, corpus, tmp_pat
     inputs = write_inputs(corpus, tmp_path / "in")
     cfg = config()
     local = clean(inputs, str(tmp_path / "local"), cfg, workers=2, progress=False)
-    dist = clean_spark(inputs, str(tmp_path / "spark"), cfg, master="local[2]")
+    # the two .jsonl files are read in 16 KB byte ranges by several tasks each (lines cut at range ends, bad
+    # lines and line numbers inside later ranges); the .gz and .txt files whole
+    split = 16384
+    assert sum(len(byte_ranges(p, split)) for p in inputs) >= len(inputs) + 6
+    dist = clean_spark(inputs, str(tmp_path / "spark"), cfg, master="local[2]", split_bytes=split)
     assert shards(tmp_path / "local") == shards(tmp_path / "spark")
     assert len(shards(tmp_path / "local")) >= 2
     assert local == dist                     # every count, reason, sample, problem and warning
