@@ -116,6 +116,16 @@ def run_clean(args) -> int:
         raise UserError("give INPUT... and --out DIR", where="command line")
     if args.workers is not None and args.workers < 1:
         raise UserError("must be >= 1", where="command line", key="--workers")
+    lm_factory = None
+    if cfg.perplexity.enabled:
+        pp = cfg.perplexity
+        if not os.path.exists(pp.model):
+            raise UserError(f"{pp.model} does not exist; give a naohai run, checkpoint or model folder",
+                            where=cfg.source, key="perplexity.model")
+
+        def lm_factory():
+            return load_scorer(pp.model, pp.tokenizer, pp.device, where=cfg.source,
+                               keys=("perplexity.model", "perplexity.tokenizer", "perplexity.device"))
     if args.engine == "spark":
         from naohai.data.spark_engine import clean_spark
         conf = {}
@@ -128,20 +138,11 @@ def run_clean(args) -> int:
             raise UserError(f"must be a size in MB above 0, got {args.split_mb:g}", where="command line",
                             key="--split-mb")
         report = clean_spark(args.inputs, args.out, cfg, master=args.master, conf=conf, restart=args.restart,
-                             progress=not args.no_progress, split_bytes=max(1, int(args.split_mb * (1 << 20))))
+                             progress=not args.no_progress, split_bytes=max(1, int(args.split_mb * (1 << 20))),
+                             lm_factory=lm_factory)
         print(report_table(report))
         _print_problems(report, args.out)
         return 0
-    lm_factory = None
-    if cfg.perplexity.enabled:
-        pp = cfg.perplexity
-        if not os.path.exists(pp.model):
-            raise UserError(f"{pp.model} does not exist; give a naohai run, checkpoint or model folder",
-                            where=cfg.source, key="perplexity.model")
-
-        def lm_factory():
-            return load_scorer(pp.model, pp.tokenizer, pp.device, where=cfg.source,
-                               keys=("perplexity.model", "perplexity.tokenizer", "perplexity.device"))
     report = clean(args.inputs, args.out, cfg, workers=args.workers, progress=not args.no_progress,
                    restart=args.restart, lm_factory=lm_factory)
     print(report_table(report))

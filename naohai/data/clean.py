@@ -481,8 +481,10 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
 
 
 def make_report(files, cfg: CleanConfig, read: StepStats, problems: "_Problems", steps: Dict[str, StepStats],
-                written: int, shards: int, out_dir: str, model=None, scored=None) -> Dict[str, Any]:
-    """``report.json`` of a finished run (both engines)."""
+                written: int, shards: int, out_dir: str, model=None, scored=None,
+                quantiles: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    """``report.json`` of a finished run (both engines; the Spark engine gives the perplexity ``quantiles``
+    it computed, the local engine the ``scored`` values)."""
     enabled = {name: getattr(cfg, name).enabled for name in STEPS}
     report = {
         "format": FORMAT,
@@ -493,7 +495,7 @@ def make_report(files, cfg: CleanConfig, read: StepStats, problems: "_Problems",
                   for name in STEPS},
         "output": {"documents": written, "shards": shards,
                    "bytes": sum(os.path.getsize(p) for p in output_files(out_dir))},
-        "perplexity": ({"model": model, "max": cfg.perplexity.max, "quantiles": _quantiles(scored)}
+        "perplexity": ({"model": model, "max": cfg.perplexity.max, "quantiles": quantiles if quantiles is not None else _quantiles(scored)}
                        if model is not None else None),
         "lsh": ({"bands": dedup.lsh_params(cfg.near_dedup)[0], "rows": dedup.lsh_params(cfg.near_dedup)[1]}
                 if cfg.near_dedup.enabled else None),

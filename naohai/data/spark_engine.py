@@ -27,7 +27,12 @@ How it runs (RDD API; every rule is the local engine's own function)
        :func:`connected_components` (alternating large-star / small-star, Kiveris et al.
        2014, "Connected Components in MapReduce and Beyond") labels every linked document
        with the smallest order key of its component, which is kept.
-    4. The survivors are sorted by their place in the input and cut into shards of
+    4. With the ``perplexity`` step on, each partition of the survivors is scored in chunks
+       by the model the command line's ``lm_factory`` loads, once per Python worker (the
+       local engine's :func:`naohai.data.score.score_ids`, batched as configured); drops,
+       samples and the report's quantiles are those of the local engine (the quantiles from
+       the order statistics on the cluster when there are too many scores for the driver).
+    5. The survivors are sorted by their place in the input and cut into shards of
        ``shard_docs``, each written by a task into ``.work/spark/`` (atomically), then
        renamed into the output folder by the driver, ``report.json`` last.
 
@@ -36,21 +41,25 @@ local filesystem in local mode; a shared mount such as NFS or OBS through obsfs 
 cluster).  A job that fails or is killed leaves no ``report.json``; running it again
 with the same inputs and config starts it afresh and writes the same output (the
 shards of the broken run are removed first; those it had renamed into place were
-complete).  The ``perplexity`` step is not run by this engine.
+complete).
 """
 from __future__ import annotations
 
 import json
+import math
 import operator
 import os
 import shutil
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
 
 from naohai.data import dedup
 from naohai.data.clean import (MAX_PROBLEMS_LISTED, STEPS, StepStats, _Models, _nbytes, _plan, _Problems, _Step,
                                filter_documents, make_report, output_record, unit_record)
+from naohai.data.score import QUANTILES, perplexities, quantiles, score_ids
 from naohai.data.clean_config import CleanConfig
 from naohai.data.reader import Problem, Split, byte_ranges, count_newlines, read_split, resolve_inputs
 from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_run_dir, remove_outputs
@@ -60,6 +69,8 @@ STAGING = "spark"          # below .work: shards being written
 _FAILED = "a step failed on the documents"
 DRIVER_LINKS = 1_000_000   # up to this many near-duplicate links, their components are found on the driver
 SPLIT_BYTES = 128 << 20    # a .jsonl file larger than this is read by several tasks (an HDFS block's size)
+SCORE_CHUNK = 1024         # documents a Python worker tokenises and scores at a time (perplexity step)
+DRIVER_SCORES = 10_000_000  # up to this many perplexities, the report's quantiles are computed on the driver
 
 
 def _require_pyspark():
@@ -260,6 +271,88 @@ def _tag_near(item):
     return rep is None, doc
 
 
+# --------------------------------------------------------------------------- perplexity
+_EXECUTOR_LM: Dict[str, Any] = {}
+
+
+def _executor_lm(cfg: CleanConfig, lm_factory: Callable[[], Any]):
+    """The perplexity step's model (a :class:`naohai.data.score.LM`), loaded once per Python worker."""
+    key = json.dumps(cfg.to_dict().get("perplexity"), sort_keys=True, default=str)
+    if key not in _EXECUTOR_LM:
+        _EXECUTOR_LM.clear()
+        _EXECUTOR_LM[key] = lm_factory()
+    return _EXECUTOR_LM[key]
+
+
+def _score_partition(cfg: CleanConfig, lm_factory: Callable[[], Any]):
+    """(pos, record) -> (pos, record, perplexity) for a partition, scored SCORE_CHUNK documents at a time."""
+    def score(chunk):
+        lm = _executor_lm(cfg, lm_factory)
+        ppl = perplexities(score_ids(lm.encode_batch([rec["text"] for _, rec in chunk]), lm, cfg.perplexity.batch))
+        return [(pos, rec, float(p)) for (pos, rec), p in zip(chunk, ppl)]
+
+    def run(items):
+        chunk = []
+        for item in items:
+            chunk.append(item)
+            if len(chunk) == SCORE_CHUNK:
+                yield from score(chunk)
+                chunk = []
+        if chunk:
+            yield from score(chunk)
+    return run
+
+
+def _perplexity_kept(p: float, limit: float) -> bool:
+    return math.isfinite(p) and p <= limit
+
+
+def _drop_reason(p: float, limit: float) -> str:
+    return "no scored tokens" if not math.isfinite(p) else f"perplexity > {limit:g}"
+
+
+def _perplexity_stats(scored, cfg: CleanConfig) -> StepStats:
+    """The perplexity step's statistics (the local engine's: every survivor seen, drops with their reason,
+    samples the first drops in input order with their perplexity)."""
+    limit = cfg.perplexity.max
+
+    def counts(t):
+        _, rec, p = t
+        n, ok = _nbytes(rec["text"]), _perplexity_kept(p, limit)
+        return 1, n, int(ok), int(not ok), n if ok else 0, int(not math.isfinite(p))
+    tot = scored.map(counts).fold((0,) * 6, lambda a, b: tuple(map(operator.add, a, b)))
+    s = StepStats(docs_in=tot[0], bytes_in=tot[1], kept=tot[2], dropped=tot[3], bytes_out=tot[4])
+    s.reasons = {reason: n for reason, n in (("no scored tokens", tot[5]),
+                                             (f"perplexity > {limit:g}", tot[3] - tot[5])) if n}
+    if cfg.samples and s.dropped:
+        step = _Step(cfg.samples)
+        for _, rec, p in scored.filter(lambda t: not _perplexity_kept(t[2], limit)).takeOrdered(
+                cfg.samples, key=lambda t: t[0]):
+            step.drop(rec["where"], _drop_reason(p, limit), rec["text"])
+            if math.isfinite(p):
+                step.s.samples[-1]["perplexity"] = round(p, 4)
+        s.samples = step.s.samples
+    return s
+
+
+def distributed_quantiles(values, count: int) -> Dict[str, float]:
+    """:func:`naohai.data.score.quantiles` of an RDD of ``count`` finite floats: on the driver up to
+    DRIVER_SCORES values, else from the two order statistics around each quantile (sorted on the cluster)
+    with numpy's own interpolation, which gives the same numbers."""
+    if count <= DRIVER_SCORES:
+        return quantiles(np.asarray(values.collect(), np.float64))
+    wanted = {}
+    for q in QUANTILES:
+        at = q * (count - 1)
+        lo = math.floor(at)
+        wanted[q] = (lo, min(lo + 1, count - 1), at - lo)
+    need = {i for lo, hi, _ in wanted.values() for i in (lo, hi)}
+    stats = dict(values.sortBy(lambda v: v).zipWithIndex().filter(lambda vi: vi[1] in need)
+                 .map(lambda vi: (vi[1], vi[0])).collect())
+    return {f"p{round(q * 100):g}": round(float(np.quantile(np.array([stats[lo], stats[hi]]), frac)), 4)
+            for q, (lo, hi, frac) in wanted.items()}
+
+
 # --------------------------------------------------------------------------- output
 def _write_shard(out_tmp: str, cfg: CleanConfig):
     def write(index, items):
@@ -279,23 +372,24 @@ def _write_shard(out_tmp: str, cfg: CleanConfig):
 
 
 def _out_line(cfg: CleanConfig):
-    return lambda doc: (doc[0], output_record(doc[1], cfg))
+    return lambda doc: (doc[0], output_record(doc[1][0], cfg, doc[1][1]))
 
 
 # --------------------------------------------------------------------------- the run
 def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master: str = "local[*]",
                 conf: Optional[Dict[str, str]] = None, restart: bool = False, progress: bool = True,
-                timings: Optional[Dict[str, float]] = None, split_bytes: int = SPLIT_BYTES) -> Dict[str, Any]:
+                timings: Optional[Dict[str, float]] = None, split_bytes: int = SPLIT_BYTES,
+                lm_factory: Optional[Callable[[], Any]] = None) -> Dict[str, Any]:
     """:func:`naohai.data.clean.clean` on Spark: the same output shards and report, whatever ``split_bytes``.
 
-    ``timings``, when given, receives the seconds of each phase (``run/bench_clean.py``)."""
+    ``lm_factory() -> naohai.data.score.LM`` loads the perplexity step's model (needed when the step is on);
+    it is sent to the executors, each Python worker calls it once.  ``timings``, when given, receives the
+    seconds of each phase (``run/bench_clean.py``)."""
+    if cfg.perplexity.enabled and lm_factory is None:
+        raise ValueError("the perplexity step is enabled: pass lm_factory")
     if isinstance(split_bytes, bool) or not isinstance(split_bytes, int) or split_bytes < 1:
         raise UserError(f"must be a positive size, got {split_bytes!r} bytes", where="command line",
                         key="--split-mb")
-    if cfg.perplexity.enabled:
-        raise UserError("the perplexity step runs on the local engine only; switch it off here and run "
-                        "`naohai data score` on the Spark engine's output", where=cfg.source,
-                        key="perplexity.enabled")
     _require_pyspark()
     files = resolve_inputs(inputs)
     out_dir = os.path.abspath(out_dir)
@@ -313,7 +407,7 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
     spark = spark_session(master, conf)
     try:
         report = _run(spark.sparkContext, files, out_dir, staging, cfg, timings if timings is not None else {},
-                      split_bytes)
+                      split_bytes, lm_factory)
     except Exception as exc:   # a step failed on a document: name the documents, keep nothing half-written
         said = [ln.strip() for ln in str(exc).splitlines() if _FAILED in ln]
         if not said:
@@ -334,7 +428,7 @@ def _active_session() -> bool:
 
 
 def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, timings: Dict[str, float],
-         split_bytes: int) -> Dict[str, Any]:
+         split_bytes: int, lm_factory: Optional[Callable[[], Any]]) -> Dict[str, Any]:
     from pyspark import StorageLevel
     clock = [time.perf_counter()]
 
@@ -381,7 +475,20 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
         docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
         phase("near dedup")
 
-    ordered = (docs.map(lambda d: (d[0], d[1])).sortByKey(numPartitions=parts).map(_out_line(cfg)).zipWithIndex()
+    model = scored_quantiles = None
+    final = docs.map(lambda d: (d[0], (d[1], None)))
+    if cfg.perplexity.enabled:
+        scored = (docs.map(lambda d: (d[0], d[1])).mapPartitions(_score_partition(cfg, lm_factory))
+                  .persist(StorageLevel.MEMORY_AND_DISK))
+        steps["perplexity"] = _perplexity_stats(scored, cfg)
+        finite = scored.map(lambda t: t[2]).filter(math.isfinite)
+        scored_quantiles = distributed_quantiles(finite, finite.count())
+        model = sc.parallelize([0], 1).map(lambda _: _executor_lm(cfg, lm_factory).describe).first()
+        limit = cfg.perplexity.max
+        final = scored.filter(lambda t: _perplexity_kept(t[2], limit)).map(lambda t: (t[0], (t[1], t[2])))
+        phase("perplexity")
+
+    ordered = (final.sortByKey(numPartitions=parts).map(_out_line(cfg)).zipWithIndex()
                .persist(StorageLevel.MEMORY_AND_DISK))
     n = cfg.shard_docs
     written = ordered.count()
@@ -395,4 +502,5 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
         name = f"part-{s:05d}.jsonl"
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
     phase("sort + write shards")
-    return make_report(files, cfg, read, problems, steps, written, shards, out_dir)
+    return make_report(files, cfg, read, problems, steps, written, shards, out_dir, model,
+                       quantiles=scored_quantiles)

@@ -1,5 +1,6 @@
 """`naohai data clean --engine spark` (PySpark in local mode, a real JVM): the same shards and report as the local
-engine, the distributed connected components against union-find, and a driver killed mid-job then re-run."""
+engine, the distributed connected components against union-find, and a driver killed mid-job then re-run (the
+perplexity step on Spark is tested with its trained model in tests/data/test_score.py)."""
 from __future__ import annotations
 
 import gzip
@@ -18,7 +19,6 @@ from naohai.data.clean import clean, output_files
 from naohai.data.clean_config import load_clean_config
 from naohai.data.reader import byte_ranges
 from naohai.data.spark_engine import clean_spark, connected_components, spark_session
-from naohai.errors import UserError
 from tests.data import planted
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -103,12 +103,20 @@ def test_distributed_components_equal_union_find(spark):
     assert got == dedup.cluster_drops(edges)
 
 
-def test_perplexity_step_is_refused_clearly(tmp_path):
-    cfg = load_clean_config(None)
-    cfg.perplexity.enabled, cfg.perplexity.model, cfg.perplexity.max = True, "runs/x", 100.0
-    (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
-    with pytest.raises(UserError, match="perplexity.enabled"):
-        clean_spark([str(tmp_path / "a.jsonl")], str(tmp_path / "o"), cfg)
+def test_quantiles_from_order_statistics_equal_numpy(spark, monkeypatch):
+    """Past DRIVER_SCORES values the report's perplexity quantiles come from a sort on the cluster."""
+    import numpy as np
+
+    from naohai.data import spark_engine
+    from naohai.data.score import quantiles
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 1000):
+        values = list(np.exp(rng.normal(3.0, 1.0, n)))
+        rdd = spark.sparkContext.parallelize(values, 3)
+        monkeypatch.setattr(spark_engine, "DRIVER_SCORES", 0)
+        on_cluster = spark_engine.distributed_quantiles(rdd, n)
+        monkeypatch.setattr(spark_engine, "DRIVER_SCORES", 10 ** 9)
+        assert on_cluster == spark_engine.distributed_quantiles(rdd, n) == quantiles(np.asarray(values))
 
 
 @pytest.mark.slow

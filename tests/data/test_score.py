@@ -253,6 +253,35 @@ def test_perplexity_step_of_data_clean(trained, corpus, tmp_path, capsys):
         assert key in err and "Traceback" not in err, err
 
 
+@pytest.mark.slow
+def test_perplexity_step_on_spark_writes_what_the_local_engine_writes(trained, corpus, tmp_path):
+    """`data clean --engine spark` with the perplexity step: each Spark Python worker loads the model once and
+    scores its partition; the shards (kept documents, their perplexities) and the report (counts, reasons,
+    samples, quantiles, model) equal the local engine's."""
+    run, _ = trained
+    path, kinds = corpus
+    ppl = _score_all(run, path, tmp_path / "all")
+    ranked = sorted(ppl.values())
+    cut = math.sqrt(ranked[N_TEXT + 4] * ranked[N_TEXT + 5])        # a few garbage documents are kept too
+    cfg = tmp_path / "clean.yaml"
+    cfg.write_text(f"batch_docs: 16\nshard_docs: 20\nnormalize: {{enabled: false}}\nlanguage: {{enabled: false}}\n"
+                   f"quality: {{enabled: false}}\npii: {{enabled: false}}\n"
+                   f"perplexity: {{enabled: true, model: {run}, max: {cut}, device: CPU, batch: 4}}\n",
+                   encoding="utf-8")
+    outs = {}
+    for engine in ("local", "spark"):
+        outs[engine] = tmp_path / engine
+        argv = ["data", "clean", path, "--out", str(outs[engine]), "--config", str(cfg), "--no-progress",
+                "--engine", engine] + (["--master", "local[2]", "--split-mb", "0.004"] if engine == "spark" else [])
+        assert main(argv) == 0
+    local, spark = (_read_out(outs[e]) for e in ("local", "spark"))
+    assert spark == local and len(local) == N_TEXT + 5
+    assert {r["id"] for r in local} == {i for i, p in ppl.items() if p <= cut}
+    a, b = (json.loads((outs[e] / "report.json").read_text()) for e in ("local", "spark"))
+    assert a["steps"]["perplexity"]["dropped"] == len(kinds) - N_TEXT - 5 and a["steps"]["perplexity"]["samples"]
+    assert a == b
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--keep-fraction", "0"], "--keep-fraction"),
     (["--keep-fraction", "nan"], "--keep-fraction"),
