@@ -20,7 +20,7 @@ near dedup alone (the other steps off) on N generated documents with planted
 near-duplicate clusters at 1%, 3% and 5% character edits, both engines, and states
 recall and precision against the plan:
 
-    python run/bench_clean.py --engine spark --size-mb 50 [--masters local[2]] [--files 8]
+    python run/bench_clean.py --engine spark --size-mb 50 [--masters local[2]] [--files 8] [--split-mb 128]
     python run/bench_clean.py --engine spark --near-scale 200000
 """
 from __future__ import annotations
@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--size-mb", type=float, default=50.0, help="--engine spark: corpus size")
     ap.add_argument("--files", type=int, default=8, help="--engine spark: input files (one Spark task each)")
     ap.add_argument("--masters", default="local[1],local[2],local[4]", help="--engine spark: Spark masters")
+    ap.add_argument("--split-mb", type=float, default=128.0,
+                    help="--engine spark: byte ranges of this size are read by one task each")
     ap.add_argument("--near-scale", type=int, default=0, help="--engine spark: near dedup on N generated documents")
     ap.add_argument("--keep", default=None, help="--engine spark: keep the corpus and outputs in this folder")
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)
@@ -216,7 +218,8 @@ def run_job(spec_path):
         from naohai.data.spark_engine import clean_spark, spark_session
         spark = spark_session(spec["master"])
         timings["JVM start"] = time.perf_counter() - t
-        clean_spark(spec["inputs"], spec["out"], cfg, master=spec["master"], timings=timings)
+        clean_spark(spec["inputs"], spec["out"], cfg, master=spec["master"], timings=timings,
+                    split_bytes=int(spec.get("split_mb", 128) * (1 << 20)))
         shuffled = shuffle_bytes(spark.sparkContext)
         spark.stop()
         proc = SparkContext._gateway.proc
@@ -266,7 +269,8 @@ def engines(args):
         for master in args.masters.split(","):
             out = os.path.join(tmp, "out-" + master.replace("[", "").replace("]", ""))
             shutil.rmtree(out, ignore_errors=True)
-            wall, cpu, job = _timed_job({"engine": "spark", "master": master, "inputs": inputs, "out": out}, tmp)
+            wall, cpu, job = _timed_job({"engine": "spark", "master": master, "inputs": inputs, "out": out,
+                                         "split_mb": args.split_mb}, tmp)
             with open(os.path.join(out, "report.json")) as fh:
                 same = _same(ref, out) and json.load(fh) == local
             phases = ", ".join(f"{k} {v:.1f}" for k, v in job["timings"].items())
