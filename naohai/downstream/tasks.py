@@ -92,6 +92,13 @@ class Prepared:
         return {name: int(task.get_config("num_fewshot") or 0) for name, task in self.loaded["tasks"].items()}
 
 
+def _no_custom_kwargs_hint(record) -> bool:
+    """lm-eval warns, for every task with a ``custom_dataset`` loader (the shipped tasks' files beside their
+    YAML), that custom kwargs can be passed with ``--metadata``: advice for its own command line, not a
+    problem; the record is dropped while tasks load."""
+    return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
 def prepare(names: Sequence[str], *, include: Sequence[str] = (), num_fewshot: Optional[int] = None,
             limit: Optional[int] = None, where: str = "command line", key: str = "--tasks",
             include_key: str = "--include-path") -> Prepared:
@@ -117,6 +124,10 @@ def prepare(names: Sequence[str], *, include: Sequence[str] = (), num_fewshot: O
             raise UserError(f"no task named '{name}'.{did_you_mean(name, sorted(known))} Shipped tasks: "
                             f"{', '.join(shipped)}; lm-eval's own are listed by 'lm-eval ls tasks'; folders of "
                             f"your own YAML files go in with {include_key}", where=where, key=key)
+    import logging
+
+    task_log = logging.getLogger("lm_eval.api.task")
+    task_log.addFilter(_no_custom_kwargs_hint)
     try:
         loaded = manager.load(list(names))
     except UserError:
@@ -127,6 +138,8 @@ def prepare(names: Sequence[str], *, include: Sequence[str] = (), num_fewshot: O
                         f"needs its data files (dataset_kwargs.data_files, relative to the working directory "
                         f"{os.getcwd()}); a hub dataset needs a local copy (see README, 'Downstream evaluation')",
                         where=where, key=key) from None
+    finally:
+        task_log.removeFilter(_no_custom_kwargs_hint)
     for task in loaded["tasks"].values():
         if num_fewshot is not None and task.get_config("num_fewshot") != 0:
             task.set_config(key="num_fewshot", value=num_fewshot)
@@ -134,6 +147,12 @@ def prepare(names: Sequence[str], *, include: Sequence[str] = (), num_fewshot: O
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=FEWSHOT_SEED)
     return Prepared(list(names), loaded, num_fewshot, limit)
+
+
+def _hidden_bar(bar, *args, **kwargs):
+    """``bar(...)`` with ``disable=True`` whatever the caller passed (lm-eval passes ``disable=False``)."""
+    kwargs["disable"] = True
+    return bar(*args, **kwargs)
 
 
 def run(lm, prepared: Prepared, *, log_samples: bool = False, bootstrap_iters: int = 1000,
@@ -156,7 +175,7 @@ def run(lm, prepared: Prepared, *, log_samples: bool = False, bootstrap_iters: i
     bars = [(module, module.tqdm) for module in (lm_eval.api.task, lm_eval.api.model)]
     if not progress:
         for module, bar in bars:
-            module.tqdm = functools.partial(bar, disable=True)
+            module.tqdm = functools.partial(_hidden_bar, bar)
     try:
         return evaluate(lm=lm, task_dict=prepared.loaded, limit=prepared.limit, log_samples=log_samples,
                         bootstrap_iters=bootstrap_iters, verbosity="WARNING")

@@ -9,4 +9,10 @@ def json_beside(data_files=None, **_unused):
     import datasets
 
     files = {split: os.path.join(HERE, name) for split, name in (data_files or {}).items()}
-    return datasets.load_dataset("json", data_files=files)
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()          # a few hundred local rows: no "Generating test split" bar
+    try:
+        return datasets.load_dataset("json", data_files=files)
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
