@@ -259,6 +259,21 @@ def check_fits(found: Weights, recipe: Recipe, where: str) -> None:
                         where=where, key="train.init_from")
 
 
+def source_stamp(path: str) -> str:
+    """12 hex digits naming the files below ``path`` as they are now (relative name, size, modification
+    time): cheap, and different when a file of the source is rewritten, added or removed."""
+    import hashlib
+    import json
+    entries = []
+    for folder, dirs, files in os.walk(path):
+        dirs.sort()
+        for f in sorted(files):
+            full = os.path.join(folder, f)
+            st = os.stat(full)
+            entries.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
+    return hashlib.sha256(json.dumps(entries).encode("utf-8")).hexdigest()[:12]
+
+
 def write_full_checkpoint(found: Weights, out: str, manifest: Dict[str, object]) -> str:
     """``found``'s model tensors as a naohai checkpoint of full tensors at ``out`` (atomic: written in a
     new temporary folder beside it, then renamed), so any layout can be made from it by :func:`naohai.checkpoint.reshard.reshard_checkpoint`."""
@@ -310,7 +325,10 @@ def start_checkpoint(path: str, recipe: Recipe, tokenizer_sha256: Optional[str],
                         f"({found.tokenizer_file()}) in a new output folder", where=where, key="train.init_from")
     if found.checkpoint is not None and found.adapters is None:     # adapters: merged into a full one first
         return found, found.checkpoint
-    chosen, error = os.path.join(run_dir, "init", os.path.basename(os.path.normpath(found.path)) + "-full"), None
+    # named after the source's files as they are now: a source changed in place gets a new full copy, never
+    # the stale one an earlier start wrote
+    name = f"{os.path.basename(os.path.normpath(found.path))}-full-{source_stamp(found.path)}"
+    chosen, error = os.path.join(run_dir, "init", name), None
     if rank == 0:
         try:
             write_full_checkpoint(found, chosen, {"seed": recipe.train.seed})

@@ -8,6 +8,7 @@ the loss of the source weights on the new run's first batch computed outside the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -95,7 +96,19 @@ def test_starts_from_a_checkpoint_folder_and_an_imported_model(tmp_path, micro_d
     from_dir = _quiet(micro_recipe(tmp_path / "d", prepared, tok, steps=2, eval_every=100, layer_loop="always",
                                    init_from=folder))
     assert from_dir.evals[0] == pytest.approx(src.evals[8], rel=1e-6)
-    assert (tmp_path / "d" / "init" / "model-full" / "manifest.json").exists()
+    [full] = (tmp_path / "d" / "init").glob("model-full-*")
+    assert (full / "manifest.json").exists()
+    # the source rewritten in place (other weights, same name): a new start writes a new full copy from it,
+    # never the stale one
+    other = {k: v + 0.25 for k, v in found.tensors().items()}
+    os.remove(os.path.join(folder, "model.ckpt"))
+    write_model_dir(str(tmp_path / "model2"), found.recipe, other)
+    shutil.copyfile(tmp_path / "model2" / "model.ckpt", os.path.join(folder, "model.ckpt"))
+    shutil.rmtree(tmp_path / "d" / "checkpoints")
+    again = _quiet(micro_recipe(tmp_path / "d", prepared, tok, steps=2, eval_every=100, layer_loop="always",
+                                init_from=folder))
+    assert len(list((tmp_path / "d" / "init").glob("model-full-*"))) == 2
+    assert again.evals[0] != pytest.approx(from_dir.evals[0], rel=1e-3)
 
 
 def test_weights_that_do_not_fit_or_do_not_exist_are_user_errors(tmp_path, micro_data, source):
