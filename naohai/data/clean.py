@@ -394,6 +394,16 @@ def _dedup_drops(doc, key, dedups) -> bool:
     return False
 
 
+NO_SCORED_TOKENS = "no scored tokens"
+
+
+def perplexity_drop_reason(p: float, limit: float) -> Optional[str]:
+    """Why the perplexity step drops a document of perplexity ``p`` (None: it is kept); both engines'."""
+    if not np.isfinite(p):
+        return NO_SCORED_TOKENS
+    return f"perplexity > {limit:g}" if p > limit else None
+
+
 def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, files: Sequence[str], progress: bool, lm=None):
     steps = {name: StepStats() for name in STEPS}
     ex, near, per = _Step(cfg.samples), _Step(cfg.samples), _Step(cfg.samples)
@@ -428,10 +438,10 @@ def _stage2(out_dir: str, work: str, units: int, cfg: CleanConfig, files: Sequen
                     per.seen(text)
                     if np.isfinite(p):
                         scored.append(p)
-                    if not np.isfinite(p) or p > cfg.perplexity.max:
+                    reason = perplexity_drop_reason(p, cfg.perplexity.max)
+                    if reason is not None:
                         n = len(per.s.samples)
-                        per.drop(where, "no scored tokens" if not np.isfinite(p) else
-                                 f"perplexity > {cfg.perplexity.max:g}", text)
+                        per.drop(where, reason, text)
                         if len(per.s.samples) > n and np.isfinite(p):
                             per.s.samples[-1]["perplexity"] = round(p, 4)
                         continue
@@ -475,16 +485,16 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
     lm = lm_factory() if cfg.perplexity.enabled else None   # after the workers: no model in forked processes
     steps, written, shards, scored = _stage2(out_dir, work, units, cfg, files, progress, lm)
     report = make_report(files, cfg, read, problems, steps, written, shards, out_dir,
-                         lm.describe if lm is not None else None, scored)
+                         lm.describe if lm is not None else None, _quantiles(scored) if lm is not None else None)
     atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
     return report
 
 
 def make_report(files, cfg: CleanConfig, read: StepStats, problems: "_Problems", steps: Dict[str, StepStats],
-                written: int, shards: int, out_dir: str, model=None, scored=None,
+                written: int, shards: int, out_dir: str, model=None,
                 quantiles: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
-    """``report.json`` of a finished run (both engines; the Spark engine gives the perplexity ``quantiles``
-    it computed, the local engine the ``scored`` values)."""
+    """``report.json`` of a finished run (both engines); ``model`` and ``quantiles`` describe the perplexity
+    step when it ran."""
     enabled = {name: getattr(cfg, name).enabled for name in STEPS}
     report = {
         "format": FORMAT,
@@ -495,7 +505,7 @@ def make_report(files, cfg: CleanConfig, read: StepStats, problems: "_Problems",
                   for name in STEPS},
         "output": {"documents": written, "shards": shards,
                    "bytes": sum(os.path.getsize(p) for p in output_files(out_dir))},
-        "perplexity": ({"model": model, "max": cfg.perplexity.max, "quantiles": quantiles if quantiles is not None else _quantiles(scored)}
+        "perplexity": ({"model": model, "max": cfg.perplexity.max, "quantiles": quantiles}
                        if model is not None else None),
         "lsh": ({"bands": dedup.lsh_params(cfg.near_dedup)[0], "rows": dedup.lsh_params(cfg.near_dedup)[1]}
                 if cfg.near_dedup.enabled else None),

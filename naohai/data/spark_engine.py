@@ -57,8 +57,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from naohai.data import dedup
-from naohai.data.clean import (MAX_PROBLEMS_LISTED, STEPS, StepStats, _Models, _nbytes, _plan, _Problems, _Step,
-                               filter_documents, make_report, output_record, unit_record)
+from naohai.data.clean import (MAX_PROBLEMS_LISTED, NO_SCORED_TOKENS, STEPS, StepStats, _Models, _nbytes, _plan,
+                               _Problems, _Step, filter_documents, make_report, output_record,
+                               perplexity_drop_reason, unit_record)
 from naohai.data.score import QUANTILES, perplexities, quantiles, score_ids
 from naohai.data.clean_config import CleanConfig
 from naohai.data.reader import Problem, Split, byte_ranges, count_newlines, read_split, resolve_inputs
@@ -303,32 +304,35 @@ def _score_partition(cfg: CleanConfig, lm_factory: Callable[[], Any]):
     return run
 
 
-def _perplexity_kept(p: float, limit: float) -> bool:
-    return math.isfinite(p) and p <= limit
-
-
-def _drop_reason(p: float, limit: float) -> str:
-    return "no scored tokens" if not math.isfinite(p) else f"perplexity > {limit:g}"
-
-
 def _perplexity_stats(scored, cfg: CleanConfig) -> StepStats:
     """The perplexity step's statistics (the local engine's: every survivor seen, drops with their reason,
-    samples the first drops in input order with their perplexity)."""
+    samples the first drops in input order with their perplexity), in one pass for the counts."""
     limit = cfg.perplexity.max
 
-    def counts(t):
+    def add(acc, t):            # aggregate's functions may change and return their first argument
         _, rec, p = t
-        n, ok = _nbytes(rec["text"]), _perplexity_kept(p, limit)
-        return 1, n, int(ok), int(not ok), n if ok else 0, int(not math.isfinite(p))
-    tot = scored.map(counts).fold((0,) * 6, lambda a, b: tuple(map(operator.add, a, b)))
-    s = StepStats(docs_in=tot[0], bytes_in=tot[1], kept=tot[2], dropped=tot[3], bytes_out=tot[4])
-    s.reasons = {reason: n for reason, n in (("no scored tokens", tot[5]),
-                                             (f"perplexity > {limit:g}", tot[3] - tot[5])) if n}
+        n, reason = _nbytes(rec["text"]), perplexity_drop_reason(p, limit)
+        acc[0] += 1
+        acc[1] += n
+        if reason is None:
+            acc[2] += 1
+            acc[3] += n
+        else:
+            acc[4][reason] = acc[4].get(reason, 0) + 1
+        return acc
+
+    def merge(a, b):
+        for reason, k in b[4].items():
+            a[4][reason] = a[4].get(reason, 0) + k
+        return [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4]]
+    docs, nbytes, kept, kept_bytes, reasons = scored.aggregate([0, 0, 0, 0, {}], add, merge)
+    s = StepStats(docs_in=docs, bytes_in=nbytes, kept=kept, dropped=docs - kept, bytes_out=kept_bytes)
+    s.reasons = reasons
     if cfg.samples and s.dropped:
         step = _Step(cfg.samples)
-        for _, rec, p in scored.filter(lambda t: not _perplexity_kept(t[2], limit)).takeOrdered(
+        for _, rec, p in scored.filter(lambda t: perplexity_drop_reason(t[2], limit) is not None).takeOrdered(
                 cfg.samples, key=lambda t: t[0]):
-            step.drop(rec["where"], _drop_reason(p, limit), rec["text"])
+            step.drop(rec["where"], perplexity_drop_reason(p, limit), rec["text"])
             if math.isfinite(p):
                 step.s.samples[-1]["perplexity"] = round(p, 4)
         s.samples = step.s.samples
@@ -480,12 +484,13 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
     if cfg.perplexity.enabled:
         scored = (docs.map(lambda d: (d[0], d[1])).mapPartitions(_score_partition(cfg, lm_factory))
                   .persist(StorageLevel.MEMORY_AND_DISK))
-        steps["perplexity"] = _perplexity_stats(scored, cfg)
-        finite = scored.map(lambda t: t[2]).filter(math.isfinite)
-        scored_quantiles = distributed_quantiles(finite, finite.count())
+        per = steps["perplexity"] = _perplexity_stats(scored, cfg)
+        scored_quantiles = distributed_quantiles(scored.map(lambda t: t[2]).filter(math.isfinite),
+                                                 per.docs_in - per.reasons.get(NO_SCORED_TOKENS, 0))
         model = sc.parallelize([0], 1).map(lambda _: _executor_lm(cfg, lm_factory).describe).first()
         limit = cfg.perplexity.max
-        final = scored.filter(lambda t: _perplexity_kept(t[2], limit)).map(lambda t: (t[0], (t[1], t[2])))
+        final = (scored.filter(lambda t: perplexity_drop_reason(t[2], limit) is None)
+                 .map(lambda t: (t[0], (t[1], t[2]))))
         phase("perplexity")
 
     ordered = (final.sortByKey(numPartitions=parts).map(_out_line(cfg)).zipWithIndex()

@@ -16,6 +16,7 @@ lm-eval (``pip install -e ".[eval]"``) is imported only inside these functions;
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -124,8 +125,6 @@ def prepare(names: Sequence[str], *, include: Sequence[str] = (), num_fewshot: O
             raise UserError(f"no task named '{name}'.{did_you_mean(name, sorted(known))} Shipped tasks: "
                             f"{', '.join(shipped)}; lm-eval's own are listed by 'lm-eval ls tasks'; folders of "
                             f"your own YAML files go in with {include_key}", where=where, key=key)
-    import logging
-
     task_log = logging.getLogger("lm_eval.api.task")
     task_log.addFilter(_no_custom_kwargs_hint)
     try:
@@ -160,7 +159,6 @@ def run(lm, prepared: Prepared, *, log_samples: bool = False, bootstrap_iters: i
     """lm-eval's ``evaluate`` of the prepared tasks with ``lm`` (its results dict).  ``progress=False``
     (the in-loop evaluator, between training log lines) hides lm-eval's progress bars for this call."""
     import functools
-    import logging
 
     import lm_eval.api.model
     import lm_eval.api.task
