@@ -246,8 +246,9 @@ def process_unit(unit: int, batch: List[tuple], work_dir: str) -> int:
 
 
 # --------------------------------------------------------------------------- the run
-def _plan(files: Sequence[str], cfg: CleanConfig) -> Dict[str, Any]:
-    return {"format": FORMAT, "config": cfg.to_dict(), "inputs": fingerprint(files)}
+def _plan(files: Sequence[str], cfg: CleanConfig, stamps: Optional[List[list]] = None) -> Dict[str, Any]:
+    """What a run folder was made for; ``stamps`` the inputs' fingerprints where they are not local files."""
+    return {"format": FORMAT, "config": cfg.to_dict(), "inputs": fingerprint(files) if stamps is None else stamps}
 
 
 class _Problems:

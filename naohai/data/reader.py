@@ -1,6 +1,9 @@
 """Streaming input for `naohai data clean`: ``.jsonl`` / ``.txt`` files (optionally ``.gz``) -> records.
 
-Inputs are files, directories (every supported file below, sorted) or globs.  A
+Inputs are local files, directories (every supported file below, sorted) or globs
+(Hadoop-compatible paths such as ``hdfs://`` are the Spark engine's:
+:mod:`naohai.data.hadoop_inputs` lists and reads them, then parses their lines with
+:func:`jsonl_records` / :func:`txt_records`, as here).  A
 ``.jsonl`` line is one document (the string under ``text_key``; the other keys are
 kept); a ``.txt`` file is split into documents at runs of two or more blank lines, as
 :mod:`naohai.data.corpus` does.
@@ -21,9 +24,10 @@ import glob
 import gzip
 import json
 import os
+import re
 import zlib
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 from naohai.errors import UserError
 
@@ -47,12 +51,21 @@ def _supported(name: str) -> bool:
     return name.lower().endswith(SUFFIXES)
 
 
+def is_uri(path: str) -> bool:
+    """Whether an input names a Hadoop-compatible path (``hdfs://``, ``obs://``, ``s3a://``, ``file://``...),
+    which only the Spark engine reads (:mod:`naohai.data.hadoop_inputs`)."""
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
+
+
 def resolve_inputs(inputs: Sequence[str]) -> List[str]:
     """Files named by paths, directories and globs; a UserError for each that names nothing usable."""
     if not inputs:
         raise UserError("give at least one input file, directory or glob", where="command line")
     files: List[str] = []
     for item in inputs:
+        if is_uri(item):
+            raise UserError("a Hadoop-compatible path: the local engine reads local files and folders; "
+                            "--engine spark reads hdfs://, obs://, s3a:// and file:// paths", where=item)
         path = os.path.expanduser(item)
         if any(ch in path for ch in "*?["):
             found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p) and _supported(p))
@@ -116,7 +129,13 @@ def _lines(path: str, max_line_bytes: int, part: Optional["Split"] = None) -> It
 
 def _jsonl(path: str, text_key: str, max_line_bytes: int, part: Optional["Split"] = None
            ) -> Iterator[Union[Record, Problem]]:
-    for item in _lines(path, max_line_bytes, part):
+    return jsonl_records(path, _lines(path, max_line_bytes, part), text_key)
+
+
+def jsonl_records(path: str, lines: Iterable[Union[tuple, Problem]], text_key: str = "text"
+                  ) -> Iterator[Union[Record, Problem]]:
+    """The records and problems of a ``.jsonl`` file's numbered lines ((lineno, bytes) or a Problem)."""
+    for item in lines:
         if isinstance(item, Problem):
             yield item
             continue
@@ -148,10 +167,15 @@ def _jsonl(path: str, text_key: str, max_line_bytes: int, part: Optional["Split"
 
 
 def _txt(path: str, max_line_bytes: int) -> Iterator[Union[Record, Problem]]:
+    return txt_records(path, _lines(path, max_line_bytes))
+
+
+def txt_records(path: str, lines: Iterable[Union[tuple, Problem]]) -> Iterator[Union[Record, Problem]]:
+    """The documents of a ``.txt`` file's numbered lines ((lineno, bytes) or a Problem)."""
     buf: List[str] = []
     start = 0
     blanks = 0
-    for item in _lines(path, max_line_bytes):
+    for item in lines:
         if isinstance(item, Problem):
             yield item
             continue

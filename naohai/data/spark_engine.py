@@ -7,41 +7,50 @@ plus a Java runtime); ``--master`` is any Spark master URL (``local[N]``, ``yarn
 ``k8s://...``, ``spark://...``).  Local masters bind the driver to 127.0.0.1 and run
 without the web UI, so nothing listens beyond loopback.
 
-How it runs (RDD API; every rule is the local engine's own function)
+How it runs (RDD API; every rule is the local engine's own function).  Only the survivors' keys
+travel through Spark's shuffles; their records are written once, by the task that read them,
+to a file per input split in the staging folder, and read back once, to be written out.
     1. One task per input split reads it with :func:`naohai.data.reader.read_split` (bad
        lines become problems with file and line, as locally), runs
        :func:`naohai.data.clean.filter_documents` on batches of ``batch_docs`` and the
-       MinHash signatures of the survivors (:func:`naohai.data.dedup.signatures`).  An
-       uncompressed ``.jsonl`` file larger than ``split_bytes`` (default 128 MB, ``--split-mb``)
-       is read as byte ranges, each the lines that start in it, by as many tasks: one large
-       file keeps every core busy.  A first, cheap job counts each range's newlines so that
-       every line keeps its line number in the whole file (``source`` in the output, problems,
-       samples).  ``.txt`` and ``.gz`` files are one task each.  The per-batch step statistics
-       are merged in input order, so the report's counts and samples are those of the local
-       engine.
-    2. Exact dedup: a shuffle on the exact key; each group keeps its smallest
-       :func:`~naohai.data.dedup.order_key`.
+       MinHash signatures of the survivors (:func:`naohai.data.dedup.signatures`), writes the
+       survivors' records to ``.work/spark/survivors/`` and gives Spark, per survivor, its
+       order key (:func:`~naohai.data.dedup.order_key`), exact key, size, place in that file
+       and signature.  An uncompressed ``.jsonl`` file larger than ``split_bytes`` (default
+       128 MB, ``--split-mb``) is read as byte ranges, each the lines that start in it, by as
+       many tasks: one large file keeps every core busy.  A first, cheap job counts each
+       range's newlines so that every line keeps its line number in the whole file
+       (``source`` in the output, problems, samples).  ``.txt`` and ``.gz`` files are one task
+       each.  Inputs on Hadoop-compatible paths (``hdfs://``, ``obs://``, ``s3a://``...) are
+       read through Hadoop by :mod:`naohai.data.hadoop_inputs`, then the same way.  The
+       per-batch step statistics are merged in input order, so the report's counts and
+       samples are those of the local engine.
+    2. Exact dedup: a shuffle of (exact key, order key); every member of a group but the
+       smallest is dropped.
     3. Near dedup: a shuffle of (band, rows) bucket keys
        (:func:`~naohai.data.dedup.band_keys`); buckets with two or more members get their
        signatures by a join and are linked by :func:`~naohai.data.dedup.bucket_edges`;
        :func:`connected_components` (alternating large-star / small-star, Kiveris et al.
        2014, "Connected Components in MapReduce and Beyond") labels every linked document
-       with the smallest order key of its component, which is kept.
-    4. With the ``perplexity`` step on, each partition of the survivors is scored in chunks
-       by the model the command line's ``lm_factory`` loads, once per Python worker (the
-       local engine's :func:`naohai.data.score.score_ids`, batched as configured); drops,
-       samples and the report's quantiles are those of the local engine (the quantiles from
-       the order statistics on the cluster when there are too many scores for the driver).
-    5. The survivors are sorted by their place in the input and cut into shards of
-       ``shard_docs``, each written by a task into ``.work/spark/`` (atomically), then
-       renamed into the output folder by the driver, ``report.json`` last.
+       with the smallest order key of its component, which is kept.  Each step's drops are
+       broadcast to the tasks (up to DRIVER_DROPS and DRIVER_LINKS) or joined.
+    4. The kept places go to one task per input split, which reads its survivors' file and
+       keeps those records, in input order.  With the ``perplexity`` step on, each such
+       partition is scored in chunks by the model the command line's ``lm_factory`` loads,
+       once per Python worker (the local engine's :func:`naohai.data.score.score_ids`,
+       batched as configured); drops, samples and the report's quantiles are those of the
+       local engine (the quantiles from the order statistics on the cluster when there are
+       too many scores for the driver).
+    5. The output lines, numbered in input order, are cut into shards of ``shard_docs``,
+       each written by a task into ``.work/spark/`` (atomically), then renamed into the
+       output folder by the driver, ``report.json`` last.
 
-Inputs and the output folder must be paths every executor can read and write (the
+Local inputs and the output folder must be paths every executor can read and write (the
 local filesystem in local mode; a shared mount such as NFS or OBS through obsfs on a
-cluster).  A job that fails or is killed leaves no ``report.json``; running it again
-with the same inputs and config starts it afresh and writes the same output (the
-shards of the broken run are removed first; those it had renamed into place were
-complete).
+cluster); the staging folder lives in the output folder.  A job that fails or is killed
+leaves no ``report.json``; running it again with the same inputs and config starts it
+afresh and writes the same output (the shards of the broken run are removed first; those
+it had renamed into place were complete).
 """
 from __future__ import annotations
 
@@ -62,13 +71,17 @@ from naohai.data.clean import (MAX_PROBLEMS_LISTED, NO_SCORED_TOKENS, STEPS, Ste
                                perplexity_drop_reason, unit_record)
 from naohai.data.score import QUANTILES, perplexities, quantiles, score_ids
 from naohai.data.clean_config import CleanConfig
-from naohai.data.reader import Problem, Split, byte_ranges, count_newlines, read_split, resolve_inputs
+from naohai.data import hadoop_inputs
+from naohai.data.reader import (Problem, Split, byte_ranges, count_newlines, fingerprint, is_uri, read_split,
+                                 resolve_inputs)
 from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_run_dir, remove_outputs
 from naohai.errors import UserError
 
 STAGING = "spark"          # below .work: shards being written
+DOCS = "survivors"         # below STAGING: the survivors of stage 1, a file per input split
 _FAILED = "a step failed on the documents"
 DRIVER_LINKS = 1_000_000   # up to this many near-duplicate links, their components are found on the driver
+DRIVER_DROPS = 1_000_000   # up to this many duplicates of a step, their keys are broadcast (else joined)
 SPLIT_BYTES = 128 << 20    # a .jsonl file larger than this is read by several tasks (an HDFS block's size)
 SCORE_CHUNK = 1024         # documents a Python worker tokenises and scores at a time (perplexity step)
 DRIVER_SCORES = 10_000_000  # up to this many perplexities, the report's quantiles are computed on the driver
@@ -122,18 +135,30 @@ def _models(cfg: CleanConfig) -> _Models:
     return _EXECUTOR_MODELS[key]
 
 
-def _read_split(cfg: CleanConfig, item) -> Iterator[tuple]:
-    """One input split through the per-document steps: ('doc', (pos, record, sig)) per survivor, ('steps',
-    ((file, split, batch), stats)) per batch, and one ('read', ((file, split), docs, bytes, problems)) at the
-    end."""
-    fi, si, path, part = item
+def _survivors_path(staging: str, fi: int, si: int) -> str:
+    return os.path.join(staging, DOCS, f"split-{fi:06d}-{si:06d}.jsonl")
+
+
+def _read_split(cfg: CleanConfig, staging: str, item) -> Iterator[tuple]:
+    """:func:`_survive` on a local file's split: item = (split, (file, split in file, path, :class:`Split`))."""
+    split, (fi, si, path, part) = item
+    return _survive(cfg, staging, split, fi, si, read_split(path, part, cfg.text_key, cfg.max_line_bytes))
+
+
+def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, records) -> Iterator[tuple]:
+    """One input split (its records and problems) through the per-document steps.  The survivors' records go to the split's file in the
+    staging folder (:func:`_survivors_path`, one :func:`~naohai.data.clean.unit_record` a line, in input order);
+    Spark gets their keys only: ('doc', (order key, exact key, bytes, (split, index in its file), signature))
+    per survivor, ('steps', ((file, split, batch), stats)) per batch, one ('read', ((file, split), docs, bytes,
+    problems)) at the end."""
     models = _models(cfg)
     problems = _Problems()
     docs_in = bytes_in = 0
     batch: List[tuple] = []
     nbatch = 0
+    written = [0]
 
-    def run(batch, nbatch):
+    def run(fh, batch, nbatch):
         try:
             kept, steps = filter_documents(batch, models)
             texts = [k[0] for k in kept]
@@ -141,82 +166,138 @@ def _read_split(cfg: CleanConfig, item) -> Iterator[tuple]:
         except Exception as exc:
             raise RuntimeError(f"{_FAILED} {batch[0][1]} .. {batch[-1][1]}: {type(exc).__name__}: {exc}") from exc
         for k, sig in zip(kept, sigs):
-            yield "doc", (_line_pos(fi, k[1]), unit_record(*k, cfg), sig)
+            rec = unit_record(*k, cfg)
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            order = dedup.order_key(k[0], fi, int(k[1].rsplit(":", 1)[1]))
+            yield "doc", (order, rec["key"], _nbytes(k[0]), (split, written[0]), sig)
+            written[0] += 1
         yield "steps", ((fi, si, nbatch), {name: st.s.as_dict() for name, st in steps.items()})
 
-    for rec in read_split(path, part, cfg.text_key, cfg.max_line_bytes):
-        if isinstance(rec, Problem):
-            problems.add(rec)
-            continue
-        docs_in += 1
-        bytes_in += _nbytes(rec.text)
-        batch.append((rec.text, rec.where, rec.extra))
-        if len(batch) == cfg.batch_docs:
-            yield from run(batch, nbatch)
-            batch, nbatch = [], nbatch + 1
-    if batch:
-        yield from run(batch, nbatch)
+    out = _survivors_path(staging, fi, si)
+    tmp = f"{out}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for rec in records:
+                if isinstance(rec, Problem):
+                    problems.add(rec)
+                    continue
+                docs_in += 1
+                bytes_in += _nbytes(rec.text)
+                batch.append((rec.text, rec.where, rec.extra))
+                if len(batch) == cfg.batch_docs:
+                    yield from run(fh, batch, nbatch)
+                    batch, nbatch = [], nbatch + 1
+            if batch:
+                yield from run(fh, batch, nbatch)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     yield "read", ((fi, si), docs_in, bytes_in, problems)
 
 
-def _splits(sc, files: Sequence[str], split_bytes: int) -> List[tuple]:
-    """(file number, split number, path, :class:`Split`) of every input split, in input order; the newline
-    counts that number the lines of later ranges are taken by one Spark task per range."""
-    ranges = [(fi, si, path, a, b) for fi, path in enumerate(files)
+def _stage1(sc, files: Sequence[str], cfg: CleanConfig, staging: str, split_bytes: int):
+    """Every input split, in input order, as (file number, split number, path, :class:`Split`, or None for a
+    Hadoop path's), and stage 1's RDD over them.  A local file's newline counts, which number the lines of
+    its later ranges, are taken by one Spark task per range; a Hadoop path's by its own counting job."""
+    ranges = [(fi, si, path, a, b) for fi, path in enumerate(files) if not is_uri(path)
               for si, (a, b) in enumerate(byte_ranges(path, split_bytes))]
     counted = [r for r in ranges if r[4] is not None]          # the last range of a file numbers nothing
     counts = (dict(zip([r[:2] for r in counted],
                        sc.parallelize(counted, len(counted)).map(lambda r: count_newlines(r[2], r[3], r[4]))
                        .collect())) if counted else {})
-    out, before = [], {}
+    local, before = {}, {}
     for fi, si, path, a, b in ranges:
         n = before.get(fi, 0)
-        out.append((fi, si, path, Split(a, b, n)))
+        local.setdefault(fi, []).append((fi, si, path, Split(a, b, n)))
         before[fi] = n + counts.get((fi, si), 0)
-    return out
+    lines = {fi: hadoop_inputs.numbered_lines(sc, path, split_bytes) for fi, path in enumerate(files) if is_uri(path)}
+    splits = []
+    for fi, path in enumerate(files):
+        splits += ([(fi, si, path, None) for si in range(lines[fi].getNumPartitions())] if fi in lines
+                   else local[fi])
+    rdds = []
+    items = [(n, s) for n, s in enumerate(splits) if s[3] is not None]
+    if items:
+        rdds.append(sc.parallelize(items, len(items)).flatMap(lambda item: _read_split(cfg, staging, item)))
+    for fi, rdd in lines.items():
+        first = next(n for n, s in enumerate(splits) if s[0] == fi)
+
+        def survive(si, it, fi=fi, first=first, uri=files[fi]):
+            return _survive(cfg, staging, first + si, fi, si,
+                            hadoop_inputs.records(uri, it, cfg.text_key, cfg.max_line_bytes))
+        rdds.append(rdd.mapPartitionsWithIndex(survive))
+    return splits, (rdds[0] if len(rdds) == 1 else sc.union(rdds))
 
 
-def _line_pos(fi: int, where: str) -> tuple:
-    return fi, int(where.rsplit(":", 1)[1])
+def _position(doc) -> tuple:
+    """(file number, line): a document's place in the input, from its order key."""
+    return doc[0][1:]
 
 
-def _order(doc) -> tuple:
-    pos, rec, _ = doc
-    return dedup.order_key(rec["text"], *pos)
+def _records_at(staging: str, splits: Sequence[tuple], locs: Sequence[tuple]) -> List[Dict[str, Any]]:
+    """The records of the survivors at ``locs`` ((split, index in its file), as in stage 1's keys), read on the
+    driver from the staging folder (the report's samples: a few documents)."""
+    wanted: Dict[int, set] = {}
+    for split, k in locs:
+        wanted.setdefault(split, set()).add(k)
+    found = {}
+    for split, ks in wanted.items():
+        fi, si = splits[split][:2]
+        with open(_survivors_path(staging, fi, si), "r", encoding="utf-8") as fh:
+            for k, line in enumerate(fh):
+                if k in ks:
+                    found[split, k] = json.loads(line)
+    return [found[tuple(loc)] for loc in locs]
 
 
-# --------------------------------------------------------------------------- dedup
-def _keep_smallest(group) -> Iterator[tuple]:
-    """(kept?, doc) for each document of one exact-key group."""
-    docs = list(group[1])
-    best = min(range(len(docs)), key=lambda i: _order(docs[i]))
-    for i, d in enumerate(docs):
-        yield i == best, d
+# --------------------------------------------------------------------------- dedup (on the survivors' keys)
+def _exact_drops(docs, partitions: int):
+    """(order key, the kept one's) of every document that is not the smallest of its exact-key group (a
+    shuffle of the keys only)."""
+    def drops(group):
+        orders = sorted(group[1])
+        return [(o, orders[0]) for o in orders[1:]]
+    return docs.map(lambda d: (d[1], d[0])).groupByKey(partitions).flatMap(drops)
 
 
-def _step_stats(tagged, reason: str, samples: int) -> StepStats:
-    """A dedup step's statistics from an RDD of (kept?, doc), the samples the first drops in input order."""
+def _tag_dropped(sc, docs, drops, partitions: int):
+    """(kept?, doc) for every document; ``drops`` holds (order key, anything) of those dropped: broadcast when
+    there are up to DRIVER_DROPS of them, else joined."""
+    drops = drops.persist()
+    if drops.count() <= DRIVER_DROPS:
+        return _tag_by_set(sc, docs, drops.keys().collect())
+    return docs.map(lambda d: (d[0], d)).leftOuterJoin(drops, partitions).map(_tag_joined).persist()
+
+
+def _tag_by_set(sc, docs, dropped):
+    gone = sc.broadcast(frozenset(dropped))
+    return docs.map(lambda d: (d[0] not in gone.value, d)).persist()
+
+
+def _step_stats(tagged, reason: str, samples: int, records) -> StepStats:
+    """A dedup step's statistics from an RDD of (kept?, doc), the samples the first drops in input order
+    (``records(locs)`` reads their texts)."""
     def counts(t):
-        kept, (pos, rec, _) = t
-        n = _nbytes(rec["text"])
+        kept, doc = t
+        n = doc[2]
         return 1, n, int(kept), int(not kept), n if kept else 0
     tot = tagged.map(counts).fold((0, 0, 0, 0, 0), lambda a, b: tuple(map(operator.add, a, b)))
     s = StepStats(docs_in=tot[0], bytes_in=tot[1], kept=tot[2], dropped=tot[3], bytes_out=tot[4])
     if s.dropped:
         s.reasons = {reason: s.dropped}
     if samples and s.dropped:
-        first = tagged.filter(lambda t: not t[0]).map(lambda t: (t[1][0], t[1][1])).takeOrdered(samples,
-                                                                                             key=lambda x: x[0])
+        first = tagged.filter(lambda t: not t[0]).map(lambda t: (_position(t[1]), t[1][3])).takeOrdered(
+            samples, key=lambda x: x[0])
         step = _Step(samples)
-        for _, rec in first:
+        for rec in records([loc for _, loc in first]):
             step.drop(rec["where"], reason, rec["text"])
         s.samples = step.s.samples
     return s
 
 
 def _bucket_entries(doc, bands: int, rows: int):
-    order = _order(doc)
-    return [((b, k), order) for b, k in enumerate(dedup.band_keys(doc[2][None, :], bands, rows)[0])]
+    return [((b, k), doc[0]) for b, k in enumerate(dedup.band_keys(doc[4][None, :], bands, rows)[0])]
 
 
 def _large_star(item):
@@ -262,12 +343,12 @@ def _near_links(docs, cfg, partitions: int):
     buckets = (docs.flatMap(lambda d: _bucket_entries(d, bands, rows)).groupByKey(partitions)
                .mapValues(list).filter(lambda kv: len(kv[1]) > 1))
     member_of = buckets.flatMap(lambda kv: [(o, kv[0]) for o in kv[1]])
-    sigs = docs.map(lambda d: (_order(d), d[2]))
+    sigs = docs.map(lambda d: (d[0], d[4]))
     return (member_of.join(sigs, partitions).map(_with_sig).groupByKey(partitions)
             .flatMap(lambda kv: dedup.bucket_edges(list(kv[1]), accept)))
 
 
-def _tag_near(item):
+def _tag_joined(item):
     _, (doc, rep) = item
     return rep is None, doc
 
@@ -358,6 +439,22 @@ def distributed_quantiles(values, count: int) -> Dict[str, float]:
 
 
 # --------------------------------------------------------------------------- output
+def _kept_records(staging: str, splits: Sequence[tuple]):
+    """Partition ``s`` of (split, index) pairs of the kept survivors -> (position, record) of each, read from
+    split ``s``'s file of stage 1, in input order."""
+    def read(s, items):
+        keep = {k for _, k in items}
+        if not keep:
+            return
+        fi, si = splits[s][:2]
+        with open(_survivors_path(staging, fi, si), "r", encoding="utf-8") as fh:
+            for k, line in enumerate(fh):
+                if k in keep:
+                    rec = json.loads(line)
+                    yield (fi, int(rec["where"].rsplit(":", 1)[1])), rec
+    return read
+
+
 def _write_shard(out_tmp: str, cfg: CleanConfig):
     def write(index, items):
         lines = sorted(items, key=lambda kv: kv[1][0])
@@ -373,10 +470,6 @@ def _write_shard(out_tmp: str, cfg: CleanConfig):
         atomic_write(path, w)
         return iter([(shard, len(lines))])
     return write
-
-
-def _out_line(cfg: CleanConfig):
-    return lambda doc: (doc[0], output_record(doc[1][0], cfg, doc[1][1]))
 
 
 # --------------------------------------------------------------------------- the run
@@ -395,22 +488,30 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         raise UserError(f"must be a positive size, got {split_bytes!r} bytes", where="command line",
                         key="--split-mb")
     _require_pyspark()
-    files = resolve_inputs(inputs)
+    local = [item for item in inputs if not is_uri(item)]
+    if local or not inputs:
+        resolve_inputs(local)  # a bad local input: one message, before Spark starts
+    _Models(cfg)               # a missing language / classifier model or blocklist: the same
     out_dir = os.path.abspath(out_dir)
-    work = prepare_run_dir(out_dir, _plan(files, cfg), restart, "naohai data clean",
-                           "a clean run with another config or other inputs (changed files?)")
-    report_path = os.path.join(out_dir, REPORT)
-    if os.path.exists(report_path):
-        with open(report_path, "r", encoding="utf-8") as fh:
-            return json.load(fh)
-    staging = os.path.join(work, STAGING)
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    _Models(cfg)               # a missing language / classifier model or blocklist: one message, before Spark starts
-    had = _active_session()
-    spark = spark_session(master, conf)
+    session: Dict[str, Any] = {}
+
+    def context():             # started once needed: a finished run of local inputs needs no JVM
+        if "spark" not in session:
+            session["had"] = _active_session()
+            session["spark"] = spark_session(master, conf)
+        return session["spark"].sparkContext
     try:
-        report = _run(spark.sparkContext, files, out_dir, staging, cfg, timings if timings is not None else {},
+        files, stamps = _inputs(inputs, context)
+        work = prepare_run_dir(out_dir, _plan(files, cfg, stamps), restart, "naohai data clean",
+                               "a clean run with another config or other inputs (changed files?)")
+        report_path = os.path.join(out_dir, REPORT)
+        if os.path.exists(report_path):
+            with open(report_path, "r", encoding="utf-8") as fh:
+                return json.load(fh)
+        staging = os.path.join(work, STAGING)
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+        report = _run(context(), files, out_dir, staging, cfg, timings if timings is not None else {},
                       split_bytes, lm_factory)
     except Exception as exc:   # a step failed on a document: name the documents, keep nothing half-written
         said = [ln.strip() for ln in str(exc).splitlines() if _FAILED in ln]
@@ -419,11 +520,25 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         raise UserError(said[-1][said[-1].index(_FAILED):] + "; nothing was written to --out, and running again "
                         "starts afresh", where=out_dir, key="--out") from None
     finally:
-        if not had:
-            spark.stop()
+        if "spark" in session and not session["had"]:
+            session["spark"].stop()
     atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
     shutil.rmtree(staging, ignore_errors=True)
     return report
+
+
+def _inputs(inputs: Sequence[str], context) -> tuple:
+    """The input files (Hadoop paths listed through ``context()``'s filesystem) and their fingerprints."""
+    files, stamps = [], []
+    for item in inputs:
+        if is_uri(item):
+            found = hadoop_inputs.resolve_uri(context(), item)
+            stamps += [hadoop_inputs.stamp(context(), f) for f in found]
+        else:
+            found = resolve_inputs([item])
+            stamps += fingerprint(found)
+        files += found
+    return files, stamps
 
 
 def _active_session() -> bool:
@@ -441,9 +556,9 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
         timings[name] = now - clock[0]
         clock[0] = now
     parts = max(2, sc.defaultParallelism * 2)
-    splits = _splits(sc, files, split_bytes)
-    stage1 = (sc.parallelize(splits, len(splits))
-              .flatMap(lambda item: _read_split(cfg, item)).persist(StorageLevel.MEMORY_AND_DISK))
+    os.makedirs(os.path.join(staging, DOCS), exist_ok=True)
+    splits, stage1 = _stage1(sc, files, cfg, staging, split_bytes)
+    stage1 = stage1.persist(StorageLevel.MEMORY_AND_DISK)
     meta = stage1.filter(lambda kv: kv[0] != "doc").collect()
     phase("read + per-document steps + signatures")
     docs = stage1.filter(lambda kv: kv[0] == "doc").map(lambda kv: kv[1])
@@ -461,45 +576,52 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
         for name, st in stats.items():
             steps[name].merge(st, cfg.samples)
 
+    def records(locs):
+        return _records_at(staging, splits, locs)
     if cfg.exact_dedup.enabled:
-        tagged = docs.map(lambda d: (d[1]["key"], d)).groupByKey(parts).flatMap(_keep_smallest).persist()
-        steps["exact_dedup"] = _step_stats(tagged, "exact duplicate", cfg.samples)
+        tagged = _tag_dropped(sc, docs, _exact_drops(docs, parts), parts)
+        steps["exact_dedup"] = _step_stats(tagged, "exact duplicate", cfg.samples, records)
         docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
         phase("exact dedup")
     if cfg.near_dedup.enabled:
         docs = docs.persist()
         links = _near_links(docs, cfg.near_dedup, parts).persist()
-        if links.count() <= DRIVER_LINKS:      # few links: their components on the driver, the drops broadcast
-            drop = sc.broadcast(frozenset(dedup.cluster_drops(links.collect())))
-            tagged = docs.map(lambda d: (_order(d) not in drop.value, d)).persist()
+        if links.count() <= DRIVER_LINKS:      # few links: their components on the driver
+            tagged = _tag_by_set(sc, docs, dedup.cluster_drops(links.collect()))
         else:
-            dropped = connected_components(links, parts)
-            tagged = docs.map(lambda d: (_order(d), d)).leftOuterJoin(dropped, parts).map(_tag_near).persist()
-        steps["near_dedup"] = _step_stats(tagged, "near duplicate", cfg.samples)
+            tagged = _tag_dropped(sc, docs, connected_components(links, parts), parts)
+        steps["near_dedup"] = _step_stats(tagged, "near duplicate", cfg.samples, records)
         docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
         phase("near dedup")
 
+    # the survivors' records, once: partition s holds split s's kept documents in input order
+    kept = docs.map(lambda d: d[3])
+    survivors = kept.partitionBy(len(splits), lambda s: s).mapPartitionsWithIndex(_kept_records(staging, splits))
     model = scored_quantiles = None
-    final = docs.map(lambda d: (d[0], (d[1], None)))
     if cfg.perplexity.enabled:
-        scored = (docs.map(lambda d: (d[0], d[1])).mapPartitions(_score_partition(cfg, lm_factory))
-                  .persist(StorageLevel.MEMORY_AND_DISK))
+        scored = survivors.mapPartitions(_score_partition(cfg, lm_factory)).persist(StorageLevel.MEMORY_AND_DISK)
         per = steps["perplexity"] = _perplexity_stats(scored, cfg)
         scored_quantiles = distributed_quantiles(scored.map(lambda t: t[2]).filter(math.isfinite),
                                                  per.docs_in - per.reasons.get(NO_SCORED_TOKENS, 0))
         model = sc.parallelize([0], 1).map(lambda _: _executor_lm(cfg, lm_factory).describe).first()
         limit = cfg.perplexity.max
-        final = (scored.filter(lambda t: perplexity_drop_reason(t[2], limit) is None)
-                 .map(lambda t: (t[0], (t[1], t[2]))))
+        written = per.kept
+        numbered = (scored.filter(lambda t: perplexity_drop_reason(t[2], limit) is None)
+                    .map(lambda t: output_record(t[1], cfg, t[2])).zipWithIndex().map(lambda li: (li[1], li[0])))
         phase("perplexity")
+    else:                                  # each split's first output number from the kept counts per split
+        counts = kept.map(lambda loc: loc[0]).countByValue()
+        first = np.concatenate([[0], np.cumsum([counts.get(s, 0) for s in range(len(splits))])]).tolist()
+        written = first[-1]
 
-    ordered = (final.sortByKey(numPartitions=parts).map(_out_line(cfg)).zipWithIndex()
-               .persist(StorageLevel.MEMORY_AND_DISK))
+        def number(s, items):
+            return ((first[s] + j, output_record(rec, cfg)) for j, (_, rec) in enumerate(items))
+        numbered = survivors.mapPartitionsWithIndex(number)
+
     n = cfg.shard_docs
-    written = ordered.count()
     shards = -(-written // n)
     if shards:
-        (ordered.map(lambda t: (t[1] // n, (t[1], t[0][1]))).partitionBy(shards, lambda k: k)
+        (numbered.map(lambda il: (il[0] // n, il)).partitionBy(shards, lambda k: k)
          .mapPartitionsWithIndex(_write_shard(staging, cfg)).collect())
     stage1.unpersist()
     remove_outputs(out_dir)            # shards of an earlier, broken run (no report)

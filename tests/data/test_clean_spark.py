@@ -67,7 +67,7 @@ def config():
     return cfg
 
 
-def test_spark_engine_writes_what_the_local_engine_writes(spark, corpus, tmp_path):
+def test_spark_engine_writes_what_the_local_engine_writes(spark, corpus, tmp_path, monkeypatch):
     inputs = write_inputs(corpus, tmp_path / "in")
     cfg = config()
     local = clean(inputs, str(tmp_path / "local"), cfg, workers=2, progress=False)
@@ -89,6 +89,39 @@ def test_spark_engine_writes_what_the_local_engine_writes(spark, corpus, tmp_pat
     local = clean(inputs, str(tmp_path / "local2"), cfg, workers=1, progress=False)
     dist = clean_spark(inputs, str(tmp_path / "spark2"), cfg, master="local[2]")
     assert shards(tmp_path / "local2") == shards(tmp_path / "spark2") and local == dist
+    # and with the duplicates joined on the cluster (past the driver's limits: near links by star rounds)
+    from naohai.data import spark_engine
+    monkeypatch.setattr(spark_engine, "DRIVER_DROPS", 0)
+    monkeypatch.setattr(spark_engine, "DRIVER_LINKS", 0)
+    dist = clean_spark(inputs, str(tmp_path / "spark3"), cfg, master="local[2]", split_bytes=split)
+    assert shards(tmp_path / "local2") == shards(tmp_path / "spark3") and local == dist
+
+
+def test_hadoop_paths_read_like_local_files(spark, corpus, tmp_path):
+    """file:// URIs go through Hadoop's FileSystem and TextInputFormat (as hdfs:// or obs:// would, with their
+    connectors): the same documents, problems and places as the local files."""
+    from naohai.data.hadoop_inputs import resolve_uri
+    from naohai.errors import UserError
+    inputs = write_inputs(corpus, tmp_path / "in")
+    cfg = config()
+    local = clean(inputs, str(tmp_path / "local"), cfg, workers=1, progress=False)
+    uris = ["file://" + p for p in inputs]
+    dist = clean_spark(uris, str(tmp_path / "spark"), cfg, master="local[2]", split_bytes=16384)
+    assert [s.replace(b"file://", b"") for s in shards(tmp_path / "spark")] == shards(tmp_path / "local")
+    dist, local = json.loads(json.dumps(dist).replace("file://", "")), json.loads(json.dumps(local))
+    assert dist["output"].pop("bytes") == local["output"].pop("bytes") + len("file://") * local["output"]["documents"]
+    assert dist == local                       # every count, reason, sample (its place), problem and warning
+    sc = spark.sparkContext
+    listed = resolve_uri(sc, "file://" + str(tmp_path / "in"))
+    assert [u.split(":", 1)[1].lstrip("/") for u in listed] == sorted(p.lstrip("/") for p in inputs)
+    assert len(resolve_uri(sc, "file://" + str(tmp_path / "in" / "in*.jsonl*"))) == 3
+    for bad, words in ((f"file://{tmp_path}/none.jsonl", "input not found"),
+                       (f"file://{tmp_path}/in/*.csv", "matches no"),
+                       ("nosuchfs://host/x.jsonl", "cannot be listed through Hadoop")):
+        with pytest.raises(UserError, match=words):
+            resolve_uri(sc, bad)
+    with pytest.raises(UserError, match="--engine spark reads hdfs://"):
+        clean(uris, str(tmp_path / "local2"), cfg, workers=1, progress=False)
 
 
 def test_distributed_components_equal_union_find(spark):
