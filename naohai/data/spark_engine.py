@@ -28,12 +28,14 @@ to a file per input split in the staging folder, and read back once, to be writt
     2. Exact dedup: a shuffle of (exact key, order key); every member of a group but the
        smallest is dropped.
     3. Near dedup: a shuffle of (band, rows) bucket keys
-       (:func:`~naohai.data.dedup.band_keys`); buckets with two or more members get their
-       signatures by a join and are linked by :func:`~naohai.data.dedup.bucket_edges`;
-       :func:`connected_components` (alternating large-star / small-star, Kiveris et al.
-       2014, "Connected Components in MapReduce and Beyond") labels every linked document
-       with the smallest order key of its component, which is kept.  Each step's drops are
-       broadcast to the tasks (up to DRIVER_DROPS and DRIVER_LINKS) or joined.
+       (:func:`~naohai.data.dedup.band_keys`); the buckets with two or more members are linked
+       by :func:`~naohai.data.dedup.bucket_edges` and clustered.  Up to DRIVER_LINKS bucket
+       members, the buckets and their members' signatures go to the driver, which does both;
+       past it the signatures are joined to the buckets on the cluster, and past DRIVER_LINKS
+       links :func:`connected_components` (alternating large-star / small-star, Kiveris et al.
+       2014, "Connected Components in MapReduce and Beyond") labels every linked document with
+       the smallest order key of its component, which is kept.  Each step's drops are
+       broadcast to the tasks (up to DRIVER_DROPS) or joined.
     4. The kept places go to one task per input split, which reads its survivors' file and
        keeps those records, in input order.  With the ``perplexity`` step on, each such
        partition is scored in chunks by the model the command line's ``lm_factory`` loads,
@@ -56,7 +58,7 @@ from __future__ import annotations
 
 import json
 import math
-import operator
+import heapq
 import os
 import shutil
 import sys
@@ -80,7 +82,7 @@ from naohai.errors import UserError
 STAGING = "spark"          # below .work: shards being written
 DOCS = "survivors"         # below STAGING: the survivors of stage 1, a file per input split
 _FAILED = "a step failed on the documents"
-DRIVER_LINKS = 1_000_000   # up to this many near-duplicate links, their components are found on the driver
+DRIVER_LINKS = 1_000_000   # up to this many LSH bucket members / links, near dedup's clusters are found on the driver
 DRIVER_DROPS = 1_000_000   # up to this many duplicates of a step, their keys are broadcast (else joined)
 SPLIT_BYTES = 128 << 20    # a .jsonl file larger than this is read by several tasks (an HDFS block's size)
 SCORE_CHUNK = 1024         # documents a Python worker tokenises and scores at a time (perplexity step)
@@ -162,7 +164,8 @@ def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, recor
         try:
             kept, steps = filter_documents(batch, models)
             texts = [k[0] for k in kept]
-            sigs = dedup.signatures(texts, cfg.near_dedup) if cfg.near_dedup.enabled else [None] * len(kept)
+            sigs = ([s.tobytes() for s in dedup.signatures(texts, cfg.near_dedup)] if cfg.near_dedup.enabled
+                    else [None] * len(kept))      # bytes: Spark moves them several times faster than arrays
         except Exception as exc:
             raise RuntimeError(f"{_FAILED} {batch[0][1]} .. {batch[-1][1]}: {type(exc).__name__}: {exc}") from exc
         for k, sig in zip(kept, sigs):
@@ -272,23 +275,34 @@ def _tag_dropped(sc, docs, drops, partitions: int):
 
 def _tag_by_set(sc, docs, dropped):
     gone = sc.broadcast(frozenset(dropped))
-    return docs.map(lambda d: (d[0] not in gone.value, d)).persist()
+    return docs.map(lambda d: (d[0] not in gone.value, d))
 
 
 def _step_stats(tagged, reason: str, samples: int, records) -> StepStats:
-    """A dedup step's statistics from an RDD of (kept?, doc), the samples the first drops in input order
-    (``records(locs)`` reads their texts)."""
-    def counts(t):
-        kept, doc = t
-        n = doc[2]
-        return 1, n, int(kept), int(not kept), n if kept else 0
-    tot = tagged.map(counts).fold((0, 0, 0, 0, 0), lambda a, b: tuple(map(operator.add, a, b)))
+    """A dedup step's statistics from an RDD of (kept?, doc) in one pass, the samples the first drops in input
+    order (``records(locs)`` reads their texts)."""
+    def part(items):
+        n, first = [0, 0, 0, 0, 0], []
+        for kept, doc in items:
+            n[0] += 1
+            n[1] += doc[2]
+            if kept:
+                n[2] += 1
+                n[4] += doc[2]
+            else:
+                n[3] += 1
+                if samples:
+                    first.append((_position(doc), doc[3]))
+                    if len(first) > 64 + 4 * samples:
+                        first = heapq.nsmallest(samples, first)
+        yield n, heapq.nsmallest(samples, first)
+    parts = tagged.mapPartitions(part).collect()
+    tot = [sum(p[0][i] for p in parts) for i in range(5)]
     s = StepStats(docs_in=tot[0], bytes_in=tot[1], kept=tot[2], dropped=tot[3], bytes_out=tot[4])
     if s.dropped:
         s.reasons = {reason: s.dropped}
     if samples and s.dropped:
-        first = tagged.filter(lambda t: not t[0]).map(lambda t: (_position(t[1]), t[1][3])).takeOrdered(
-            samples, key=lambda x: x[0])
+        first = heapq.nsmallest(samples, (f for p in parts for f in p[1]))
         step = _Step(samples)
         for rec in records([loc for _, loc in first]):
             step.drop(rec["where"], reason, rec["text"])
@@ -297,7 +311,10 @@ def _step_stats(tagged, reason: str, samples: int, records) -> StepStats:
 
 
 def _bucket_entries(doc, bands: int, rows: int):
-    return [((b, k), doc[0]) for b, k in enumerate(dedup.band_keys(doc[4][None, :], bands, rows)[0])]
+    """(band + that band's rows, order key) per band: the bytes of :func:`~naohai.data.dedup.band_keys`, sliced
+    from the signature's bytes."""
+    sig, w = doc[4], 4 * rows
+    return [(b.to_bytes(2, "little") + sig[b * w:(b + 1) * w], doc[0]) for b in range(bands)]
 
 
 def _large_star(item):
@@ -336,16 +353,31 @@ def _with_sig(item):
     return bucket, (item[0], sig)
 
 
-def _near_links(docs, cfg, partitions: int):
-    """Verified links between the documents that share an LSH bucket (order keys)."""
+def _near_tagged(sc, docs, cfg, partitions: int):
+    """(kept?, doc) for every document of the near-dedup step.  The LSH buckets are a shuffle of band keys;
+    when their members number up to DRIVER_LINKS, the buckets and their members' signatures come to the
+    driver, which links and clusters them; else the signatures are joined to the buckets, the links verified
+    on the cluster and clustered there (or on the driver, up to DRIVER_LINKS links)."""
     bands, rows = dedup.lsh_params(cfg)
     accept = dedup.accept_agreement(cfg)
+
+    def edges(members):
+        return dedup.bucket_edges([(o, np.frombuffer(s, np.uint32)) for o, s in members], accept)
     buckets = (docs.flatMap(lambda d: _bucket_entries(d, bands, rows)).groupByKey(partitions)
-               .mapValues(list).filter(lambda kv: len(kv[1]) > 1))
+               .mapValues(list).filter(lambda kv: len(kv[1]) > 1)).persist()
+    if buckets.map(lambda kv: len(kv[1])).sum() <= DRIVER_LINKS:
+        groups = buckets.values().collect()
+        wanted = sc.broadcast(frozenset(o for g in groups for o in g))
+        sig = dict(docs.filter(lambda d: d[0] in wanted.value).map(lambda d: (d[0], d[4])).collect())
+        links = [e for g in groups for e in edges([(o, sig[o]) for o in g])]
+        return _tag_by_set(sc, docs, dedup.cluster_drops(links))
     member_of = buckets.flatMap(lambda kv: [(o, kv[0]) for o in kv[1]])
     sigs = docs.map(lambda d: (d[0], d[4]))
-    return (member_of.join(sigs, partitions).map(_with_sig).groupByKey(partitions)
-            .flatMap(lambda kv: dedup.bucket_edges(list(kv[1]), accept)))
+    links = (member_of.join(sigs, partitions).map(_with_sig).groupByKey(partitions)
+             .flatMap(lambda kv: edges(kv[1]))).persist()
+    if links.count() <= DRIVER_LINKS:
+        return _tag_by_set(sc, docs, dedup.cluster_drops(links.collect()))
+    return _tag_dropped(sc, docs, connected_components(links, partitions), partitions)
 
 
 def _tag_joined(item):
@@ -585,11 +617,7 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
         phase("exact dedup")
     if cfg.near_dedup.enabled:
         docs = docs.persist()
-        links = _near_links(docs, cfg.near_dedup, parts).persist()
-        if links.count() <= DRIVER_LINKS:      # few links: their components on the driver
-            tagged = _tag_by_set(sc, docs, dedup.cluster_drops(links.collect()))
-        else:
-            tagged = _tag_dropped(sc, docs, connected_components(links, parts), parts)
+        tagged = _near_tagged(sc, docs, cfg.near_dedup, parts)
         steps["near_dedup"] = _step_stats(tagged, "near duplicate", cfg.samples, records)
         docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
         phase("near dedup")
