@@ -19,7 +19,7 @@ def register(subparsers) -> None:
 
     c = sub.add_parser("clean", help="normalise, filter, de-identify and deduplicate raw .jsonl/.txt(.gz) "
                                      "into cleaned .jsonl shards and report.json (resumable)")
-    c.add_argument("inputs", nargs="*", metavar="INPUT", help="files, directories or globs")
+    c.add_argument("inputs", nargs="*", metavar="INPUT", help="files, directories or globs; with --engine spark also hdfs://, obs://, s3a://, file:// paths")
     c.add_argument("--out", help="output directory (re-running with the same inputs and config resumes)")
     c.add_argument("--config", default=None, help="YAML file with the steps' settings (default: all defaults)")
     c.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
