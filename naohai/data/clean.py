@@ -51,7 +51,7 @@ import numpy as np
 from naohai.data import dedup, normalize as norm, pii, quality
 from naohai.data.clean_config import CleanConfig
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
-from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_run_dir, remove_outputs
+from naohai.data.rundir import atomic_write, finished_report, prepare_run_dir, remove_outputs, write_report
 from naohai.data.score import quantiles as _quantiles
 
 FORMAT = "naohai-clean-v1"
@@ -477,17 +477,16 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
     plan = _plan(files, cfg)
     work = prepare_run_dir(out_dir, plan, restart, "naohai data clean",
                            "a clean run with another config or other inputs (changed files?)")
-    report_path = os.path.join(out_dir, REPORT)
-    if os.path.exists(report_path):
-        with open(report_path, "r", encoding="utf-8") as fh:
-            return json.load(fh)
+    done = finished_report(out_dir)
+    if done is not None:
+        return done
     workers = max(1, int(workers or os.cpu_count() or 1))
     units, problems, read = _stage1(files, cfg, work, workers, progress)
     lm = lm_factory() if cfg.perplexity.enabled else None   # after the workers: no model in forked processes
     steps, written, shards, scored = _stage2(out_dir, work, units, cfg, files, progress, lm)
     report = make_report(files, cfg, read, problems, steps, written, shards, out_dir,
                          lm.describe if lm is not None else None, _quantiles(scored) if lm is not None else None)
-    atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
+    write_report(out_dir, report)
     return report
 
 

@@ -15,7 +15,7 @@ import glob
 import json
 import os
 import shutil
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 from naohai.errors import UserError
 from naohai.runfiles import LOCK_NAME, lock_folder
@@ -82,3 +82,17 @@ def prepare_run_dir(out_dir: str, plan: Dict[str, Any], restart: bool, command: 
     if not os.path.exists(plan_path):
         atomic_write_text(plan_path, json.dumps(plan, indent=1))
     return work
+
+
+def finished_report(out_dir: str) -> Optional[Dict[str, Any]]:
+    """The ``report.json`` of a run that finished in ``out_dir`` (None while it has not)."""
+    path = os.path.join(out_dir, REPORT)
+    if not os.path.exists(path):
+        return None
+    with open(path, "r", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def write_report(out_dir: str, report: Dict[str, Any]) -> None:
+    """Write ``report.json`` atomically: the mark of a finished run."""
+    atomic_write_text(os.path.join(out_dir, REPORT), json.dumps(report, ensure_ascii=False, indent=1))

@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
-from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_run_dir, remove_outputs
+from naohai.data.rundir import atomic_write, finished_report, prepare_run_dir, remove_outputs, write_report
 from naohai.errors import UserError
 
 FORMAT = "naohai-score-v1"
@@ -226,10 +226,9 @@ def score(inputs: Sequence[str], out_dir: str, lm: LM, settings: ScoreSettings, 
     out_dir = os.path.abspath(out_dir)
     work = prepare_run_dir(out_dir, _plan(files, lm, settings), restart, "naohai data score",
                            "a score run with other inputs, another model or other settings")
-    report_path = os.path.join(out_dir, REPORT)
-    if os.path.exists(report_path):
-        with open(report_path, "r", encoding="utf-8") as fh:
-            return json.load(fh)
+    done = finished_report(out_dir)
+    if done is not None:
+        return done
     units = _pass1(files, lm, settings, work, progress)
     scores = (np.concatenate([np.load(os.path.join(work, f"unit-{u:06d}.npy")) for u in range(units)])
               if units else np.zeros((0, 2)))
@@ -308,7 +307,7 @@ def score(inputs: Sequence[str], out_dir: str, lm: LM, settings: ScoreSettings, 
                    "bytes": sum(os.path.getsize(p)
                                 for p in glob.glob(os.path.join(glob.escape(out_dir), "part-*.jsonl")))},
     }
-    atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
+    write_report(out_dir, report)
     return report
 
 

@@ -76,7 +76,7 @@ from naohai.data.clean_config import CleanConfig
 from naohai.data import hadoop_inputs
 from naohai.data.reader import (Problem, Split, byte_ranges, count_newlines, fingerprint, is_uri, read_split,
                                  resolve_inputs)
-from naohai.data.rundir import REPORT, atomic_write, atomic_write_text, prepare_run_dir, remove_outputs
+from naohai.data.rundir import atomic_write, finished_report, prepare_run_dir, remove_outputs, write_report
 from naohai.errors import UserError
 
 STAGING = "spark"          # below .work: shards being written
@@ -536,10 +536,9 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         files, stamps = _inputs(inputs, context)
         work = prepare_run_dir(out_dir, _plan(files, cfg, stamps), restart, "naohai data clean",
                                "a clean run with another config or other inputs (changed files?)")
-        report_path = os.path.join(out_dir, REPORT)
-        if os.path.exists(report_path):
-            with open(report_path, "r", encoding="utf-8") as fh:
-                return json.load(fh)
+        done = finished_report(out_dir)
+        if done is not None:
+            return done
         staging = os.path.join(work, STAGING)
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
@@ -554,7 +553,7 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
     finally:
         if "spark" in session and not session["had"]:
             session["spark"].stop()
-    atomic_write_text(report_path, json.dumps(report, ensure_ascii=False, indent=1))
+    write_report(out_dir, report)
     shutil.rmtree(staging, ignore_errors=True)
     return report
 
