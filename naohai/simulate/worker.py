@@ -154,6 +154,7 @@ def main(argv) -> int:
             t0 = time.time()
             network.compile(*compile_args)
             result["compile_s"] = round(result["compile_s"] + time.time() - t0, 3)
+            result.setdefault("compile_s_by_graph", {})[name] = round(time.time() - t0, 3)
             _collect_ir(rank, rank_dir, name, result, first=(i == 0))
             if i == 0:
                 result["parameters"] = _layouts(network)

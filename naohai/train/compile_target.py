@@ -83,10 +83,13 @@ def ir_check(recipe, stages: int) -> Dict[str, Any]:
 
 def compile_chosen_ranks(recipe, strategy_path: str, workdir, *, world: int, ranks, stages: int,
                          timeout: float = 900.0, keep_ir: bool = False, recipe_file: Optional[str] = None,
-                         progress=None):
+                         progress=None, fold_micro: bool = True):
     """Compile only ``ranks`` of the ``world``-device layout, each in its own scheduler + worker pair
     (:func:`naohai.simulate.rank_of_n.compile_ranks`), at full width, parameters deferred.  The IR
-    checks compare the compiled ranks among themselves.  Returns the CompileReport."""
+    checks compare the compiled ranks among themselves.  ``fold_micro``: see :func:`naohai.strategy.annotate.fold_micro_batches`
+    (the parameter layouts, Send/Receive and the memory table are the same either way; collectives
+    inside the model are then counted once per graph, not once per micro-batch).  Returns the
+    CompileReport."""
     from pathlib import Path
 
     from naohai.config import write_recipe
@@ -97,7 +100,7 @@ def compile_chosen_ranks(recipe, strategy_path: str, workdir, *, world: int, ran
     if recipe_file is None:
         recipe_file = write_recipe(recipe, str(workdir / "recipe.yaml"))
     kwargs = {"recipe_path": str(recipe_file), "strategy_path": str(Path(strategy_path).resolve()),
-              "overrides": [], "deferred": True}
+              "overrides": [], "deferred": True, "fold_micro": bool(fold_micro)}
     return compile_ranks("naohai.train.compile_target:build_for_compile", world, list(ranks), workdir,
                          timeout=timeout, kwargs=kwargs, keep_ir=keep_ir, progress=progress,
                          ir_check=ir_check(recipe, stages))
@@ -114,7 +117,7 @@ def masked_loss(recipe) -> bool:
 def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
                       portable: bool = True, op_overrides: Optional[Dict[str, Any]] = None,
                       check_compat: bool = True, device: str = "GPU",
-                      deferred: bool = False) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
+                      deferred: bool = False, fold_micro: bool = False) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
     """Build naohai's steps for this rank, as ``naohai train`` does; returns the graphs to compile,
     ``[(name, network, compile_args), ...]`` in the order training runs them (train, then eval, then
     with ``train.eval.tasks`` the downstream scoring graph, ``score``).
@@ -123,7 +126,7 @@ def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[
     and has MindSpore initialise none while compiling, so host memory is bounded by the compile, not
     by the model (a 200B model's float32 state is about 800 GB); the slices then hold no values, so
     ``--save-slices`` builds eagerly.  Call after ``set_device`` and communication ``init()`` (the
-    worker does both).
+    worker does both).  ``fold_micro``: :func:`naohai.strategy.annotate.fold_micro_batches` on the built graphs.
     """
     if not portable:
         from naohai.errors import UserError
@@ -143,10 +146,15 @@ def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[
     runtime = init_runtime(run.strategy, device)
     masked = masked_loss(run.recipe)
     if not deferred:
-        return build(run, runtime, masked_loss=masked).steps.compile_targets()
-    from naohai.model.layers import deferred_parameters
-    with deferred_parameters():
         targets = build(run, runtime, masked_loss=masked).steps.compile_targets()
-    for _, network, _ in targets:
-        skip_parameter_init_in_compile(network)
+    else:
+        from naohai.model.layers import deferred_parameters
+        with deferred_parameters():
+            targets = build(run, runtime, masked_loss=masked).steps.compile_targets()
+        for _, network, _ in targets:
+            skip_parameter_init_in_compile(network)
+    if fold_micro:
+        from naohai.strategy.annotate import fold_micro_batches
+        fold_micro_batches([network for _, network, _ in targets])
     return targets
+
