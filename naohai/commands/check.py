@@ -258,7 +258,7 @@ def _compile_chosen(args, words, recipe, strategy_file, resolved, workdir) -> in
     world = int(resolved.device_num)
     ranks = choose_ranks(words, resolved)
     deepest = max(resolved.layers_per_stage)
-    depth, why = (args.depth, f"--depth {args.depth}") if args.depth is not None else default_depth(resolved, folded=True)
+    depth, why = (args.depth, f"--depth {args.depth}") if args.depth is not None else default_depth(resolved)
     compile_recipe, compile_strategy, compiled = recipe, Path(strategy_file), resolved
     workdir.mkdir(parents=True, exist_ok=True)
     reduced = depth is not None and depth < deepest

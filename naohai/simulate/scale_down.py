@@ -95,32 +95,21 @@ def _remap_layers(s: Dict[str, Any], rep: List[int], old_layers: int, changes: L
         s["ops"] = new_ops
 
 
-#: below this many (layer x micro-batch) copies in the graph, a rank of the real depth compiles here
-#: within minutes and a few GB (rank-of-n-compile.md, measured: 27 x 27 in 77 s / 3.6 GB, 54 x 27 in
-#: 179 s / 6.1 GB; 104 x 27 did not finish in 530 s)
-REAL_DEPTH_MAX_COPIES = 1500
-#: the same with the micro-batches folded (one copy of each layer): measured on 2 shared cores, 3,456-card
-#: naohai-200b layout, 64 micro-batches: 27 layers 61 s / 2.2 GB, 104 layers 114-151 s / 5.3-5.6 GB per rank
-REAL_DEPTH_MAX_FOLDED_LAYERS = 300
+#: up to this many layers, a rank of the real depth compiles here within minutes and a few GB, the
+#: micro-batches folded (:func:`naohai.strategy.annotate.fold_micro_batches`: each layer in the graph
+#: once).  Measured on 2 cores, the 3,456-card naohai-200b layout, 64 micro-batches: 27 layers 61 s /
+#: 2.2 GB, 104 layers 114-151 s / 5.3-5.6 GB per rank
+REAL_DEPTH_MAX_LAYERS = 300
 
 
-def default_depth(resolved, folded: bool = False) -> Tuple[Optional[int], str]:
-    """(layers per stage to keep or None for the real depth, why) for a compile of chosen ranks.
-    ``folded``: the compile folds the micro-batches (:func:`naohai.train.compile_target.fold_micro_batches`),
-    so the graph holds each layer once, not once per micro-batch."""
+def default_depth(resolved) -> Tuple[Optional[int], str]:
+    """(layers per stage to keep or None for the real depth, why) for a compile of chosen ranks, which
+    folds the micro-batches (each layer is in the graph once, whatever their number)."""
     layers = sum(resolved.layers_per_stage)
-    if folded:
-        if layers <= REAL_DEPTH_MAX_FOLDED_LAYERS:
-            return None, (f"real depth ({layers} layers, micro-batches folded: each layer is in the graph "
-                          f"once)")
-        return 1, (f"1 layer per stage: {layers} layers is more than the {REAL_DEPTH_MAX_FOLDED_LAYERS} this "
-                   f"kind of machine compiles within minutes with the micro-batches folded (pass --depth N to choose)")
-    copies = layers * int(resolved.micro_batches)
-    if copies <= REAL_DEPTH_MAX_COPIES:
-        return None, f"real depth ({layers} layers x {resolved.micro_batches} micro-batches in the graph)"
-    return 1, (f"1 layer per stage: the real depth puts {layers} layers x {resolved.micro_batches} micro-batches = "
-               f"{copies} layer copies into every rank's graph, more than the {REAL_DEPTH_MAX_COPIES} this kind of "
-               f"machine compiles within minutes (pass --depth N to choose)")
+    if layers <= REAL_DEPTH_MAX_LAYERS:
+        return None, "the micro-batches folded, each layer is in the graph once"
+    return 1, (f"1 layer per stage: {layers} layers is more than the {REAL_DEPTH_MAX_LAYERS} this kind of machine "
+               f"compiles within minutes (pass --depth N to choose)")
 
 
 def reduce_depth(recipe, raw_strategy: Dict[str, Any], resolved, depth: int) -> Tuple[Dict[str, Any], Dict[str, Any],

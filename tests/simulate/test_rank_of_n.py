@@ -5,6 +5,7 @@ refusals.  Slow tests compile with MindSpore: the per-rank layouts and bytes of 
 those of the whole-layout msrun compile rank for rank (tiny), rank 37 of a 64-rank layout, and
 the planner's parameter / optimizer bytes equal the compiled slices of a 200B rank exactly.
 """
+import dataclasses
 import json
 from pathlib import Path
 
@@ -41,9 +42,10 @@ def test_first_last_and_one_rank_per_stage():
 
 def test_depth_keeps_widths_mesh_micro_batches_and_the_last_layer():
     recipe, r = _resolved("pengcheng-mind-200b", "naohai-200b-3456p.yaml")
-    depth, why = default_depth(r)
-    assert depth == 1 and "104 layers x 64 micro-batches" in why
-    assert default_depth(r, folded=True)[0] is None          # folded: 104 layer copies, not 104 x 64
+    assert default_depth(r)[0] is None      # the micro-batches folded: 104 layers in the graph, not 104 x 64
+    deeper = dataclasses.replace(r, layers_per_stage=[12] * 27)      # 324 layers: one per stage by default
+    depth, why = default_depth(deeper)
+    assert depth == 1 and "324 layers" in why
     raw = read_yaml(str(S / "naohai-200b-3456p.yaml"))
     up = [list(d) for d in r.op_strategy["layers.103.mlp.up"]]   # what the rules give, as an escape hatch
     raw["ops"] = {"layers.103.mlp.up": up, "layers.51.mlp.up": up}
