@@ -19,14 +19,10 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, List
 
-from naohai.data.reader import SUFFIXES, Problem, jsonl_records, txt_records
+from naohai.data.reader import SUFFIXES, Problem, jsonl_records, supported, txt_records
 from naohai.errors import UserError
 
 TEXT_INPUT = "org.apache.hadoop.mapreduce.lib.input.TextInputFormat"
-
-
-def _supported(name: str) -> bool:
-    return name.lower().endswith(SUFFIXES)
 
 
 def _java_error(exc: Exception) -> str:
@@ -42,7 +38,7 @@ def resolve_uri(sc, item: str) -> List[str]:
         fs = path.getFileSystem(sc._jsc.hadoopConfiguration())
         if any(ch in item.split("://", 1)[1] for ch in "*?["):
             statuses = fs.globStatus(path) or []
-            found = sorted(str(s.getPath()) for s in statuses if s.isFile() and _supported(str(s.getPath())))
+            found = sorted(str(s.getPath()) for s in statuses if s.isFile() and supported(str(s.getPath())))
             if not found:
                 raise UserError(f"the pattern matches no {'/'.join(SUFFIXES)} files", where=item)
             return found
@@ -52,7 +48,7 @@ def resolve_uri(sc, item: str) -> List[str]:
             found, files = [], fs.listFiles(path, True)
             while files.hasNext():
                 name = str(files.next().getPath())
-                if _supported(name):
+                if supported(name):
                     found.append(name)
             if not found:
                 raise UserError(f"the directory holds no {'/'.join(SUFFIXES)} files", where=item)
@@ -63,7 +59,7 @@ def resolve_uri(sc, item: str) -> List[str]:
         raise UserError(f"cannot be listed through Hadoop ({_java_error(exc)}); the Spark application needs "
                         "the connector of this scheme and its settings (--spark-conf spark.hadoop....)",
                         where=item) from None
-    if not _supported(item):
+    if not supported(item):
         raise UserError(f"unsupported input type; use {', '.join(SUFFIXES)}", where=item)
     return [item]
 

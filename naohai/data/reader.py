@@ -47,7 +47,8 @@ class Problem:
     reason: str
 
 
-def _supported(name: str) -> bool:
+def supported(name: str) -> bool:
+    """Whether a file name has one of the SUFFIXES this reader reads."""
     return name.lower().endswith(SUFFIXES)
 
 
@@ -68,16 +69,16 @@ def resolve_inputs(inputs: Sequence[str]) -> List[str]:
                             "--engine spark reads hdfs://, obs://, s3a:// and file:// paths", where=item)
         path = os.path.expanduser(item)
         if any(ch in path for ch in "*?["):
-            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p) and _supported(p))
+            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p) and supported(p))
             if not found:
                 raise UserError(f"the pattern matches no {'/'.join(SUFFIXES)} files", where=item)
         elif os.path.isdir(path):
-            found = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if _supported(f))
+            found = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if supported(f))
             if not found:
                 raise UserError(f"the directory holds no {'/'.join(SUFFIXES)} files", where=item)
         elif not os.path.exists(path):
             raise UserError("input not found", where=item)
-        elif not _supported(path):
+        elif not supported(path):
             raise UserError(f"unsupported input type; use {', '.join(SUFFIXES)}", where=item)
         else:
             found = [path]

@@ -141,6 +141,20 @@ def _survivors_path(staging: str, fi: int, si: int) -> str:
     return os.path.join(staging, DOCS, f"split-{fi:06d}-{si:06d}.jsonl")
 
 
+def _survivors(staging: str, split: tuple, keep) -> Iterator[tuple]:
+    """(index, record) of the survivors of one input split (``split`` as listed by :func:`_stage1`) whose
+    index in the split's file is in ``keep``, in input order."""
+    with open(_survivors_path(staging, *split[:2]), "r", encoding="utf-8") as fh:
+        for k, line in enumerate(fh):
+            if k in keep:
+                yield k, json.loads(line)
+
+
+def _line(where: str) -> int:
+    """The line number of a document's ``path:line`` place."""
+    return int(where.rsplit(":", 1)[1])
+
+
 def _read_split(cfg: CleanConfig, staging: str, item) -> Iterator[tuple]:
     """:func:`_survive` on a local file's split: item = (split, (file, split in file, path, :class:`Split`))."""
     split, (fi, si, path, part) = item
@@ -171,7 +185,7 @@ def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, recor
         for k, sig in zip(kept, sigs):
             rec = unit_record(*k, cfg)
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            order = dedup.order_key(k[0], fi, int(k[1].rsplit(":", 1)[1]))
+            order = dedup.order_key(k[0], fi, _line(k[1]))
             yield "doc", (order, rec["key"], _nbytes(k[0]), (split, written[0]), sig)
             written[0] += 1
         yield "steps", ((fi, si, nbatch), {name: st.s.as_dict() for name, st in steps.items()})
@@ -244,13 +258,7 @@ def _records_at(staging: str, splits: Sequence[tuple], locs: Sequence[tuple]) ->
     wanted: Dict[int, set] = {}
     for split, k in locs:
         wanted.setdefault(split, set()).add(k)
-    found = {}
-    for split, ks in wanted.items():
-        fi, si = splits[split][:2]
-        with open(_survivors_path(staging, fi, si), "r", encoding="utf-8") as fh:
-            for k, line in enumerate(fh):
-                if k in ks:
-                    found[split, k] = json.loads(line)
+    found = {(split, k): rec for split, ks in wanted.items() for k, rec in _survivors(staging, splits[split], ks)}
     return [found[tuple(loc)] for loc in locs]
 
 
@@ -476,14 +484,9 @@ def _kept_records(staging: str, splits: Sequence[tuple]):
     split ``s``'s file of stage 1, in input order."""
     def read(s, items):
         keep = {k for _, k in items}
-        if not keep:
-            return
-        fi, si = splits[s][:2]
-        with open(_survivors_path(staging, fi, si), "r", encoding="utf-8") as fh:
-            for k, line in enumerate(fh):
-                if k in keep:
-                    rec = json.loads(line)
-                    yield (fi, int(rec["where"].rsplit(":", 1)[1])), rec
+        if keep:
+            for _, rec in _survivors(staging, splits[s], keep):
+                yield (splits[s][0], _line(rec["where"])), rec
     return read
 
 
@@ -520,9 +523,9 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         raise UserError(f"must be a positive size, got {split_bytes!r} bytes", where="command line",
                         key="--split-mb")
     _require_pyspark()
-    local = [item for item in inputs if not is_uri(item)]
-    if local or not inputs:
-        resolve_inputs(local)  # a bad local input: one message, before Spark starts
+    if not inputs:
+        resolve_inputs(inputs)  # its one message for no input at all
+    local = {i: resolve_inputs([item]) for i, item in enumerate(inputs) if not is_uri(item)}  # before Spark starts
     _Models(cfg)               # a missing language / classifier model or blocklist: the same
     out_dir = os.path.abspath(out_dir)
     session: Dict[str, Any] = {}
@@ -533,7 +536,7 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
             session["spark"] = spark_session(master, conf)
         return session["spark"].sparkContext
     try:
-        files, stamps = _inputs(inputs, context)
+        files, stamps = _inputs(inputs, local, context)
         work = prepare_run_dir(out_dir, _plan(files, cfg, stamps), restart, "naohai data clean",
                                "a clean run with another config or other inputs (changed files?)")
         done = finished_report(out_dir)
@@ -558,16 +561,17 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
     return report
 
 
-def _inputs(inputs: Sequence[str], context) -> tuple:
-    """The input files (Hadoop paths listed through ``context()``'s filesystem) and their fingerprints."""
+def _inputs(inputs: Sequence[str], local: Dict[int, List[str]], context) -> tuple:
+    """The input files in order and their fingerprints: ``local[i]`` the files of local input ``i`` (already
+    resolved), the others Hadoop paths listed through ``context()``'s filesystem."""
     files, stamps = [], []
-    for item in inputs:
-        if is_uri(item):
+    for i, item in enumerate(inputs):
+        if i in local:
+            found = local[i]
+            stamps += fingerprint(found)
+        else:
             found = hadoop_inputs.resolve_uri(context(), item)
             stamps += [hadoop_inputs.stamp(context(), f) for f in found]
-        else:
-            found = resolve_inputs([item])
-            stamps += fingerprint(found)
         files += found
     return files, stamps
 
