@@ -49,20 +49,37 @@ def micro_data(tmp_path_factory):
 @pytest.fixture(scope="session")
 def compiled_layout(tmp_path_factory):
     """``get(argv) -> (exit code, workdir, stdout)`` of ``naohai check ARGV --compile --save-slices``,
-    compiled once per test session (the compile tests and the resharding tests share them)."""
+    compiled once per test session (the compile tests and the resharding tests share them).
+
+    A run where some rank's worker left no verdict at all (killed from outside, e.g. by the
+    out-of-memory killer of a loaded CI machine, or hung past the timeout) is run once more; the first
+    run's failure stays at the top of the returned output.  A compile error is never retried."""
     import contextlib
     import io
+    import json
 
     cache = {}
+
+    def run(argv):
+        from naohai.cli import main
+        workdir = tmp_path_factory.mktemp("compiled")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["check", *argv, "--compile", "--save-slices", "--workdir", str(workdir),
+                       "--timeout", "600"])
+        summary = workdir / "summary.json"
+        lost = rc != 0 and summary.exists() and any(
+            r["result"] is None for r in json.loads(summary.read_text())["per_rank"])
+        return rc, workdir, out.getvalue(), lost
 
     def get(argv):
         key = tuple(argv)
         if key not in cache:
-            from naohai.cli import main
-            workdir = tmp_path_factory.mktemp("compiled")
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                rc = main(["check", *argv, "--compile", "--save-slices", "--workdir", str(workdir)])
-            cache[key] = (rc, workdir, out.getvalue())
+            rc, workdir, out, lost = run(argv)
+            if lost:
+                first = "\n".join(line for line in out.splitlines() if "no result.json" in line)
+                rc, workdir, out, _ = run(argv)
+                out = f"(first run lost a rank, run again: {first})\n" + out
+            cache[key] = (rc, workdir, out)
         return cache[key]
     return get

@@ -5,7 +5,8 @@ workers running :mod:`naohai.simulate.worker` against a target, enforce a timeou
 (killing msrun and every worker it spawned, found by a per-run environment marker,
 since msrun puts workers in their own sessions), then gather each rank's
 ``result.json`` into a :class:`CompileReport` (text table + ``summary.json``).  A rank
-that died without a result is reported with the tail of its msrun log.  When every rank
+that died without a result is reported with how it ended (its exit code or signal from msrun's
+output, or the timeout) and the tail of its log.  When every rank
 compiled, the deadlock checks of :mod:`naohai.simulate.ircheck` run on each graph's IR
 (``ir_checks`` in the report; a violation fails it).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -124,7 +126,7 @@ class CompileReport:
             r = self.rank(members[0])
             names = ",".join(str(m) for m in members)
             if r.result is None:
-                lines.append(f"--- rank {names}: no result.json; log tail:")
+                lines.append(f"--- rank {names}: no result.json {(r.log_tail.splitlines() or [''])[0]}; log tail:")
                 lines.extend(r.log_tail.splitlines()[-15:])
                 continue
             err = r.error or {}
@@ -188,6 +190,37 @@ def _tail(path: Path, n_chars: int = 3000) -> str:
         return f"(no log at {path})"
     data = path.read_bytes()[-n_chars:]
     return data.decode(errors="replace")
+
+
+_EXIT_RE = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
+_PID_RE = re.compile(r"^\[\w+\] \w+\((\d+)[,:]", re.M)
+
+
+def how_ranks_ended(msrun_out: Path, log_dir: Path, ranks: int) -> Dict[int, str]:
+    """For each rank whose worker msrun saw exit non-zero: ``"exit code N"`` or ``"killed by signal N
+    (NAME)"``.  msrun names workers by pid; a worker's log lines carry its pid."""
+    text = msrun_out.read_text(errors="replace") if msrun_out.exists() else ""
+    codes = {int(pid): int(code) for pid, code in _EXIT_RE.findall(text)}
+    out: Dict[int, str] = {}
+    for r in range(ranks):
+        log = log_dir / f"worker_{r}.log"
+        if not codes or not log.exists():
+            continue
+        m = _PID_RE.search(log.read_text(errors="replace"))
+        code = codes.get(int(m.group(1))) if m else None
+        if code is None:
+            continue
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = "unknown"
+            hint = (": killed from outside, most often by the kernel's out-of-memory killer"
+                    if -code == signal.SIGKILL else "")
+            out[r] = f"killed by signal {-code} ({name}){hint}"
+        else:
+            out[r] = f"exit code {code}"
+    return out
 
 
 def _wait_reporting(proc, workdir: Path, ranks: int, t0: float, timeout: float,
@@ -287,6 +320,7 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
             _kill_run(proc, marker)  # also reaps any worker left behind
     wall = time.time() - t0
     per_rank = []
+    ended = how_ranks_ended(workdir / "msrun.out", log_dir, ranks)
     for r in range(ranks):
         res_path = workdir / f"rank_{r}" / "result.json"
         if res_path.exists():
@@ -300,7 +334,10 @@ def run_compile(target: str, ranks: int, workdir, timeout: float = 900.0,
                 err["strategy_key"] = strategy_key(err)
             per_rank.append(RankResult(r, bool(res.get("ok")), res))
         else:
-            per_rank.append(RankResult(r, False, None, _tail(log_dir / f"worker_{r}.log")))
+            why = ended.get(r) or ("still running at the timeout" if timed_out
+                                   else "stopped by msrun after another rank's worker failed" if ended
+                                   else "ended without a result; msrun reported no exit code")
+            per_rank.append(RankResult(r, False, None, f"({why})\n" + _tail(log_dir / f"worker_{r}.log")))
     report = CompileReport(target, ranks, workdir, round(wall, 2), timed_out,
                            proc.returncode, per_rank)
     if ir_check is not None and report.compiled:

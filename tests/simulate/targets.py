@@ -31,6 +31,16 @@ def matmul_mp(strategy=((1, 1), (1, 2)), batch=16):
     return parallel, (Tensor(np.ones((batch, 64), np.float32)),)
 
 
+def killed_on_rank_1():
+    """A worker that dies the way the kernel's out-of-memory killer ends one: SIGKILL, no message."""
+    import os
+    import signal
+    from mindspore.communication import get_rank
+    if get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return matmul_mp()
+
+
 def matmul_too_wide():
     """(c) semantically fine net, but the shard product (4) exceeds 2 devices."""
     return matmul_mp(strategy=((1, 1), (1, 4)))

@@ -196,6 +196,15 @@ def test_every_shipped_strategy_is_compile_checked():
     assert shipped == checked
 
 
+def why(out):
+    """A failed compile's output for an assertion message: the failed ranks' sections first (they come
+    before the long parameter table), then the end."""
+    lines = out.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("--- rank") or line.startswith("(first run")]
+    head = "\n".join(line for i in starts for line in lines[i:i + 20])
+    return head + "\n...\n" + out[-2000:]
+
+
 def on_rank(params, name):
     """Whether the compiled step gave this rank a slice of ``name`` (it is in the parameter layout)."""
     return "slice_shape" in params.get(name, {})
@@ -207,7 +216,7 @@ def test_ready_layouts_compile_on_every_rank(case, compiled_layout):
     argv, ranks = CASES[case]
     rc, tmp_path, out = compiled_layout(argv)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert rc == 0 and summary["ok"], out[-4000:]
+    assert rc == 0 and summary["ok"], why(out)
     per = summary["per_rank"]
     assert len(per) == ranks and all(r["ok"] for r in per)
     # one short progress line per rank while it compiles
@@ -271,7 +280,7 @@ def test_in_loop_downstream_scoring_graph_compiles_under_dp2_mp2_pp2(compiled_la
 
     rc, workdir, out = compiled_layout(CASES["tiny-llama-dp2-mp2-pp2"][0])
     summary = json.loads((workdir / "summary.json").read_text())
-    assert rc == 0 and summary["ok"], out[-4000:]
+    assert rc == 0 and summary["ok"], why(out)
     assert all(r["result"]["graphs"] == ["train", "eval", "score"] for r in summary["per_rank"])
     assert "IR checks, graph score: passed" in out, out[-4000:]
     [score] = [g for g in summary["ir_checks"]["graphs"] if g["graph"] == "score"]

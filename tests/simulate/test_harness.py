@@ -51,3 +51,16 @@ def test_unknown_target_reported_per_rank_not_hung(tmp_path):
     assert not rep.timed_out
     assert rep.failed_ranks == [0, 1]
     assert rep.rank(0).error["type"] == "AttributeError"
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_reported_with_its_signal(tmp_path):
+    """A rank that leaves no result says how it ended (msrun's exit code for its pid), not just a log tail."""
+    rep = run_compile("tests.simulate.targets:killed_on_rank_1", 2, tmp_path, timeout=300,
+                      sys_path=[ROOT])
+    assert not rep.timed_out and 1 in rep.failed_ranks
+    assert rep.rank(1).result is None
+    assert rep.rank(1).log_tail.startswith("(killed by signal 9 (SIGKILL)")
+    if rep.rank(0).result is None:  # msrun stops the others when one worker fails
+        assert rep.rank(0).log_tail.startswith("(stopped by msrun after another rank's worker failed)")
+    assert "rank 1: no result.json (killed by signal 9 (SIGKILL): killed from outside" in rep.render()
