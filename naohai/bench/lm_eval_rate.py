@@ -1,10 +1,9 @@
 """Downstream scoring throughput: lm-eval ``loglikelihood`` requests per second, naohai's backend against
 lm-eval's ``hf`` model (transformers + PyTorch) on the same model and machine.
 
-:func:`measure` builds one model (the ``tiny-llama`` preset: LLaMA layout, so it has a Hugging Face
-form; random weights from naohai's initialiser, a byte-level BPE trained on pydoc), writes it as a
-Hugging Face folder and imports that folder back as a naohai model folder, so both backends read the
-same weights and the same ``tokenizer.json``.  The requests are those of the shipped task
+:func:`measure` builds one model (:func:`naohai.bench.hf_pair.build_model`: a random ``tiny-llama`` as a
+Hugging Face folder and as the naohai model folder imported from it), so both backends read the same
+weights and the same ``tokenizer.json``.  The requests are those of the shipped task
 ``naohai_pydoc_cont`` (context + each choice, 800 requests).  Each backend runs in a worker process
 of its own (``python -m naohai.bench.lm_eval_rate ROW MODEL_DIR``), which loads the model, answers one
 warm-up call (compiles), then times ``rounds`` calls of all requests; rounds alternate between the
@@ -19,6 +18,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List
 
+from naohai.bench.hf_pair import build_model
 from naohai.bench.process import PREFIX, WorkerProcess
 
 BATCH = 16
@@ -37,32 +37,6 @@ def _requests():
                 out.append(Instance(request_type="loglikelihood", doc=doc, arguments=(doc["context"], " " + choice),
                                     idx=i))
     return out
-
-
-def build_model(workdir: str) -> Dict[str, str]:
-    """(hf folder, naohai model folder) of one random tiny-llama with a pydoc byte-level BPE."""
-    import mindspore as ms
-
-    from naohai.config import recipe_from_dict
-    from naohai.convert.hf.convert import read_hf, write_hf
-    from naohai.convert.model_dir import write_hf_model_dir
-    from naohai.data.corpus import pydoc_documents
-    from naohai.data.hf_tokenizer import train_byte_bpe
-    from naohai.model.transformer import NaohaiLM
-
-    ms.set_device("CPU")
-    tok_dir = os.path.join(workdir, "tokenizer")
-    train_byte_bpe(list(pydoc_documents()), 2048, os.path.join(tok_dir, "tokenizer.json"))
-    recipe = recipe_from_dict({"name": "bench-llama", "model": {"family": "llama", "preset": "tiny-llama"}},
-                              where="bench")
-    model = NaohaiLM(recipe.model, seed=0)
-    weights = {p.name: p.asnumpy() for p in model.get_parameters()}
-    hf = os.path.join(workdir, "hf")
-    write_hf(hf, recipe.model, weights, where="bench", tokenizer_dir=tok_dir)
-    nao = os.path.join(workdir, "naohai")
-    cfg, imported = read_hf(hf, {"seq_length": recipe.model.seq_length})     # what `naohai ckpt import --from hf` does
-    write_hf_model_dir(nao, cfg, imported, hf)
-    return {"hf": hf, "naohai": nao, "seq_length": recipe.model.seq_length}
 
 
 def _backend(row: str, folder: str, seq_length: int):

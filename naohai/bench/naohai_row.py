@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from typing import Dict, List, Optional
 
@@ -95,7 +96,7 @@ class NaohaiRun:
         self.prepared_dir = prepared
         recipe = bench_recipe(bm, out, prepared, finetune)
         job.set_context(recipe, "CPU")
-        recipe = job.adopt_token_ids(recipe, prepared, self.lines.append)
+        recipe = job.adopt_token_ids(recipe, prepared, self._log)
         run = plan_run(recipe)
         self.recipe = recipe
         self.rss_before_build = rss_bytes()
@@ -109,13 +110,19 @@ class NaohaiRun:
             from naohai.checkpoint.adapters import BASE_KEY, base_record
             manifest[BASE_KEY] = base_record(None, recipe.train.seed)
         self.timer = StepTimer()
-        self.trainer = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=self.lines.append,
+        self.trainer = Trainer(recipe, built, prepared, store=store, manifest=manifest, log=self._log,
                                callbacks=[Throughput(recipe.train.global_batch_size * recipe.model.seq_length,
                                                      flops_per_token(recipe.model), peak_tflops, 1,
                                                      recipe.train.logging.log_every),
-                                          ConsoleLog(self.lines.append), MetricsFiles(out), self.timer])
+                                          ConsoleLog(self._log), MetricsFiles(out), self.timer])
         self.rss_after_first_round = 0
         self.first_step_s = None
+
+    def _log(self, line: str) -> None:
+        """Keep the trainer's line and write it to stderr (a worker's log file), so a warning such as a
+        failed checkpoint is on record when the row fails."""
+        self.lines.append(line)
+        print(line, file=sys.stderr, flush=True)
 
     def round(self, steps: int) -> List[float]:
         """Run ``steps`` loop iterations; seconds of each but the first."""

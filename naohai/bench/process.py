@@ -45,7 +45,9 @@ class WorkerProcess:
         self.proc.wait()
         self._log.flush()
         with open(self.log_path, "r", encoding="utf-8", errors="replace") as fh:
-            tail = [l for l in fh.read().splitlines() if l.strip()][-3:]
+            lines = [l for l in fh.read().splitlines() if l.strip()]
+        warned = [l for l in lines if l.startswith("WARNING") or " WARNING: " in l][-2:]   # e.g. a failed save
+        tail = [l for l in warned if l not in lines[-3:]] + lines[-3:]
         raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {' | '.join(tail)} "
                            f"(log: {self.log_path})")
 

@@ -177,6 +177,26 @@ def render_markdown(results: Dict[str, Any]) -> str:
             out += ["", f"The shipped task naohai_pydoc_cont's requests (context + each choice), batch {lm['batch']}, "
                     f"seq_length {lm['seq_length']}; each backend in a process of its own (PyTorch "
                     f"{lm.get('torch_threads')} threads), best of {lm['rounds']} alternating rounds.", ""]
+    inf = results.get("inference")
+    if inf:
+        out += ["## Inference: data score and generation (naohai against transformers on the same model)", ""]
+        if inf.get("note"):
+            out += [inf["note"], ""]
+        else:
+            sc, gen = inf["score"], inf["generate"]
+            out += _table(["row", "unit", "naohai", "transformers (PyTorch)", "naohai / transformers", "agreement"],
+                          [["data score", "documents/s", f"{sc['naohai']:,.1f}", f"{sc['hf']:,.1f}",
+                            fmt_ratio(sc["ratio"]), f"perplexity max rel. diff {sc['perplexity_max_rel_diff']:.1e}"
+                            if sc.get("perplexity_max_rel_diff") is not None else "-"],
+                           ["generation", "new tokens/s", f"{gen['naohai']:,.1f}", f"{gen['hf']:,.1f}",
+                            fmt_ratio(gen["ratio"]), f"{gen['same_tokens']:.1%} of greedy tokens equal"]])
+            out += ["", f"{inf['model']}, seq_length {inf['seq_length']}. Data score: {sc['documents']} pydoc topics "
+                    f"({sc['tokens']:,} tokens) through `naohai data score`'s windowing, batches of {sc['batch']}; "
+                    f"the peer's NLL is the transformers model's logits with PyTorch's cross_entropy. Generation: "
+                    f"{gen['batch']} prompts of {gen['prompt_tokens']} tokens, {gen['new_tokens']} new tokens each, "
+                    f"greedy, KV cache on both sides (naohai's CachedDecoder, transformers' generate). Each side in a "
+                    f"process of its own (PyTorch {inf.get('torch_threads')} threads), best of {inf['rounds']} "
+                    f"alternating rounds.", ""]
     if results.get("loader"):
         out += ["## Data loader against training", ""]
         out += _table(["model", "loader tokens/s", "naohai training tokens/s", "loader / training"],

@@ -1,4 +1,5 @@
-"""One benchmark run, in order: matmul peak, training rows, loader, memory, fine-tuning rows, compile times.
+"""One benchmark run, in order: matmul peak, training rows, loader, memory, fine-tuning rows, compile times,
+downstream scoring, inference (data score, generation).
 
 :func:`run_suite` measures everything on this machine -- each training row in its own
 worker process (:mod:`naohai.bench.worker`), each compile probe in a fresh one -- and returns the results dict that :mod:`naohai.bench.report` and
@@ -11,7 +12,9 @@ used are recorded, and the report warns when the machine was not quiet (:mod:`na
 The peak is the best of MindSpore's compiled MatMul, NumPy's BLAS (a child without the machine's thread
 variables) and PyTorch's matmul (a child, when installed), printed beside the CPU's theoretical peak
 (:mod:`naohai.bench.peak`); every row's peak RSS is its worker process's ``ru_maxrss``.  The fine-tuning
-rows (:mod:`naohai.bench.finetune`: full SFT against LoRA) train the first model of ``--models``.
+rows (:mod:`naohai.bench.finetune`: full SFT against LoRA) train the first model of ``--models``; the
+downstream-scoring row (:mod:`naohai.bench.lm_eval_rate`) and the inference rows
+(:mod:`naohai.bench.inference_rates`) set naohai against transformers on one tiny LLaMA-layout model.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class Options:
     compile_forms: Sequence[str] = ("loop", "shared", "separate")   # see naohai.bench.compile_time.FORMS
     torch_compile: bool = True
     lm_eval: bool = True                            # the downstream scoring row (naohai.bench.lm_eval_rate)
+    inference: bool = True                          # data score and generation rows (naohai.bench.inference_rates)
     finetune: bool = True                           # full SFT against LoRA on the first model (naohai.bench.finetune)
     torch_threads: Optional[int] = None
     peak_n: int = 2048
@@ -199,6 +203,11 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
         log("downstream scoring: lm-eval loglikelihood requests/s, naohai against hf ...")
         with tempfile.TemporaryDirectory(prefix="naohai-bench-lm-", dir=opts.workdir) as lm_dir:
             results["lm_eval"] = lm_eval_rate(lm_dir, rounds=opts.rounds, log=log)
+    if opts.inference:
+        from naohai.bench.inference_rates import measure as inference_rates
+        log("inference: data score documents/s and generation tokens/s, naohai against transformers ...")
+        with tempfile.TemporaryDirectory(prefix="naohai-bench-inf-", dir=opts.workdir) as inf_dir:
+            results["inference"] = inference_rates(inf_dir, rounds=opts.rounds, log=log)
     env["load_after"] = _load()
     env["quiet"] = watch.stop(env["cpus"] or 1)
     log(f"load average after: {env['load_after']}")

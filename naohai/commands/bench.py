@@ -2,7 +2,7 @@
 
   naohai bench [--out DIR] [--quick] [--models tiny,27m,42m] [--rounds 3] [--steps N]
                [--compile-layers 4,16,64] [--compile-forms loop,shared,separate] [--no-torch-compile]
-               [--torch-threads N] [--no-lm-eval] [--no-finetune]
+               [--torch-threads N] [--no-lm-eval] [--no-inference] [--no-finetune]
 
 Writes DIR/bench.md, DIR/bench.json and PNG charts (see :mod:`naohai.bench`).  PyTorch is
 an optional extra (``pip install -e ".[bench]"``); without it only naohai's rows are measured.
@@ -10,7 +10,9 @@ an optional extra (``pip install -e ".[bench]"``); without it only naohai's rows
 default layer loop only, no torch.compile variants (a smoke run of a few minutes).  The downstream
 scoring row (lm-eval loglikelihood requests/s of naohai's backend against lm-eval's ``hf`` model on
 one tiny LLaMA-layout model, :mod:`naohai.bench.lm_eval_rate`) needs ``.[eval,test]``; ``--no-lm-eval``
-skips it.  The fine-tuning rows (full SFT against the sft-tiny recipe's LoRA on the first model,
+skips it.  The inference rows (``naohai data score`` documents/s and KV-cache generation tokens/s against
+transformers on the same model, :mod:`naohai.bench.inference_rates`) need ``.[test]``; ``--no-inference``
+skips them.  The fine-tuning rows (full SFT against the sft-tiny recipe's LoRA on the first model,
 :mod:`naohai.bench.finetune`) run unless ``--no-finetune``.
 """
 from __future__ import annotations
@@ -37,6 +39,8 @@ def register(sub) -> None:
     p.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile rows")
     p.add_argument("--no-lm-eval", action="store_true", help="skip the downstream scoring row (lm-eval "
                                                              "loglikelihood requests/s, naohai against hf)")
+    p.add_argument("--no-inference", action="store_true", help="skip the inference rows (data score documents/s "
+                                                                "and generation tokens/s, naohai against transformers)")
     p.add_argument("--no-finetune", action="store_true", help="skip the fine-tuning rows (full SFT against LoRA "
                                                               "on the first model: tokens/s, optimizer state, peak RSS)")
     p.add_argument("--torch-threads", type=cli_int(1, 4096), help="torch.set_num_threads (default: PyTorch's)")
@@ -89,7 +93,8 @@ def options(args):
     return Options(models=models, rounds=args.rounds or (1 if quick else 3), steps=args.steps or (6 if quick else None),
                    compile_layers=layers, compile_forms=parse_forms(args.compile_forms, quick),
                    torch_compile=not (quick or args.no_torch_compile), torch_threads=args.torch_threads,
-                   lm_eval=not args.no_lm_eval, finetune=not args.no_finetune)
+                   lm_eval=not args.no_lm_eval, inference=not args.no_inference,
+                   finetune=not args.no_finetune)
 
 
 def run(args) -> int:
