@@ -101,6 +101,22 @@ def cpu_backend() -> bool:
     return ms.get_context("device_target") == "CPU"
 
 
+def full(b, like, on: bool):
+    """``b`` broadcast to ``like``'s shape when ``on``, else ``b`` as it is.
+
+    The cells set ``on`` on the CPU backend, for the second operand of an elementwise ``Add`` / ``Sub`` /
+    ``Mul`` whose shapes differ (a bias, a norm's row statistics or gamma, RoPE's tables, the attention
+    bias).  MindSpore 2.10's CPU arithmetic kernel keeps, for every such kernel of a compiled graph, two
+    index vectors of one ``size_t`` per output element (16 bytes: 4x an fp32 output;
+    ``arithmetic_cpu_kernel.cc`` ``InitBroadCast``), for as long as the graph lives: 3.5 GB of the 27M
+    bench model's train step.  With the operand broadcast first the kernel takes its same-shape path
+    and the broadcast is an ordinary output that the memory pool frees and reuses; the backward of
+    ``broadcast_to`` is the same reduction the broadcasting op's backward does.  Other backends keep
+    the broadcasting op (the one strategies shard).
+    """
+    return ops.broadcast_to(b, like.shape) if on else b
+
+
 class Norm(nn.Cell):
     """LayerNorm, RMSNorm or non-parametric LayerNorm over the last axis of [tokens, hidden].
 
@@ -136,6 +152,7 @@ class Norm(nn.Cell):
                 self.gamma = Tensor(np.ones(h, np.float32))
                 self.beta = Tensor(np.zeros(h, np.float32))
         self.composite = self.norm is not None and cpu_backend()
+        self.full = cpu_backend()
         if self.composite:
             self.reshape = ops.Reshape()
             self.row_mean = ops.MatMul()
@@ -161,13 +178,15 @@ class Norm(nn.Cell):
             shape = x.shape
             x2 = self.reshape(x, (-1, self.h))
             average = self.cast(self.average, x2.dtype)
-            c = self.center(x2, self.row_mean(x2, average))
+            c = self.center(x2, full(self.row_mean(x2, average), x2, True))
             var = self.row_mean_sq(self.square(c, c), average)
-            y = self.add_beta(self.mul_gamma(self.mul(c, self.rsqrt(self.add_eps(var, self.eps))), gamma), beta)
+            y = self.mul(c, full(self.rsqrt(self.add_eps(var, self.eps)), c, True))
+            y = self.add_beta(self.mul_gamma(y, full(gamma, y, True)), full(beta, y, True))
             y = self.reshape(y, shape)
         elif self.norm is None:
             var = self.mean(self.square(x), -1)
-            y = self.mul_gamma(self.mul(x, self.rsqrt(self.add_eps(var, self.eps))), gamma)
+            y = self.mul(x, full(self.rsqrt(self.add_eps(var, self.eps)), x, self.full))
+            y = self.mul_gamma(y, full(gamma, y, self.full))
         else:
             y, _, _ = self.norm(x, gamma, beta)
         return self.cast(y, dtype)
@@ -198,7 +217,7 @@ class RowSumSoftmax(nn.Cell):
         width = out.shape[-1]
         yd = self.mul(out, dout)
         sums = self.row_sum(self.reshape(yd, (-1, width)), ops.ones((width, 1), yd.dtype))
-        return (self.sub(yd, self.mul_out(out, self.reshape(sums, out.shape[:-1] + (1,)))),)
+        return (self.sub(yd, self.mul_out(out, full(self.reshape(sums, out.shape[:-1] + (1,)), out, True))),)
 
 
 # ------------------------------------------------------------------------------ positions
@@ -335,6 +354,7 @@ class Attention(nn.Cell):
             self.bias_table = Tensor(attention_bias(cfg))
         self.softmax = ops.Softmax(axis=-1)
         self.probs = RowSumSoftmax(self.softmax) if cpu_backend() else self.softmax
+        self.full = cpu_backend()
         self.prob_dropout = Dropout(cfg.dropout)
         self.context = ops.BatchMatMul()
         self.out = ops.MatMul(transpose_b=True)
@@ -362,7 +382,7 @@ class Attention(nn.Cell):
     def _proj(self, mm, add, x, w, b):
         y = mm(self.cast(x, self.dtype), self.cast(w, self.dtype))
         if b is not None:
-            y = add(y, self.cast(b, self.dtype))
+            y = add(y, full(self.cast(b, self.dtype), y, self.full))
         return y
 
     def _heads(self, y, n, s):
@@ -383,8 +403,8 @@ class Attention(nn.Cell):
         b, n, s = x.shape[0], x.shape[1], x.shape[2]
         flat = self.reshape(x, (-1, self.hd))
         rot = self.reshape(self.rot_mm(flat, self.cast(self.rot, x.dtype)), (b, n, s, self.hd))
-        return self.rope_add(self.rope_mul_cos(x, self.cast(cos, x.dtype)),
-                             self.rope_mul_sin(rot, self.cast(sin, x.dtype)))
+        return self.rope_add(self.rope_mul_cos(x, full(self.cast(cos, x.dtype), x, self.full)),
+                             self.rope_mul_sin(rot, full(self.cast(sin, x.dtype), rot, self.full)))
 
     def _expand_kv(self, x):
         """[b, nkv, t, d] -> [b, nh, t, d] by repeating each kv head for its query group."""
@@ -449,7 +469,7 @@ class Attention(nn.Cell):
         scores = self.scores(q, k)                                             # [b, nh, s, t]
         scores = self.cast(scores, self.softmax_dtype)
         scores = self.scale(scores, self.cast(self.scale_value, self.softmax_dtype))
-        scores = self.mask(scores, self.cast(bias, self.softmax_dtype))
+        scores = self.mask(scores, full(self.cast(bias, self.softmax_dtype), scores, self.full))
         probs = self.prob_dropout(self.cast(self.probs(scores), self.dtype))
         ctx = self.context(probs, v)                                           # [b, nh, s, d]
         ctx = self.reshape(self.transpose(ctx, (0, 2, 1, 3)), (-1, self.nh * self.hd))
@@ -550,6 +570,7 @@ class MLP(nn.Cell):
             # exact GeLU x * Phi(x) = x * (1 + erf(x / sqrt 2)) / 2; ops.GeLU on CPU in 2.10 is the
             # tanh approximation (measured up to 4.7e-4 off on [-4, 4])
             self.act = ops.Erf()
+        self.full = cpu_backend()
         self.exact_gelu = cfg.activation == "gelu"
         self.tanh_gelu = cfg.activation == "gelu_tanh"
         self.dropout = Dropout(cfg.dropout)
@@ -563,17 +584,17 @@ class MLP(nn.Cell):
         x = self.cast(x, self.dtype)
         up = self.up(x, self._weight(self.up_weight, layer))
         if self.use_bias:
-            up = self.up_add(up, self._weight(self.up_bias, layer))
+            up = self.up_add(up, full(self._weight(self.up_bias, layer), up, self.full))
         if self.swiglu:
             gate = self.gate(x, self._weight(self.gate_weight, layer))
             if self.use_bias:
-                gate = self.gate_add(gate, self._weight(self.gate_bias, layer))
+                gate = self.gate_add(gate, full(self._weight(self.gate_bias, layer), gate, self.full))
             hidden = self.mul(self.act_mul(gate, self.act(gate)), up)
         else:
             hidden = self.activation(up)
         out = self.down(hidden, self._weight(self.down_weight, layer))
         if self.use_bias:
-            out = self.down_add(out, self._weight(self.down_bias, layer))
+            out = self.down_add(out, full(self._weight(self.down_bias, layer), out, self.full))
         return self.cast(self.dropout(out), ms.float32)
 
     def activation(self, x):

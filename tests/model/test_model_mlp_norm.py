@@ -168,3 +168,39 @@ def test_cpu_layernorm_equals_mindspores_fused_op_forward_and_backward(kind):
         Tensor(x), Tensor(gamma), Tensor(beta))
     for g, r in zip((dx,) + tuple(dparams), want):
         np.testing.assert_allclose(g.asnumpy(), r.asnumpy(), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------ explicit broadcasts (CPU)
+@pytest.mark.parametrize("make", ["mlp", "rmsnorm", "attention"])
+def test_cpu_explicit_broadcasts_equal_mindspores_broadcasting_ops(make):
+    """On the CPU backend the cells broadcast a bias / norm statistic / RoPE table / attention bias to
+    the full shape before the elementwise op (``layers.full``: MindSpore's CPU broadcasting kernel keeps
+    16 bytes of index per output element).  MindSpore's own broadcasting ops (``full = False``) are the
+    reference: outputs and the gradients of every input and parameter agree."""
+    from mindspore import ops
+    from naohai.model.layers import Attention, cpu_backend
+    assert cpu_backend()
+    rng = np.random.RandomState(0)
+    if make == "mlp":
+        cell = MLP(cfg_of(activation="swiglu"), np.random.RandomState(1))
+        x = rng.standard_normal((12, 16)).astype(np.float32)
+    elif make == "rmsnorm":
+        cell = Norm(cfg_of(norm="rmsnorm"))
+        x = rng.standard_normal((12, 16)).astype(np.float32)
+    else:
+        cell = Attention(cfg_of(), np.random.RandomState(1))
+        x = rng.standard_normal((2 * 8, 16)).astype(np.float32)
+    assert cell.full
+    w = Tensor(rng.standard_normal(cell(Tensor(x)).shape).astype(np.float32))
+    params = cell.trainable_params()
+
+    def run():
+        fn = ops.value_and_grad(lambda t: (cell(t) * w).sum(), grad_position=0, weights=params)
+        value, (gx, gw) = fn(Tensor(x))
+        return [value.asnumpy(), gx.asnumpy()] + [g.asnumpy() for g in gw]
+    got = run()
+    cell.full = False
+    want = run()
+    assert len(got) == len(want) == 2 + len(params) and len(params) > 0
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
