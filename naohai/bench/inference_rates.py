@@ -53,11 +53,10 @@ def _score_lm(nll, tok, seq_length: int, loss_pad_id):
 
 
 def _naohai(folder: str):
-    """(score(docs) -> perplexities, generate(prompts) -> new ids, info) through naohai's own code paths."""
+    """(scoring LM, generate(prompts) -> new ids, tokenizer, info) through naohai's own code paths."""
     import mindspore as ms
 
     from naohai.checkpoint.weights import load_model
-    from naohai.data.score import perplexities, score_ids
     from naohai.data.tokenizer import Tokenizer
     from naohai.evaluate import token_nll_fn
     from naohai.generate import CachedDecoder, SamplingConfig
@@ -71,13 +70,10 @@ def _naohai(folder: str):
     lm = _score_lm(token_nll_fn(model), tok, cfg.seq_length, cfg.loss_pad_id)
     decoder = CachedDecoder(model, cfg, pad_id=tok.pad_id)
 
-    def score(docs):
-        return perplexities(score_ids(docs, lm, SCORE_BATCH))
-
     def generate(prompts, new_tokens=NEW_TOKENS):
         return decoder.generate_ids(prompts, SamplingConfig(max_new_tokens=new_tokens, temperature=0.0),
                                     tok.vocab_size)
-    return score, generate, tok, {}
+    return lm, generate, tok, {}
 
 
 def _hf(folder: str, seq_length: int, loss_pad_id):
@@ -85,7 +81,6 @@ def _hf(folder: str, seq_length: int, loss_pad_id):
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
-    from naohai.data.score import perplexities, score_ids
     from naohai.data.tokenizer import Tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
@@ -98,17 +93,14 @@ def _hf(folder: str, seq_length: int, loss_pad_id):
             return F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none").double().numpy()
     lm = _score_lm(nll, tok, seq_length, loss_pad_id)
 
-    def score(docs):
-        return perplexities(score_ids(docs, lm, SCORE_BATCH))
-
     def generate(prompts, new_tokens=NEW_TOKENS):
         ids = torch.tensor(prompts, dtype=torch.int64)
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                                  min_new_tokens=new_tokens, do_sample=False, use_cache=True,
-                                 pad_token_id=tok.pad_id if tok.pad_id >= 0 else tok.eod_id)
+                                 pad_token_id=lm.pad_id)
         return out[:, ids.shape[1]:].tolist()
-    return score, generate, tok, {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    return lm, generate, tok, {"torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
 def worker(argv: List[str]) -> int:
@@ -116,7 +108,11 @@ def worker(argv: List[str]) -> int:
     stdin line (``{"cmd": "score"}`` or ``{"cmd": "generate"}``)."""
     row, hf_dir, nao_dir, seq = argv[0], argv[1], argv[2], int(argv[3])
     loss_pad = None if argv[4] == "none" else int(argv[4])
-    score, generate, tok, info = _naohai(nao_dir) if row == "naohai" else _hf(hf_dir, seq, loss_pad)
+    from naohai.data.score import perplexities, score_ids
+    lm, generate, tok, info = _naohai(nao_dir) if row == "naohai" else _hf(hf_dir, seq, loss_pad)
+
+    def score(docs):                                   # `naohai data score`'s arithmetic, either model's NLL
+        return perplexities(score_ids(docs, lm, SCORE_BATCH))
     data = _inputs(tok)
     score(data["docs"][:4])                           # compile / warm up both paths
     generate(data["prompts"], 4)

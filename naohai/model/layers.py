@@ -178,10 +178,10 @@ class Norm(nn.Cell):
             shape = x.shape
             x2 = self.reshape(x, (-1, self.h))
             average = self.cast(self.average, x2.dtype)
-            c = self.center(x2, full(self.row_mean(x2, average), x2, True))
+            c = self.center(x2, full(self.row_mean(x2, average), x2, self.full))
             var = self.row_mean_sq(self.square(c, c), average)
-            y = self.mul(c, full(self.rsqrt(self.add_eps(var, self.eps)), c, True))
-            y = self.add_beta(self.mul_gamma(y, full(gamma, y, True)), full(beta, y, True))
+            y = self.mul(c, full(self.rsqrt(self.add_eps(var, self.eps)), c, self.full))
+            y = self.add_beta(self.mul_gamma(y, full(gamma, y, self.full)), full(beta, y, self.full))
             y = self.reshape(y, shape)
         elif self.norm is None:
             var = self.mean(self.square(x), -1)

@@ -202,9 +202,11 @@ def how_ranks_ended(msrun_out: Path, log_dir: Path, ranks: int) -> Dict[int, str
     text = msrun_out.read_text(errors="replace") if msrun_out.exists() else ""
     codes = {int(pid): int(code) for pid, code in _EXIT_RE.findall(text)}
     out: Dict[int, str] = {}
+    if not codes:                      # every worker exited 0, or msrun was killed at the timeout
+        return out
     for r in range(ranks):
         log = log_dir / f"worker_{r}.log"
-        if not codes or not log.exists():
+        if not log.exists():
             continue
         m = _PID_RE.search(log.read_text(errors="replace"))
         code = codes.get(int(m.group(1))) if m else None
