@@ -87,6 +87,7 @@ DRIVER_DROPS = 1_000_000   # up to this many duplicates of a step, their keys ar
 SPLIT_BYTES = 128 << 20    # a .jsonl file larger than this is read by several tasks (an HDFS block's size)
 SCORE_CHUNK = 1024         # documents a Python worker tokenises and scores at a time (perplexity step)
 DRIVER_SCORES = 10_000_000  # up to this many perplexities, the report's quantiles are computed on the driver
+DRIVER_DOCS = 200_000      # up to this many survivors of the per-document steps, both dedup steps run on the driver
 
 
 def _require_pyspark():
@@ -106,7 +107,11 @@ def spark_session(master: str, conf: Optional[Dict[str, str]] = None):
     settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.driver.memory": "1g",
                 "spark.python.worker.reuse": "true"}
     if master.startswith("local"):
-        settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+        # the driver JVM is the executor too; its JIT limited to the quick compiler (C1): the JVM only moves keys
+        # and bytes here, and C2's compiles took 4 of its 10 CPU-seconds at start and 40% of them during a
+        # 10 MB clean, on the cores the Python workers need
+        settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"})
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)      # executors: this interpreter
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -166,7 +171,7 @@ def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, recor
     staging folder (:func:`_survivors_path`, one :func:`~naohai.data.clean.unit_record` a line, in input order);
     Spark gets their keys only: ('doc', (order key, exact key, bytes, (split, index in its file), signature))
     per survivor, ('steps', ((file, split, batch), stats)) per batch, one ('read', ((file, split), docs, bytes,
-    problems)) at the end."""
+    problems, survivors)) at the end."""
     models = _models(cfg)
     problems = _Problems()
     docs_in = bytes_in = 0
@@ -210,7 +215,7 @@ def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, recor
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    yield "read", ((fi, si), docs_in, bytes_in, problems)
+    yield "read", ((fi, si), docs_in, bytes_in, problems, written[0])
 
 
 def _stage1(sc, files: Sequence[str], cfg: CleanConfig, staging: str, split_bytes: int):
@@ -305,17 +310,48 @@ def _step_stats(tagged, reason: str, samples: int, records) -> StepStats:
                         first = heapq.nsmallest(samples, first)
         yield n, heapq.nsmallest(samples, first)
     parts = tagged.mapPartitions(part).collect()
-    tot = [sum(p[0][i] for p in parts) for i in range(5)]
+    return _stats([sum(p[0][i] for p in parts) for i in range(5)], (f for p in parts for f in p[1]), reason,
+                  samples, records)
+
+
+def _stats(tot: Sequence[int], first, reason: str, samples: int, records) -> StepStats:
+    """A dedup step's statistics from its totals (documents, bytes, kept, dropped, kept bytes) and (position,
+    place) of (at least the first ``samples`` of) its drops."""
     s = StepStats(docs_in=tot[0], bytes_in=tot[1], kept=tot[2], dropped=tot[3], bytes_out=tot[4])
     if s.dropped:
         s.reasons = {reason: s.dropped}
     if samples and s.dropped:
-        first = heapq.nsmallest(samples, (f for p in parts for f in p[1]))
         step = _Step(samples)
-        for rec in records([loc for _, loc in first]):
+        for rec in records([loc for _, loc in heapq.nsmallest(samples, first)]):
             step.drop(rec["where"], reason, rec["text"])
         s.samples = step.s.samples
     return s
+
+
+def _driver_dedup(docs: List[tuple], cfg: CleanConfig, records) -> tuple:
+    """Both dedup steps on the driver, over every survivor's keys (up to DRIVER_DOCS of them): the local engine's
+    rules (smallest order key of an exact-key group; :func:`~naohai.data.dedup.near_duplicates`) -> ({step:
+    StepStats}, the documents kept)."""
+    steps = {}
+
+    def step(name, kept, reason):
+        dropped = [(_position(d), d[3]) for d, k in zip(docs, kept) if not k]
+        tot = [len(docs), sum(d[2] for d in docs), len(docs) - len(dropped), len(dropped),
+               sum(d[2] for d, k in zip(docs, kept) if k)]
+        steps[name] = _stats(tot, dropped, reason, cfg.samples, records)
+        return [d for d, k in zip(docs, kept) if k]
+    if cfg.exact_dedup.enabled:
+        best: Dict[str, tuple] = {}
+        for d in docs:
+            if d[1] not in best or d[0] < best[d[1]]:
+                best[d[1]] = d[0]
+        docs = step("exact_dedup", [best[d[1]] == d[0] for d in docs], "exact duplicate")
+    if cfg.near_dedup.enabled:
+        sigs = (np.frombuffer(b"".join(d[4] for d in docs), np.uint32).reshape(len(docs), -1) if docs
+                else np.zeros((0, cfg.near_dedup.num_perm), np.uint32))
+        dropped = dedup.near_duplicates([d[0] for d in docs], sigs, cfg.near_dedup)
+        docs = step("near_dedup", [d[0] not in dropped for d in docs], "near duplicate")
+    return steps, docs
 
 
 def _bucket_entries(doc, bands: int, rows: int):
@@ -507,6 +543,68 @@ def _write_shard(out_tmp: str, cfg: CleanConfig):
     return write
 
 
+def _write_kept(sc, docs, kept_at: Optional[Dict[int, List[int]]], splits: Sequence[tuple], staging: str,
+                cfg: CleanConfig, parts: int) -> tuple:
+    """The kept survivors written as shards into the staging folder without moving their texts through a shuffle:
+    one task per input split (``kept_at[s]``, the indexes of split ``s``'s kept survivors, or the survivors' keys
+    ``docs`` grouped by split on the cluster) reads its survivors' file and writes its output lines, numbered in
+    input order from its split's first number, as one piece per shard it touches; a task per shard then joins
+    its pieces in split order.  -> (documents written, shards)."""
+    if kept_at is None:
+        places = docs.map(lambda d: d[3])
+        counts = places.map(lambda loc: loc[0]).countByValue()
+        items = places.groupByKey(max(1, min(len(splits), parts)))
+    else:
+        counts = {s: len(ks) for s, ks in kept_at.items()}
+        todo = sorted(kept_at.items())
+        items = sc.parallelize(todo, max(1, min(len(todo), parts * 4))) if todo else None
+    first = np.concatenate([[0], np.cumsum([counts.get(s, 0) for s in range(len(splits))])]).tolist()
+    written, n = first[-1], cfg.shard_docs
+    shards = -(-written // n)
+    if not shards:
+        return 0, 0
+
+    def pieces(item):
+        s, ks = item
+        made, shard, fh, tmp = [], None, None, None
+        try:
+            for j, (_, rec) in enumerate(_survivors(staging, splits[s], set(ks))):
+                k = (first[s] + j) // n
+                if k != shard:
+                    if fh is not None:
+                        fh.close()
+                        os.replace(tmp, made[-1][2])
+                    shard = k
+                    made.append((k, s, os.path.join(staging, f"piece-{k:05d}-{s:06d}.jsonl")))
+                    tmp = f"{made[-1][2]}.tmp-{os.getpid()}"
+                    fh = open(tmp, "w", encoding="utf-8")
+                fh.write(output_record(rec, cfg))
+            if fh is not None:
+                fh.close()
+                os.replace(tmp, made[-1][2])
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.remove(tmp)
+        return made
+
+    by_shard: Dict[int, List[str]] = {}
+    for k, _, path in sorted(items.flatMap(pieces).collect()):
+        by_shard.setdefault(k, []).append(path)
+
+    def join(item):
+        k, paths = item
+
+        def w(tmp):
+            with open(tmp, "wb") as out:
+                for path in paths:
+                    with open(path, "rb") as fh:
+                        shutil.copyfileobj(fh, out, 1 << 20)
+        atomic_write(os.path.join(staging, f"part-{k:05d}.jsonl"), w)
+        return k
+    sc.parallelize(sorted(by_shard.items()), max(1, min(shards, parts * 4))).map(join).collect()
+    return written, shards
+
+
 # --------------------------------------------------------------------------- the run
 def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master: str = "local[*]",
                 conf: Optional[Dict[str, str]] = None, restart: bool = False, progress: bool = True,
@@ -598,8 +696,9 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
     phase("read + per-document steps + signatures")
     docs = stage1.filter(lambda kv: kv[0] == "doc").map(lambda kv: kv[1])
 
-    read, problems = StepStats(), _Problems()
-    for _, (fi, n, nbytes, probs) in sorted((m for m in meta if m[0] == "read"), key=lambda m: m[1][0]):
+    read, problems, survivors = StepStats(), _Problems(), 0
+    for _, (fi, n, nbytes, probs, left) in sorted((m for m in meta if m[0] == "read"), key=lambda m: m[1][0]):
+        survivors += left
         read.docs_in += n
         read.bytes_in += nbytes
         problems.total += probs.total
@@ -613,52 +712,63 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
 
     def records(locs):
         return _records_at(staging, splits, locs)
-    if cfg.exact_dedup.enabled:
-        tagged = _tag_dropped(sc, docs, _exact_drops(docs, parts), parts)
-        steps["exact_dedup"] = _step_stats(tagged, "exact duplicate", cfg.samples, records)
-        docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
-        phase("exact dedup")
-    if cfg.near_dedup.enabled:
-        docs = docs.persist()
-        tagged = _near_tagged(sc, docs, cfg.near_dedup, parts)
-        steps["near_dedup"] = _step_stats(tagged, "near duplicate", cfg.samples, records)
-        docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
-        phase("near dedup")
-
-    # the survivors' records, once: partition s holds split s's kept documents in input order
-    kept = docs.map(lambda d: d[3])
-    survivors = kept.partitionBy(len(splits), lambda s: s).mapPartitionsWithIndex(_kept_records(staging, splits))
-    model = scored_quantiles = None
-    if cfg.perplexity.enabled:
-        scored = survivors.mapPartitions(_score_partition(cfg, lm_factory)).persist(StorageLevel.MEMORY_AND_DISK)
-        per = steps["perplexity"] = _perplexity_stats(scored, cfg)
-        scored_quantiles = distributed_quantiles(scored.map(lambda t: t[2]).filter(math.isfinite),
-                                                 per.docs_in - per.reasons.get(NO_SCORED_TOKENS, 0))
-        model = sc.parallelize([0], 1).map(lambda _: _executor_lm(cfg, lm_factory).describe).first()
-        limit = cfg.perplexity.max
-        written = per.kept
-        numbered = (scored.filter(lambda t: perplexity_drop_reason(t[2], limit) is None)
-                    .map(lambda t: output_record(t[1], cfg, t[2])).zipWithIndex().map(lambda li: (li[1], li[0])))
-        phase("perplexity")
-    else:                                  # each split's first output number from the kept counts per split
-        counts = kept.map(lambda loc: loc[0]).countByValue()
-        first = np.concatenate([[0], np.cumsum([counts.get(s, 0) for s in range(len(splits))])]).tolist()
-        written = first[-1]
-
-        def number(s, items):
-            return ((first[s] + j, output_record(rec, cfg)) for j, (_, rec) in enumerate(items))
-        numbered = survivors.mapPartitionsWithIndex(number)
+    kept_at = None                      # split -> the indexes of its kept survivors, when known on the driver
+    if (cfg.exact_dedup.enabled or cfg.near_dedup.enabled) and survivors <= DRIVER_DOCS:
+        found, left = _driver_dedup(docs.collect(), cfg, records)
+        steps.update(found)
+        kept_at = {}
+        for d in left:
+            kept_at.setdefault(d[3][0], []).append(d[3][1])
+        phase("exact + near dedup on the driver")
+    else:
+        if cfg.exact_dedup.enabled:
+            tagged = _tag_dropped(sc, docs, _exact_drops(docs, parts), parts)
+            steps["exact_dedup"] = _step_stats(tagged, "exact duplicate", cfg.samples, records)
+            docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
+            phase("exact dedup")
+        if cfg.near_dedup.enabled:
+            docs = docs.persist()
+            tagged = _near_tagged(sc, docs, cfg.near_dedup, parts)
+            steps["near_dedup"] = _step_stats(tagged, "near duplicate", cfg.samples, records)
+            docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
+            phase("near dedup")
 
     n = cfg.shard_docs
+    if not cfg.perplexity.enabled:
+        written, shards = _write_kept(sc, docs, kept_at, splits, staging, cfg, parts)
+        return _finish(files, out_dir, staging, cfg, read, problems, steps, written, shards, stage1, phase)
+    # the perplexity step: the survivors' records, once (partition s holds split s's kept documents in input
+    # order), scored, then numbered and cut into shards
+    kept = (docs.map(lambda d: d[3]) if kept_at is None
+            else sc.parallelize([(s, k) for s, ks in sorted(kept_at.items()) for k in ks], len(splits)))
+    survivors = kept.partitionBy(len(splits), lambda s: s).mapPartitionsWithIndex(_kept_records(staging, splits))
+    scored = survivors.mapPartitions(_score_partition(cfg, lm_factory)).persist(StorageLevel.MEMORY_AND_DISK)
+    per = steps["perplexity"] = _perplexity_stats(scored, cfg)
+    scored_quantiles = distributed_quantiles(scored.map(lambda t: t[2]).filter(math.isfinite),
+                                             per.docs_in - per.reasons.get(NO_SCORED_TOKENS, 0))
+    model = sc.parallelize([0], 1).map(lambda _: _executor_lm(cfg, lm_factory).describe).first()
+    limit = cfg.perplexity.max
+    written = per.kept
+    numbered = (scored.filter(lambda t: perplexity_drop_reason(t[2], limit) is None)
+                .map(lambda t: output_record(t[1], cfg, t[2])).zipWithIndex().map(lambda li: (li[1], li[0])))
+    phase("perplexity")
     shards = -(-written // n)
     if shards:
         (numbered.map(lambda il: (il[0] // n, il)).partitionBy(shards, lambda k: k)
          .mapPartitionsWithIndex(_write_shard(staging, cfg)).collect())
+    return _finish(files, out_dir, staging, cfg, read, problems, steps, written, shards, stage1, phase, model,
+                   scored_quantiles)
+
+
+def _finish(files, out_dir, staging, cfg, read, problems, steps, written, shards, stage1, phase, model=None,
+            scored_quantiles=None) -> Dict[str, Any]:
+    """Move the finished shards from the staging folder into ``out_dir`` (those of an earlier, broken run removed
+    first) and give the report."""
     stage1.unpersist()
     remove_outputs(out_dir)            # shards of an earlier, broken run (no report)
     for s in range(shards):            # each shard is complete; the report, last, marks the run finished
         name = f"part-{s:05d}.jsonl"
         os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
-    phase("sort + write shards")
+    phase("write shards")
     return make_report(files, cfg, read, problems, steps, written, shards, out_dir, model,
                        quantiles=scored_quantiles)
