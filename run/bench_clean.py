@@ -20,7 +20,7 @@ near dedup alone (the other steps off) on N generated documents with planted
 near-duplicate clusters at 1%, 3% and 5% character edits, both engines, and states
 recall and precision against the plan:
 
-    python run/bench_clean.py --engine spark --size-mb 50 [--masters local[2]] [--files 8] [--split-mb 128]
+    python run/bench_clean.py --engine spark --size-mb 50 [--masters local[2]] [--files 8] [--split-mb 128] [--rounds 3]
     python run/bench_clean.py --engine spark --near-scale 200000
 """
 from __future__ import annotations
@@ -82,6 +82,7 @@ def main():
                     help="--engine spark: byte ranges of this size are read by one task each")
     ap.add_argument("--near-scale", type=int, default=0, help="--engine spark: near dedup on N generated documents")
     ap.add_argument("--keep", default=None, help="--engine spark: keep the corpus and outputs in this folder")
+    ap.add_argument("--rounds", type=int, default=1, help="--engine spark: rounds, the engines alternating in each")
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.job:
@@ -209,23 +210,51 @@ def run_job(spec_path):
         for step in ("normalize", "language", "quality", "pii"):
             getattr(cfg, step).enabled = False
     t = time.perf_counter()
-    timings, shuffled = {}, 0
+    timings, shuffled, cpu = {}, 0, 0.0
     if spec["engine"] == "local":
         clean(spec["inputs"], spec["out"], cfg, workers=spec["workers"], progress=False)
     else:
         from pyspark import SparkContext
 
+        from naohai.data import spark_engine
         from naohai.data.spark_engine import clean_spark, spark_session
+        if "driver_docs" in spec:
+            spark_engine.DRIVER_DOCS = spec["driver_docs"]
         spark = spark_session(spec["master"])
         timings["JVM start"] = time.perf_counter() - t
         clean_spark(spec["inputs"], spec["out"], cfg, master=spec["master"], timings=timings,
                     split_bytes=int(spec.get("split_mb", 128) * (1 << 20)))
         shuffled = shuffle_bytes(spark.sparkContext)
+        cpu = _process_tree_cpu(SparkContext._gateway.proc.pid)   # the JVM and its Python workers, before they end
         spark.stop()
         proc = SparkContext._gateway.proc
         proc.stdin.close()
         proc.wait()
-    print(json.dumps({"seconds": time.perf_counter() - t, "timings": timings, "shuffle": shuffled}))
+    me = os.times()
+    cpu += me.user + me.system                       # and the driver (this process)
+    print(json.dumps({"seconds": time.perf_counter() - t, "timings": timings, "shuffle": shuffled, "cpu": cpu}))
+
+
+def _process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system, with their waited-for children) of ``pid`` and every live process below it,
+    from /proc (0 where it cannot be read)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    kids: dict = {}
+    stats: dict = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            kids.setdefault(int(f[1]), []).append(int(p))
+            stats[int(p)] = sum(int(x) for x in f[11:15]) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += stats.get(p, 0.0)
+        todo += kids.get(p, [])
+    return total
 
 
 def _timed_job(spec, tmp):
@@ -255,34 +284,49 @@ def engines(args):
         docs, nbytes = engine_corpus(args.size_mb, args.base_docs)
         inputs = _write_files(docs, os.path.join(tmp, "in"), args.files)
         print(f"corpus: {len(docs)} documents, {nbytes / 1e6:.2f} MB in {args.files} files; {os.cpu_count()} cores; "
-              f"{_load()}")
-        print("| engine | wall s | MB/s | CPU s (all processes) | MB per CPU-second | shuffle written | output | "
-              "phases (s) | load average after |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              f"{_load()}; {args.rounds} round(s), the engines alternating within each")
+        print("| round | engine | wall s | MB/s | MB/s per core | CPU s (all processes) | MB per CPU-second | "
+              "shuffle written | output | phases (s) | load average after |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         ref = os.path.join(tmp, "out-local")
-        shutil.rmtree(ref, ignore_errors=True)
-        wall, cpu, _ = _timed_job({"engine": "local", "inputs": inputs, "out": ref, "workers": args.workers}, tmp)
-        print(f"| local, {args.workers} workers | {wall:.1f} | {mbps(nbytes, wall):.3f} | {cpu:.1f} | "
-              f"{mbps(nbytes, cpu):.3f} | - | reference | - | {_load()} |", flush=True)
-        with open(os.path.join(ref, "report.json")) as fh:
-            local = json.load(fh)
-        for master in args.masters.split(","):
-            out = os.path.join(tmp, "out-" + master.replace("[", "").replace("]", ""))
-            shutil.rmtree(out, ignore_errors=True)
-            wall, cpu, job = _timed_job({"engine": "spark", "master": master, "inputs": inputs, "out": out,
-                                         "split_mb": args.split_mb}, tmp)
-            with open(os.path.join(out, "report.json")) as fh:
-                same = _same(ref, out) and json.load(fh) == local
-            phases = ", ".join(f"{k} {v:.1f}" for k, v in job["timings"].items())
-            # (CPU: the Python workers Spark forks are not waited for, so their time is missing: not shown)
-            print(f"| Spark {master} | {wall:.1f} | {mbps(nbytes, wall):.3f} | - | - | "
-                  f"{job['shuffle'] / 1e6:.1f} MB | {'identical' if same else 'DIFFERENT'} | {phases} | {_load()} |",
-                  flush=True)
+        runs = [("local", None)] + [("spark", m) for m in args.masters.split(",")]
+        walls: dict = {}
+        local = None
+        for r in range(args.rounds):
+            for engine, master in runs:
+                name = f"local, {args.workers} workers" if engine == "local" else f"Spark {master}"
+                cores = args.workers if engine == "local" else _cores(master)
+                out = ref if engine == "local" else os.path.join(tmp, "out-" + master.replace("[", "").replace("]", ""))
+                shutil.rmtree(out, ignore_errors=True)
+                spec = {"engine": engine, "master": master, "inputs": inputs, "out": out, "workers": args.workers,
+                        "split_mb": args.split_mb}
+                wall, cpu, job = _timed_job(spec, tmp)
+                cpu = cpu if engine == "local" else job["cpu"]
+                with open(os.path.join(out, "report.json")) as fh:
+                    report = json.load(fh)
+                if engine == "local":
+                    local, verdict = local or report, "reference"
+                else:
+                    verdict = "identical" if _same(ref, out) and report == local else "DIFFERENT"
+                walls.setdefault(name, []).append((wall, cores))
+                phases = ", ".join(f"{k} {v:.1f}" for k, v in job["timings"].items()) or "-"
+                shuffled = f"{job['shuffle'] / 1e6:.1f} MB" if engine == "spark" else "-"
+                print(f"| {r + 1} | {name} | {wall:.1f} | {mbps(nbytes, wall):.3f} | {mbps(nbytes, wall) / cores:.3f} | "
+                      f"{cpu:.1f} | {mbps(nbytes, cpu):.3f} | {shuffled} | {verdict} | {phases} | {_load()} |",
+                      flush=True)
+        print("best of the rounds, MB/s per core:",
+              "; ".join(f"{k} {mbps(nbytes, min(w for w, _ in v)) / v[0][1]:.3f}" for k, v in walls.items()))
         print(f"kept {local['output']['documents']} of {local['read']['docs_in']} documents; exact dropped "
               f"{local['steps']['exact_dedup']['dropped']}, near dropped {local['steps']['near_dedup']['dropped']}")
     finally:
         if not args.keep:
             shutil.rmtree(tmp)
+
+
+def _cores(master: str) -> int:
+    """The task slots of a local master: local -> 1, local[N] -> N, local[*] -> the machine's cores."""
+    inner = master[len("local["):-1] if master.startswith("local[") else "1"
+    return os.cpu_count() if inner.split(",")[0] == "*" else int(inner.split(",")[0])
 
 
 def _random_doc(rng, words, hanzi):
@@ -320,19 +364,23 @@ def near_scale(args, tmp):
           f"{sum(r > 0 for r in rate)} planted near copies; {_load()}", flush=True)
     master = args.masters.split(",")[0]
     outs = {}
-    for engine in ("local", "spark"):
-        out = outs[engine] = os.path.join(tmp, f"near-{engine}")
+    # Spark twice: as configured (both dedup steps on the driver up to DRIVER_DOCS survivors), and with the dedup
+    # on the cluster (the path past that size: shuffles of the band keys)
+    for run, engine, extra in (("local", "local", {}), ("spark", "spark", {}),
+                               ("spark-cluster", "spark", {"driver_docs": 0})):
+        out = outs[run] = os.path.join(tmp, f"near-{run}")
         shutil.rmtree(out, ignore_errors=True)
         wall, cpu, job = _timed_job({"engine": engine, "master": master, "inputs": inputs, "out": out,
-                                     "workers": args.workers, "dedup_only": True}, tmp)
+                                     "workers": args.workers, "dedup_only": True, **extra}, tmp)
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in job["timings"].items())
-        print(f"{engine if engine == 'local' else 'Spark ' + master}: wall {wall:.1f} s"
+        print(f"{engine if engine == 'local' else 'Spark ' + master}"
+              + (" (dedup on the cluster)" if extra else "") + f": wall {wall:.1f} s"
               + (f", CPU {cpu:.1f} s" if engine == "local" else "")
               + (f", shuffle written {job['shuffle'] / 1e6:.1f} MB ({phases})" if engine == "spark" else "")
               + f"; {_load()}", flush=True)
     from naohai.data.clean import output_files
-    reports = [json.load(open(os.path.join(outs[e], "report.json"))) for e in ("local", "spark")]
-    same = _same(outs["local"], outs["spark"]) and reports[0] == reports[1]
+    reports = [json.load(open(os.path.join(outs[e], "report.json"))) for e in outs]
+    same = all(_same(outs["local"], outs[e]) and reports[0] == r for e, r in zip(outs, reports))
     print(f"shards and report {'identical' if same else 'DIFFERENT'}; near dedup dropped "
           f"{reports[0]['steps']['near_dedup']['dropped']}, exact {reports[0]['steps']['exact_dedup']['dropped']}")
     kept = {json.loads(line)["id"] for p in output_files(outs["spark"]) for line in open(p)}

@@ -125,6 +125,8 @@ class _Models:
         self.classifier = (Classifier(cfg.classifier.model, cfg.classifier.drop_labels)
                            if cfg.classifier.enabled else None)
         self.blocklist = quality.load_blocklist(cfg.quality.blocklist) if cfg.quality.enabled else []
+        if cfg.quality.enabled:
+            quality.load_segmenter()
         if cfg.near_dedup.enabled:
             import datasketch  # noqa: F401  (slow to import: once, before the workers fork)
 

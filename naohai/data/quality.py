@@ -33,6 +33,13 @@ def words(text: str) -> List[str]:
     return _WORD.findall(text)
 
 
+def load_segmenter() -> None:
+    """Load jieba's dictionary now (it loads on first use otherwise): in a process that forks workers, once."""
+    import jieba
+    jieba.setLogLevel(60)
+    jieba.initialize()
+
+
 def chinese_words(text: str) -> List[str]:
     """jieba's words (the segmenter the tokenizer's PanGu mode uses) that hold a letter or digit."""
     import jieba

@@ -60,6 +60,7 @@ import json
 import math
 import heapq
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -81,6 +82,7 @@ from naohai.errors import UserError
 
 STAGING = "spark"          # below .work: shards being written
 DOCS = "survivors"         # below STAGING: the survivors of stage 1, a file per input split
+KEYS = ".keys"             # beside a split's survivors: their dedup keys (a pickle)
 _FAILED = "a step failed on the documents"
 DRIVER_LINKS = 1_000_000   # up to this many LSH bucket members / links, near dedup's clusters are found on the driver
 DRIVER_DROPS = 1_000_000   # up to this many duplicates of a step, their keys are broadcast (else joined)
@@ -105,7 +107,7 @@ def spark_session(master: str, conf: Optional[Dict[str, str]] = None):
     from pyspark.sql import SparkSession
     builder = SparkSession.builder.appName("naohai data clean").master(master)
     settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.driver.memory": "1g",
-                "spark.python.worker.reuse": "true"}
+                "spark.python.worker.reuse": "true", "spark.python.daemon.module": "naohai.data.spark_daemon"}
     if master.startswith("local"):
         # the driver JVM is the executor too; its JIT limited to the quick compiler (C1): the JVM only moves keys
         # and bytes here, and C2's compiles took 4 of its 10 CPU-seconds at start and 40% of them during a
@@ -167,33 +169,31 @@ def _read_split(cfg: CleanConfig, staging: str, item) -> Iterator[tuple]:
 
 
 def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, records) -> Iterator[tuple]:
-    """One input split (its records and problems) through the per-document steps.  The survivors' records go to the split's file in the
-    staging folder (:func:`_survivors_path`, one :func:`~naohai.data.clean.unit_record` a line, in input order);
-    Spark gets their keys only: ('doc', (order key, exact key, bytes, (split, index in its file), signature))
-    per survivor, ('steps', ((file, split, batch), stats)) per batch, one ('read', ((file, split), docs, bytes,
-    problems, survivors)) at the end."""
+    """One input split (its records and problems) through the per-document steps.  The survivors' records go to the
+    split's file in the staging folder (:func:`_survivors_path`, one :func:`~naohai.data.clean.unit_record` a line,
+    in input order) and their keys, (order key, exact key, bytes, (split, index in its file), signature) per
+    survivor, to the keys file beside it (:func:`_keys`); Spark gets only ('steps', ((file, split, batch),
+    stats)) per batch and one ('read', ((file, split), docs, bytes, problems, survivors)) at the end."""
     models = _models(cfg)
     problems = _Problems()
     docs_in = bytes_in = 0
     batch: List[tuple] = []
     nbatch = 0
-    written = [0]
+    keys: List[tuple] = []
 
     def run(fh, batch, nbatch):
         try:
             kept, steps = filter_documents(batch, models)
             texts = [k[0] for k in kept]
             sigs = ([s.tobytes() for s in dedup.signatures(texts, cfg.near_dedup)] if cfg.near_dedup.enabled
-                    else [None] * len(kept))      # bytes: Spark moves them several times faster than arrays
+                    else [None] * len(kept))
         except Exception as exc:
             raise RuntimeError(f"{_FAILED} {batch[0][1]} .. {batch[-1][1]}: {type(exc).__name__}: {exc}") from exc
         for k, sig in zip(kept, sigs):
             rec = unit_record(*k, cfg)
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            order = dedup.order_key(k[0], fi, _line(k[1]))
-            yield "doc", (order, rec["key"], _nbytes(k[0]), (split, written[0]), sig)
-            written[0] += 1
-        yield "steps", ((fi, si, nbatch), {name: st.s.as_dict() for name, st in steps.items()})
+            keys.append((dedup.order_key(k[0], fi, _line(k[1])), rec["key"], _nbytes(k[0]), (split, len(keys)), sig))
+        return "steps", ((fi, si, nbatch), {name: st.s.as_dict() for name, st in steps.items()})
 
     out = _survivors_path(staging, fi, si)
     tmp = f"{out}.tmp-{os.getpid()}"
@@ -207,15 +207,26 @@ def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, recor
                 bytes_in += _nbytes(rec.text)
                 batch.append((rec.text, rec.where, rec.extra))
                 if len(batch) == cfg.batch_docs:
-                    yield from run(fh, batch, nbatch)
+                    yield run(fh, batch, nbatch)
                     batch, nbatch = [], nbatch + 1
             if batch:
-                yield from run(fh, batch, nbatch)
+                yield run(fh, batch, nbatch)
+
+        def write_keys(path):
+            with open(path, "wb") as kf:
+                pickle.dump(keys, kf, protocol=pickle.HIGHEST_PROTOCOL)
+        atomic_write(out + KEYS, write_keys)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    yield "read", ((fi, si), docs_in, bytes_in, problems, written[0])
+    yield "read", ((fi, si), docs_in, bytes_in, problems, len(keys))
+
+
+def _keys(staging: str, split: tuple) -> List[tuple]:
+    """The survivors' keys of one input split, as :func:`_survive` wrote them."""
+    with open(_survivors_path(staging, *split[:2]) + KEYS, "rb") as fh:
+        return pickle.load(fh)
 
 
 def _stage1(sc, files: Sequence[str], cfg: CleanConfig, staging: str, split_bytes: int):
@@ -691,10 +702,8 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
     parts = max(2, sc.defaultParallelism * 2)
     os.makedirs(os.path.join(staging, DOCS), exist_ok=True)
     splits, stage1 = _stage1(sc, files, cfg, staging, split_bytes)
-    stage1 = stage1.persist(StorageLevel.MEMORY_AND_DISK)
-    meta = stage1.filter(lambda kv: kv[0] != "doc").collect()
+    meta = stage1.collect()
     phase("read + per-document steps + signatures")
-    docs = stage1.filter(lambda kv: kv[0] == "doc").map(lambda kv: kv[1])
 
     read, problems, survivors = StepStats(), _Problems(), 0
     for _, (fi, n, nbytes, probs, left) in sorted((m for m in meta if m[0] == "read"), key=lambda m: m[1][0]):
@@ -713,14 +722,17 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
     def records(locs):
         return _records_at(staging, splits, locs)
     kept_at = None                      # split -> the indexes of its kept survivors, when known on the driver
+    docs = held = None                  # the survivors' keys as an RDD, when the dedup runs on the cluster
     if (cfg.exact_dedup.enabled or cfg.near_dedup.enabled) and survivors <= DRIVER_DOCS:
-        found, left = _driver_dedup(docs.collect(), cfg, records)
+        found, left = _driver_dedup([d for split in splits for d in _keys(staging, split)], cfg, records)
         steps.update(found)
         kept_at = {}
         for d in left:
             kept_at.setdefault(d[3][0], []).append(d[3][1])
         phase("exact + near dedup on the driver")
     else:
+        docs = held = (sc.parallelize(range(len(splits)), len(splits))
+                       .flatMap(lambda si: _keys(staging, splits[si])).persist(StorageLevel.MEMORY_AND_DISK))
         if cfg.exact_dedup.enabled:
             tagged = _tag_dropped(sc, docs, _exact_drops(docs, parts), parts)
             steps["exact_dedup"] = _step_stats(tagged, "exact duplicate", cfg.samples, records)
@@ -736,7 +748,7 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
     n = cfg.shard_docs
     if not cfg.perplexity.enabled:
         written, shards = _write_kept(sc, docs, kept_at, splits, staging, cfg, parts)
-        return _finish(files, out_dir, staging, cfg, read, problems, steps, written, shards, stage1, phase)
+        return _finish(files, out_dir, staging, cfg, read, problems, steps, written, shards, held, phase)
     # the perplexity step: the survivors' records, once (partition s holds split s's kept documents in input
     # order), scored, then numbered and cut into shards
     kept = (docs.map(lambda d: d[3]) if kept_at is None
@@ -756,15 +768,16 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
     if shards:
         (numbered.map(lambda il: (il[0] // n, il)).partitionBy(shards, lambda k: k)
          .mapPartitionsWithIndex(_write_shard(staging, cfg)).collect())
-    return _finish(files, out_dir, staging, cfg, read, problems, steps, written, shards, stage1, phase, model,
+    return _finish(files, out_dir, staging, cfg, read, problems, steps, written, shards, held, phase, model,
                    scored_quantiles)
 
 
-def _finish(files, out_dir, staging, cfg, read, problems, steps, written, shards, stage1, phase, model=None,
+def _finish(files, out_dir, staging, cfg, read, problems, steps, written, shards, held, phase, model=None,
             scored_quantiles=None) -> Dict[str, Any]:
     """Move the finished shards from the staging folder into ``out_dir`` (those of an earlier, broken run removed
     first) and give the report."""
-    stage1.unpersist()
+    if held is not None:
+        held.unpersist()
     remove_outputs(out_dir)            # shards of an earlier, broken run (no report)
     for s in range(shards):            # each shard is complete; the report, last, marks the run finished
         name = f"part-{s:05d}.jsonl"
