@@ -126,6 +126,17 @@ def test_hadoop_paths_read_like_local_files(spark, corpus, tmp_path):
         clean(uris, str(tmp_path / "local2"), cfg, workers=1, progress=False)
 
 
+def test_python_workers_are_forked_from_the_preloading_daemon(spark):
+    """The workers' parent is naohai's daemon (spark.python.daemon.module), which loaded jieba before forking."""
+    def origin(_):             # defined here: Spark ships it by value (this test module is not importable there)
+        import jieba
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+            parent = fh.read().replace(b"\0", b" ").decode()
+        return parent, bool(jieba.dt.initialized)
+    for parent, loaded in spark.sparkContext.parallelize(range(4), 2).map(origin).collect():
+        assert "naohai.data.spark_daemon" in parent and loaded
+
+
 def test_distributed_components_equal_union_find(spark):
     rng = random.Random(5)
     edges = [(rng.randrange(300), rng.randrange(300)) for _ in range(260)]
