@@ -117,6 +117,20 @@ def full(b, like, on: bool):
     return ops.broadcast_to(b, like.shape) if on else b
 
 
+def swap_axes_1_2(x, transpose, on: bool):
+    """``x`` [a, b, c, d] -> [a, c, b, d] (the attention's heads in or out): ``transpose`` (the op strategies
+    address), or when ``on`` (the CPU backend, as :func:`full`) a split over the smaller of axes 1 and 2, each
+    piece reshaped (the moved axis has size 1: its elements keep their order) and concatenated.  MindSpore 2.10's
+    CPU ``Transpose`` kernel keeps about 2.5x its output in index state for as long as the graph lives (0.8 GB of
+    the 27M bench model's train step); split and concat are plain copies, the same numbers."""
+    if not on:
+        return transpose(x, (0, 2, 1, 3))
+    a, b, c, d = x.shape
+    if c <= b:
+        return ops.concat([ops.reshape(p, (a, 1, b, d)) for p in ops.split(x, 1, axis=2)], 1)
+    return ops.concat([ops.reshape(p, (a, c, 1, d)) for p in ops.split(x, 1, axis=1)], 2)
+
+
 class Norm(nn.Cell):
     """LayerNorm, RMSNorm or non-parametric LayerNorm over the last axis of [tokens, hidden].
 
@@ -388,7 +402,7 @@ class Attention(nn.Cell):
     def _heads(self, y, n, s):
         """[b*s, n*d] -> [b, n, s, d]"""
         y = self.reshape(y, (-1, s, n, self.hd))
-        return self.transpose(y, (0, 2, 1, 3))
+        return swap_axes_1_2(y, self.transpose, self.full)
 
     def rope_angles(self, positions):
         """cos, sin broadcastable to [b, n, s, d]: fixed 0..s-1, or gathered at ``positions`` [b, s]."""
@@ -472,7 +486,7 @@ class Attention(nn.Cell):
         scores = self.mask(scores, full(self.cast(bias, self.softmax_dtype), scores, self.full))
         probs = self.prob_dropout(self.cast(self.probs(scores), self.dtype))
         ctx = self.context(probs, v)                                           # [b, nh, s, d]
-        ctx = self.reshape(self.transpose(ctx, (0, 2, 1, 3)), (-1, self.nh * self.hd))
+        ctx = self.reshape(swap_axes_1_2(ctx, self.transpose, self.full), (-1, self.nh * self.hd))
         out = self._proj(self.out, self.out_add, ctx, layer_slice(self.out_weight, layer),
                          layer_slice(self.out_bias, layer))
         return self.cast(self.dropout(out), ms.float32)
