@@ -125,8 +125,6 @@ class _Models:
         self.classifier = (Classifier(cfg.classifier.model, cfg.classifier.drop_labels)
                            if cfg.classifier.enabled else None)
         self.blocklist = quality.load_blocklist(cfg.quality.blocklist) if cfg.quality.enabled else []
-        if cfg.quality.enabled:
-            quality.load_segmenter()
         if cfg.near_dedup.enabled:
             import datasketch  # noqa: F401  (slow to import: once, before the workers fork)
 
@@ -277,6 +275,8 @@ def _bar(total, desc, enabled, unit="doc"):
 def _stage1(files, cfg: CleanConfig, work: str, workers: int, progress: bool):
     global _MODELS
     _MODELS = _Models(cfg)   # loaded before forking: workers inherit them; bad paths fail here
+    if cfg.quality.enabled and workers > 1:
+        quality.load_segmenter()     # jieba's dictionary, once for all workers
     problems = _Problems()
     read = StepStats()
     units = 0
@@ -358,15 +358,12 @@ def _load_unit(work: str, u: int):
 def _duplicates(work: str, units: int, cfg: CleanConfig, file_index: Dict[str, int]):
     """The documents the two dedup steps drop, by (unit, index): (exact, near) -- each the set of those that are
     not their group's representative (:mod:`~naohai.data.dedup`: the smallest order key)."""
-    best: Dict[str, tuple] = {}
     where: List[tuple] = []                      # (unit, i, exact key, order key) per document
     for u in range(units):
         docs, _ = _load_unit(work, u)
         for i, d in enumerate(docs):
-            order = dedup.order_key(d["text"], *position(d["where"], file_index))
-            where.append((u, i, d["key"], order))
-            if cfg.exact_dedup.enabled and (d["key"] not in best or order < best[d["key"]]):
-                best[d["key"]] = order
+            where.append((u, i, d["key"], dedup.order_key(d["text"], *position(d["where"], file_index))))
+    best = dedup.exact_keepers((key, order) for _, _, key, order in where) if cfg.exact_dedup.enabled else {}
     exact = {(u, i) for u, i, key, order in where if cfg.exact_dedup.enabled and best[key] != order}
     near: set = set()
     if cfg.near_dedup.enabled:

@@ -107,6 +107,15 @@ def order_key(text: str, file_index: int, line: int) -> Tuple[str, int, int]:
     return (content_hash(text), file_index, line)
 
 
+def exact_keepers(pairs) -> Dict[Any, Any]:
+    """(exact key, order key) pairs -> each exact key's smallest order key: the document exact dedup keeps."""
+    best: Dict[Any, Any] = {}
+    for key, order in pairs:
+        if key not in best or order < best[key]:
+            best[key] = order
+    return best
+
+
 def band_keys(sigs: np.ndarray, bands: int, rows: int) -> List[List[bytes]]:
     """Per document, per band: the bytes of that band's rows (equal bytes = the same bucket)."""
     sigs = np.ascontiguousarray(sigs, dtype=np.uint32)

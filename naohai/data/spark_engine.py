@@ -352,10 +352,7 @@ def _driver_dedup(docs: List[tuple], cfg: CleanConfig, records) -> tuple:
         steps[name] = _stats(tot, dropped, reason, cfg.samples, records)
         return [d for d, k in zip(docs, kept) if k]
     if cfg.exact_dedup.enabled:
-        best: Dict[str, tuple] = {}
-        for d in docs:
-            if d[1] not in best or d[0] < best[d[1]]:
-                best[d[1]] = d[0]
+        best = dedup.exact_keepers((d[1], d[0]) for d in docs)
         docs = step("exact_dedup", [best[d[1]] == d[0] for d in docs], "exact duplicate")
     if cfg.near_dedup.enabled:
         sigs = (np.frombuffer(b"".join(d[4] for d in docs), np.uint32).reshape(len(docs), -1) if docs
@@ -739,7 +736,7 @@ def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, tim
             docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])
             phase("exact dedup")
         if cfg.near_dedup.enabled:
-            docs = docs.persist()
+            docs = docs if docs is held else docs.persist()
             tagged = _near_tagged(sc, docs, cfg.near_dedup, parts)
             steps["near_dedup"] = _step_stats(tagged, "near duplicate", cfg.samples, records)
             docs = tagged.filter(lambda t: t[0]).map(lambda t: t[1])

@@ -97,6 +97,12 @@ def test_spark_engine_writes_what_the_local_engine_writes(spark, corpus, tmp_pat
     monkeypatch.setattr(spark_engine, "DRIVER_LINKS", 0)
     dist = clean_spark(inputs, str(tmp_path / "spark3"), cfg, master="local[2]", split_bytes=split)
     assert shards(tmp_path / "local2") == shards(tmp_path / "spark3") and local == dist
+    # near dedup alone on the cluster: the keys RDD goes straight into it
+    cfg.exact_dedup.enabled = False
+    local = clean(inputs, str(tmp_path / "local4"), cfg, workers=1, progress=False)
+    dist = clean_spark(inputs, str(tmp_path / "spark4"), cfg, master="local[2]", split_bytes=split)
+    assert shards(tmp_path / "local4") == shards(tmp_path / "spark4") and local == dist
+    assert local["steps"]["near_dedup"]["dropped"] >= 15
 
 
 def test_hadoop_paths_read_like_local_files(spark, corpus, tmp_path):
