@@ -67,6 +67,13 @@ def mbps(nbytes, seconds):
     return nbytes / 1e6 / seconds
 
 
+def _positive(text: str) -> int:
+    n = int(text) if text.strip().lstrip("-").isdigit() else 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return n
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-docs", type=int, default=2000)
@@ -82,7 +89,7 @@ def main():
                     help="--engine spark: byte ranges of this size are read by one task each")
     ap.add_argument("--near-scale", type=int, default=0, help="--engine spark: near dedup on N generated documents")
     ap.add_argument("--keep", default=None, help="--engine spark: keep the corpus and outputs in this folder")
-    ap.add_argument("--rounds", type=int, default=1, help="--engine spark: rounds, the engines alternating in each")
+    ap.add_argument("--rounds", type=_positive, default=1, help="--engine spark: rounds, the engines alternating in each")
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.job:
