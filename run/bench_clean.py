@@ -20,7 +20,7 @@ near dedup alone (the other steps off) on N generated documents with planted
 near-duplicate clusters at 1%, 3% and 5% character edits, both engines, and states
 recall and precision against the plan:
 
-    python run/bench_clean.py --engine spark --size-mb 50 [--masters local[2]] [--files 8] [--split-mb 128] [--rounds 3]
+    python run/bench_clean.py --engine spark --size-mb 50 [--masters local[2]] [--files 8] [--split-mb MB] [--rounds 3]
     python run/bench_clean.py --engine spark --near-scale 200000
 """
 from __future__ import annotations
@@ -85,8 +85,8 @@ def main():
     ap.add_argument("--size-mb", type=float, default=50.0, help="--engine spark: corpus size")
     ap.add_argument("--files", type=int, default=8, help="--engine spark: input files (one Spark task each)")
     ap.add_argument("--masters", default="local[1],local[2],local[4]", help="--engine spark: Spark masters")
-    ap.add_argument("--split-mb", type=float, default=128.0,
-                    help="--engine spark: byte ranges of this size are read by one task each")
+    ap.add_argument("--split-mb", type=float, default=None,
+                    help="--engine spark: byte ranges of this size are read by one task each (default: the engine's)")
     ap.add_argument("--near-scale", type=int, default=0, help="--engine spark: near dedup on N generated documents")
     ap.add_argument("--keep", default=None, help="--engine spark: keep the corpus and outputs in this folder")
     ap.add_argument("--rounds", type=_positive, default=1, help="--engine spark: rounds, the engines alternating in each")
@@ -224,19 +224,28 @@ def run_job(spec_path):
         from pyspark import SparkContext
 
         from naohai.data import spark_engine
-        from naohai.data.spark_engine import clean_spark, spark_session
+        from naohai.data.spark_engine import clean_spark
         if "driver_docs" in spec:
             spark_engine.DRIVER_DOCS = spec["driver_docs"]
-        spark = spark_session(spec["master"])
-        timings["JVM start"] = time.perf_counter() - t
+        boot, stop, seen = spark_engine.spark_context, spark_engine._Boot.stop, {}
+
+        def timed_boot(*args, **kwargs):     # clean_spark starts the JVM beside its own checks: time it there
+            t0 = time.perf_counter()
+            sc = boot(*args, **kwargs)
+            timings["JVM start (beside the driver's checks)"] = time.perf_counter() - t0
+            return sc
+
+        def measured_stop(self):             # the shuffle bytes and the CPU of the JVM and its workers, then stop
+            if self.sc is not None:
+                seen.update(shuffle=shuffle_bytes(self.sc), cpu=_process_tree_cpu(SparkContext._gateway.proc.pid),
+                            proc=SparkContext._gateway.proc)
+            stop(self)
+        spark_engine.spark_context, spark_engine._Boot.stop = timed_boot, measured_stop
         clean_spark(spec["inputs"], spec["out"], cfg, master=spec["master"], timings=timings,
-                    split_bytes=int(spec.get("split_mb", 128) * (1 << 20)))
-        shuffled = shuffle_bytes(spark.sparkContext)
-        cpu = _process_tree_cpu(SparkContext._gateway.proc.pid)   # the JVM and its Python workers, before they end
-        spark.stop()
-        proc = SparkContext._gateway.proc
-        proc.stdin.close()
-        proc.wait()
+                    split_bytes=int(spec["split_mb"] * (1 << 20)) if spec.get("split_mb") else None)
+        shuffled, cpu = seen["shuffle"], seen["cpu"]
+        seen["proc"].stdin.close()                   # the JVM exits when its stdin closes: wait for it
+        seen["proc"].wait()
     me = os.times()
     cpu += me.user + me.system                       # and the driver (this process)
     print(json.dumps({"seconds": time.perf_counter() - t, "timings": timings, "shuffle": shuffled, "cpu": cpu}))

@@ -34,9 +34,10 @@ def register(subparsers) -> None:
                                                        "k8s://..., spark://... (default local[*])")
     c.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for --engine spark (repeatable), e.g. spark.executor.memory=4g")
-    c.add_argument("--split-mb", type=float, default=128.0,
+    c.add_argument("--split-mb", type=float, default=None,
                    help="--engine spark: an uncompressed .jsonl file larger than this is read by several tasks, "
-                        "one per range of this size (default 128; the output does not depend on it)")
+                        "one per range of this size (default: the local .jsonl inputs' size over 16 splits per "
+                        "task slot, 1 to 128 MB; Hadoop paths 128; the output does not depend on it)")
     c.set_defaults(run=run_clean)
 
     s = sub.add_parser("score", help="perplexity of each document under a naohai model; keep those under a "
@@ -134,11 +135,13 @@ def run_clean(args) -> int:
             if not sep or not key.strip():
                 raise UserError(f"{item!r} is not KEY=VALUE", where="command line", key="--spark-conf")
             conf[key.strip()] = value.strip()
-        if not math.isfinite(args.split_mb) or not 0 < args.split_mb * (1 << 20) < 1 << 62:
+        if args.split_mb is not None and (not math.isfinite(args.split_mb)
+                                          or not 0 < args.split_mb * (1 << 20) < 1 << 62):
             raise UserError(f"must be a size in MB above 0, got {args.split_mb:g}", where="command line",
                             key="--split-mb")
         report = clean_spark(args.inputs, args.out, cfg, master=args.master, conf=conf, restart=args.restart,
-                             progress=not args.no_progress, split_bytes=max(1, int(args.split_mb * (1 << 20))),
+                             progress=not args.no_progress, split_bytes=(None if args.split_mb is None
+                                                        else max(1, int(args.split_mb * (1 << 20)))),
                              lm_factory=lm_factory)
         print(report_table(report))
         _print_problems(report, args.out)

@@ -13,18 +13,22 @@ to a file per input split in the staging folder, and read back once, to be writt
     1. One task per input split reads it with :func:`naohai.data.reader.read_split` (bad
        lines become problems with file and line, as locally), runs
        :func:`naohai.data.clean.filter_documents` on batches of ``batch_docs`` and the
-       MinHash signatures of the survivors (:func:`naohai.data.dedup.signatures`), writes the
-       survivors' records to ``.work/spark/survivors/`` and gives Spark, per survivor, its
+       MinHash signatures of the survivors (:func:`naohai.data.dedup.signatures`), and writes
+       the survivors' records to ``.work/spark/survivors/`` with, beside them, their keys:
        order key (:func:`~naohai.data.dedup.order_key`), exact key, size, place in that file
-       and signature.  An uncompressed ``.jsonl`` file larger than ``split_bytes`` (default
-       128 MB, ``--split-mb``) is read as byte ranges, each the lines that start in it, by as
-       many tasks: one large file keeps every core busy.  A first, cheap job counts each
-       range's newlines so that every line keeps its line number in the whole file
-       (``source`` in the output, problems, samples).  ``.txt`` and ``.gz`` files are one task
-       each.  Inputs on Hadoop-compatible paths (``hdfs://``, ``obs://``, ``s3a://``...) are
-       read through Hadoop by :mod:`naohai.data.hadoop_inputs`, then the same way.  The
-       per-batch step statistics are merged in input order, so the report's counts and
-       samples are those of the local engine.
+       and signature.  Spark gets only the step statistics.  An uncompressed ``.jsonl`` file
+       larger than the split size is read as byte ranges, each the lines that start in it, by
+       as many tasks: ``--split-mb`` when given, else :func:`split_size` (about TASKS_PER_SLOT
+       splits per task slot, 1 to 128 MB), so that no slot idles at the end.  A first, cheap
+       job counts each range's newlines so that every line keeps its line number in the whole
+       file (``source`` in the output, problems, samples).  ``.txt`` and ``.gz`` files are one
+       task each.  Inputs on Hadoop-compatible paths (``hdfs://``, ``obs://``, ``s3a://``...)
+       are read through Hadoop by :mod:`naohai.data.hadoop_inputs` (128 MB splits unless
+       ``--split-mb``), then the same way.  The per-batch step statistics are merged in input
+       order, so the report's counts and samples are those of the local engine.
+       Up to DRIVER_DOCS survivors, the driver reads the keys files and runs both dedup steps
+       with the local engine's own rules, and 2. and 3. below run only past that size, on the
+       keys files read as an RDD.
     2. Exact dedup: a shuffle of (exact key, order key); every member of a group but the
        smallest is dropped.
     3. Near dedup: a shuffle of (band, rows) bucket keys
@@ -43,13 +47,17 @@ to a file per input split in the staging folder, and read back once, to be writt
        batched as configured); drops, samples and the report's quantiles are those of the
        local engine (the quantiles from the order statistics on the cluster when there are
        too many scores for the driver).
-    5. The output lines, numbered in input order, are cut into shards of ``shard_docs``,
-       each written by a task into ``.work/spark/`` (atomically), then renamed into the
-       output folder by the driver, ``report.json`` last.
+    5. The output lines, numbered in input order, are cut into shards of ``shard_docs``: each
+       split's task writes its kept lines as one piece per shard they fall in, and a task per
+       shard joins its pieces in split order (:func:`_write_kept`; no text goes through a
+       shuffle); with the ``perplexity`` step the scored lines are numbered and shuffled to a
+       task per shard.  Shards are written into ``.work/spark/`` (atomically), then renamed
+       into the output folder by the driver, ``report.json`` last.
 
 Local inputs and the output folder must be paths every executor can read and write (the
 local filesystem in local mode; a shared mount such as NFS or OBS through obsfs on a
-cluster); the staging folder lives in the output folder.  A job that fails or is killed
+cluster); the staging folder lives in the output folder.  The JVM boots in a thread while the driver checks the
+steps' models; the engine uses a SparkContext (the RDD API), not a SparkSession.  A job that fails or is killed
 leaves no ``report.json``; running it again with the same inputs and config starts it
 afresh and writes the same output (the shards of the broken run are removed first; those
 it had renamed into place were complete).
@@ -63,6 +71,7 @@ import os
 import pickle
 import shutil
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -76,7 +85,7 @@ from naohai.data.score import QUANTILES, perplexities, quantiles, score_ids
 from naohai.data.clean_config import CleanConfig
 from naohai.data import hadoop_inputs
 from naohai.data.reader import (Problem, Split, byte_ranges, count_newlines, fingerprint, is_uri, read_split,
-                                 resolve_inputs)
+                                 resolve_inputs, splittable)
 from naohai.data.rundir import atomic_write, finished_report, prepare_run_dir, remove_outputs, write_report
 from naohai.errors import UserError
 
@@ -86,7 +95,9 @@ KEYS = ".keys"             # beside a split's survivors: their dedup keys (a pic
 _FAILED = "a step failed on the documents"
 DRIVER_LINKS = 1_000_000   # up to this many LSH bucket members / links, near dedup's clusters are found on the driver
 DRIVER_DROPS = 1_000_000   # up to this many duplicates of a step, their keys are broadcast (else joined)
-SPLIT_BYTES = 128 << 20    # a .jsonl file larger than this is read by several tasks (an HDFS block's size)
+SPLIT_BYTES = 128 << 20    # the largest split of a .jsonl file without --split-mb (an HDFS block's size)
+MIN_SPLIT_BYTES = 1 << 20  # the smallest split without --split-mb
+TASKS_PER_SLOT = 16        # without --split-mb, the local .jsonl inputs are cut into about this many splits per task slot
 SCORE_CHUNK = 1024         # documents a Python worker tokenises and scores at a time (perplexity step)
 DRIVER_SCORES = 10_000_000  # up to this many perplexities, the report's quantiles are computed on the driver
 DRIVER_DOCS = 200_000      # up to this many survivors of the per-document steps, both dedup steps run on the driver
@@ -101,12 +112,15 @@ def _require_pyspark():
                         key="--engine") from None
 
 
-def spark_session(master: str, conf: Optional[Dict[str, str]] = None):
-    """A SparkSession for ``master`` (an existing one is reused): local masters on loopback, no web UI."""
+def spark_context(master: str, conf: Optional[Dict[str, str]] = None):
+    """A SparkContext for ``master`` (an existing one is reused): local masters on loopback, no web UI.
+
+    The engine uses the RDD API only, so no SparkSession: on this project's 2-core VM a SparkContext is up in
+    about 2.8 s, a SparkSession in about 4.8 s (its SQL state, and pandas imported on the driver)."""
     _require_pyspark()
-    from pyspark.sql import SparkSession
-    builder = SparkSession.builder.appName("naohai data clean").master(master)
-    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.driver.memory": "1g",
+    from pyspark import SparkConf, SparkContext
+    settings = {"spark.app.name": "naohai data clean", "spark.master": master,
+                "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.driver.memory": "1g",
                 "spark.python.worker.reuse": "true", "spark.python.daemon.module": "naohai.data.spark_daemon"}
     if master.startswith("local"):
         # the driver JVM is the executor too; its JIT limited to the quick compiler (C1): the JVM only moves keys
@@ -118,17 +132,55 @@ def spark_session(master: str, conf: Optional[Dict[str, str]] = None):
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings.update(conf or {})
+    sconf = SparkConf()
     for k, v in settings.items():
-        builder = builder.config(k, v)
+        sconf.set(k, v)
     try:
-        spark = builder.getOrCreate()
+        sc = SparkContext.getOrCreate(sconf)
     except Exception as exc:   # no Java, a bad master URL: say so in one paragraph
         first = (str(exc).strip().splitlines() or [""])[0]
         raise UserError(f"Spark did not start ({type(exc).__name__}: {first}); the Spark engine needs a Java "
                         "runtime (JAVA_HOME or java on PATH) and a valid master URL",
                         where="command line", key="--master") from None
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    sc.setLogLevel("ERROR")
+    return sc
+
+
+class _Boot:
+    """The run's SparkContext, started in a thread (:meth:`start`) so that the JVM boots while the driver does
+    its own checks; :meth:`context` waits for it, :meth:`stop` stops it unless it was there before."""
+
+    def __init__(self, master: str, conf: Optional[Dict[str, str]]):
+        self.master, self.conf = master, conf
+        self.thread: Optional[threading.Thread] = None
+        self.sc = self.error = None
+        self.had = False
+
+    def start(self) -> None:
+        if self.thread is None:
+            from pyspark import SparkContext
+            self.had = SparkContext._active_spark_context is not None
+            self.thread = threading.Thread(target=self._boot, name="naohai-spark-boot", daemon=True)
+            self.thread.start()
+
+    def _boot(self) -> None:
+        try:
+            self.sc = spark_context(self.master, self.conf)
+        except BaseException as exc:      # raised in the driver's thread by context()
+            self.error = exc
+
+    def context(self):
+        self.start()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.sc
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            if self.sc is not None and not self.had:
+                self.sc.stop()
 
 
 # --------------------------------------------------------------------------- stage 1 (executors)
@@ -229,12 +281,24 @@ def _keys(staging: str, split: tuple) -> List[tuple]:
         return pickle.load(fh)
 
 
-def _stage1(sc, files: Sequence[str], cfg: CleanConfig, staging: str, split_bytes: int):
+def split_size(files: Sequence[str], slots: int) -> int:
+    """The split size of the local ``.jsonl`` inputs when none is given: their bytes over ``TASKS_PER_SLOT`` splits
+    per task slot, within [MIN_SPLIT_BYTES, SPLIT_BYTES].  Small splits keep every slot busy to the end of stage 1:
+    with one 6 MB file a task (50 MB in 8 files, local[2]), one slot sat idle for the last 2 of 45 s; Spark SQL
+    sizes its file splits from the bytes per core too, at one split per core."""
+    total = sum(os.path.getsize(f) for f in files if not is_uri(f) and splittable(f))
+    return int(min(SPLIT_BYTES, max(MIN_SPLIT_BYTES, total // max(1, slots * TASKS_PER_SLOT))))
+
+
+def _stage1(sc, files: Sequence[str], cfg: CleanConfig, staging: str, split_bytes: Optional[int]):
     """Every input split, in input order, as (file number, split number, path, :class:`Split`, or None for a
     Hadoop path's), and stage 1's RDD over them.  A local file's newline counts, which number the lines of
-    its later ranges, are taken by one Spark task per range; a Hadoop path's by its own counting job."""
+    its later ranges, are taken by one Spark task per range; a Hadoop path's by its own counting job.
+    ``split_bytes`` None: :func:`split_size` for the local files, SPLIT_BYTES for Hadoop paths."""
+    local_split = split_bytes or split_size(files, sc.defaultParallelism)
+    split_bytes = split_bytes or SPLIT_BYTES
     ranges = [(fi, si, path, a, b) for fi, path in enumerate(files) if not is_uri(path)
-              for si, (a, b) in enumerate(byte_ranges(path, split_bytes))]
+              for si, (a, b) in enumerate(byte_ranges(path, local_split))]
     counted = [r for r in ranges if r[4] is not None]          # the last range of a file numbers nothing
     counts = (dict(zip([r[:2] for r in counted],
                        sc.parallelize(counted, len(counted)).map(lambda r: count_newlines(r[2], r[3], r[4]))
@@ -616,7 +680,7 @@ def _write_kept(sc, docs, kept_at: Optional[Dict[int, List[int]]], splits: Seque
 # --------------------------------------------------------------------------- the run
 def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master: str = "local[*]",
                 conf: Optional[Dict[str, str]] = None, restart: bool = False, progress: bool = True,
-                timings: Optional[Dict[str, float]] = None, split_bytes: int = SPLIT_BYTES,
+                timings: Optional[Dict[str, float]] = None, split_bytes: Optional[int] = None,
                 lm_factory: Optional[Callable[[], Any]] = None) -> Dict[str, Any]:
     """:func:`naohai.data.clean.clean` on Spark: the same output shards and report, whatever ``split_bytes``.
 
@@ -625,33 +689,29 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
     seconds of each phase (``run/bench_clean.py``)."""
     if cfg.perplexity.enabled and lm_factory is None:
         raise ValueError("the perplexity step is enabled: pass lm_factory")
-    if isinstance(split_bytes, bool) or not isinstance(split_bytes, int) or split_bytes < 1:
+    if split_bytes is not None and (isinstance(split_bytes, bool) or not isinstance(split_bytes, int)
+                                    or split_bytes < 1):
         raise UserError(f"must be a positive size, got {split_bytes!r} bytes", where="command line",
                         key="--split-mb")
     _require_pyspark()
     if not inputs:
         resolve_inputs(inputs)  # its one message for no input at all
     local = {i: resolve_inputs([item]) for i, item in enumerate(inputs) if not is_uri(item)}  # before Spark starts
-    _Models(cfg)               # a missing language / classifier model or blocklist: the same
     out_dir = os.path.abspath(out_dir)
-    session: Dict[str, Any] = {}
-
-    def context():             # started once needed: a finished run of local inputs needs no JVM
-        if "spark" not in session:
-            session["had"] = _active_session()
-            session["spark"] = spark_session(master, conf)
-        return session["spark"].sparkContext
+    boot = _Boot(master, conf)  # started once needed: a finished run of local inputs needs no JVM
     try:
-        files, stamps = _inputs(inputs, local, context)
+        files, stamps = _inputs(inputs, local, boot.context)
         work = prepare_run_dir(out_dir, _plan(files, cfg, stamps), restart, "naohai data clean",
                                "a clean run with another config or other inputs (changed files?)")
         done = finished_report(out_dir)
         if done is not None:
             return done
+        boot.start()           # the JVM boots while the driver checks the steps' models and lists the splits
+        _Models(cfg)           # a missing language / classifier model or blocklist: the local engine's message
         staging = os.path.join(work, STAGING)
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
-        report = _run(context(), files, out_dir, staging, cfg, timings if timings is not None else {},
+        report = _run(boot.context, files, out_dir, staging, cfg, timings if timings is not None else {},
                       split_bytes, lm_factory)
     except Exception as exc:   # a step failed on a document: name the documents, keep nothing half-written
         said = [ln.strip() for ln in str(exc).splitlines() if _FAILED in ln]
@@ -660,8 +720,7 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         raise UserError(said[-1][said[-1].index(_FAILED):] + "; nothing was written to --out, and running again "
                         "starts afresh", where=out_dir, key="--out") from None
     finally:
-        if "spark" in session and not session["had"]:
-            session["spark"].stop()
+        boot.stop()
     write_report(out_dir, report)
     shutil.rmtree(staging, ignore_errors=True)
     return report
@@ -682,14 +741,10 @@ def _inputs(inputs: Sequence[str], local: Dict[int, List[str]], context) -> tupl
     return files, stamps
 
 
-def _active_session() -> bool:
-    from pyspark.sql import SparkSession
-    return SparkSession.getActiveSession() is not None
-
-
-def _run(sc, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, timings: Dict[str, float],
-         split_bytes: int, lm_factory: Optional[Callable[[], Any]]) -> Dict[str, Any]:
+def _run(context, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, timings: Dict[str, float],
+         split_bytes: Optional[int], lm_factory: Optional[Callable[[], Any]]) -> Dict[str, Any]:
     from pyspark import StorageLevel
+    sc = context()
     clock = [time.perf_counter()]
 
     def phase(name):

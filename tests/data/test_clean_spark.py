@@ -18,7 +18,7 @@ from naohai.data import dedup
 from naohai.data.clean import clean, output_files
 from naohai.data.clean_config import load_clean_config
 from naohai.data.reader import byte_ranges
-from naohai.data.spark_engine import clean_spark, connected_components, spark_session
+from naohai.data.spark_engine import clean_spark, connected_components, spark_context, split_size
 from tests.data import planted
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,9 +26,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def spark():
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
+    sc = spark_context("local[2]")
+    yield sc
+    sc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_hadoop_paths_read_like_local_files(spark, corpus, tmp_path):
     dist, local = json.loads(json.dumps(dist).replace("file://", "")), json.loads(json.dumps(local))
     assert dist["output"].pop("bytes") == local["output"].pop("bytes") + len("file://") * local["output"]["documents"]
     assert dist == local                       # every count, reason, sample (its place), problem and warning
-    sc = spark.sparkContext
+    sc = spark
     listed = resolve_uri(sc, "file://" + str(tmp_path / "in"))
     assert [u.split(":", 1)[1].lstrip("/") for u in listed] == sorted(p.lstrip("/") for p in inputs)
     assert len(resolve_uri(sc, "file://" + str(tmp_path / "in" / "in*.jsonl*"))) == 3
@@ -139,7 +139,7 @@ def test_python_workers_are_forked_from_the_preloading_daemon(spark):
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
             parent = fh.read().replace(b"\0", b" ").decode()
         return parent, bool(jieba.dt.initialized)
-    for parent, loaded in spark.sparkContext.parallelize(range(4), 2).map(origin).collect():
+    for parent, loaded in spark.parallelize(range(4), 2).map(origin).collect():
         assert "naohai.data.spark_daemon" in parent and loaded
 
 
@@ -147,11 +147,11 @@ def test_distributed_components_equal_union_find(spark):
     rng = random.Random(5)
     edges = [(rng.randrange(300), rng.randrange(300)) for _ in range(260)]
     edges += [(i, i + 1) for i in range(400, 460)]          # a long chain: several star rounds
-    got = dict(connected_components(spark.sparkContext.parallelize(edges, 3), 4).collect())
+    got = dict(connected_components(spark.parallelize(edges, 3), 4).collect())
     assert got == dedup.cluster_drops(edges)
     keys = [(f"{rng.getrandbits(64):016x}", 0, i) for i in range(50)]     # order keys, as the engine uses them
     edges = [(rng.choice(keys), rng.choice(keys)) for _ in range(40)]
-    got = dict(connected_components(spark.sparkContext.parallelize(edges, 2), 2).collect())
+    got = dict(connected_components(spark.parallelize(edges, 2), 2).collect())
     assert got == dedup.cluster_drops(edges)
 
 
@@ -164,7 +164,7 @@ def test_quantiles_from_order_statistics_equal_numpy(spark, monkeypatch):
     rng = np.random.default_rng(3)
     for n in (1, 2, 7, 1000):
         values = list(np.exp(rng.normal(3.0, 1.0, n)))
-        rdd = spark.sparkContext.parallelize(values, 3)
+        rdd = spark.parallelize(values, 3)
         monkeypatch.setattr(spark_engine, "DRIVER_SCORES", 0)
         on_cluster = spark_engine.distributed_quantiles(rdd, n)
         monkeypatch.setattr(spark_engine, "DRIVER_SCORES", 10 ** 9)
@@ -245,3 +245,20 @@ def test_a_step_crashing_on_a_document_is_named_and_nothing_is_written(corpus, t
     assert f"{path}:1 .. {path}:40" in last and "MemoryError: injected" in last and "--out" in last
     assert "Py4JJavaError" not in res.stderr        # no driver traceback
     assert not (out / "report.json").exists() and not output_files(out)
+
+
+def test_split_size_cuts_the_local_jsonl_bytes_into_many_splits_per_slot(tmp_path):
+    """Without --split-mb: 16 splits per task slot over the splittable (.jsonl) bytes only, from 1 MB to 128 MB."""
+    def sparse(name, size):
+        path = tmp_path / name
+        with open(path, "wb") as fh:
+            fh.truncate(size)
+        return str(path)
+    mb = 1 << 20
+    jsonl = [sparse(f"in{k}.jsonl", 20 * mb) for k in range(3)]
+    others = [sparse("big.jsonl.gz", 900 * mb), sparse("big.txt", 900 * mb), "hdfs://nn/corpus/big.jsonl"]
+    assert split_size(jsonl + others, 2) == (60 * mb) // 32
+    assert all(len(byte_ranges(p, split_size(jsonl, 2))) == 11 for p in jsonl)     # 32 splits and change
+    assert split_size(jsonl, 1000) == mb                                           # floor
+    assert split_size([sparse("huge.jsonl", 300 << 30)], 4) == 128 * mb              # an HDFS block at most
+    assert split_size(others, 2) == mb
