@@ -69,6 +69,7 @@ import math
 import heapq
 import os
 import pickle
+import re
 import shutil
 import sys
 import threading
@@ -290,24 +291,48 @@ def split_size(files: Sequence[str], slots: int) -> int:
     return int(min(SPLIT_BYTES, max(MIN_SPLIT_BYTES, total // max(1, slots * TASKS_PER_SLOT))))
 
 
-def _stage1(sc, files: Sequence[str], cfg: CleanConfig, staging: str, split_bytes: Optional[int]):
-    """Every input split, in input order, as (file number, split number, path, :class:`Split`, or None for a
-    Hadoop path's), and stage 1's RDD over them.  A local file's newline counts, which number the lines of
-    its later ranges, are taken by one Spark task per range; a Hadoop path's by its own counting job.
-    ``split_bytes`` None: :func:`split_size` for the local files, SPLIT_BYTES for Hadoop paths."""
-    local_split = split_bytes or split_size(files, sc.defaultParallelism)
-    split_bytes = split_bytes or SPLIT_BYTES
+def local_slots(master: str) -> Optional[int]:
+    """The task slots of a local master (``local`` 1, ``local[N]`` and ``local[N,F]`` N, ``local[*]`` the cores);
+    None for any other master."""
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if m is None:
+        return None
+    return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1) or 1)
+
+
+def _local_splits(files: Sequence[str], split_bytes: int, count: Callable[[List[tuple]], List[int]]):
+    """{file number: [(file number, split number, path, :class:`Split`)]} of the local files in ``split_bytes``
+    ranges; ``count(ranges)`` gives the newline counts of the ranges that end before their file does (they
+    number the lines of the ranges after them)."""
     ranges = [(fi, si, path, a, b) for fi, path in enumerate(files) if not is_uri(path)
-              for si, (a, b) in enumerate(byte_ranges(path, local_split))]
+              for si, (a, b) in enumerate(byte_ranges(path, split_bytes))]
     counted = [r for r in ranges if r[4] is not None]          # the last range of a file numbers nothing
-    counts = (dict(zip([r[:2] for r in counted],
-                       sc.parallelize(counted, len(counted)).map(lambda r: count_newlines(r[2], r[3], r[4]))
-                       .collect())) if counted else {})
-    local, before = {}, {}
+    counts = dict(zip([r[:2] for r in counted], count(counted))) if counted else {}
+    local: Dict[int, List[tuple]] = {}
+    before: Dict[int, int] = {}
     for fi, si, path, a, b in ranges:
         n = before.get(fi, 0)
         local.setdefault(fi, []).append((fi, si, path, Split(a, b, n)))
         before[fi] = n + counts.get((fi, si), 0)
+    return local
+
+
+def _count_here(ranges: List[tuple]) -> List[int]:
+    return [count_newlines(path, a, b) for _, _, path, a, b in ranges]
+
+
+def _stage1(sc, files: Sequence[str], cfg: CleanConfig, staging: str, split_bytes: Optional[int],
+            local: Optional[Dict[int, List[tuple]]] = None):
+    """Every input split, in input order, as (file number, split number, path, :class:`Split`, or None for a
+    Hadoop path's), and stage 1's RDD over them.  ``local``: the local files' splits as :func:`_local_splits`
+    gives them, when the driver has cut and counted them already (a local master); else their newline counts
+    are taken by one Spark task per range.  A Hadoop path's lines are numbered by its own counting job.
+    ``split_bytes`` None: :func:`split_size` for the local files, SPLIT_BYTES for Hadoop paths."""
+    if local is None:
+        local = _local_splits(files, split_bytes or split_size(files, sc.defaultParallelism),
+                              lambda ranges: sc.parallelize(ranges, len(ranges))
+                              .map(lambda r: count_newlines(r[2], r[3], r[4])).collect())
+    split_bytes = split_bytes or SPLIT_BYTES
     lines = {fi: hadoop_inputs.numbered_lines(sc, path, split_bytes) for fi, path in enumerate(files) if is_uri(path)}
     splits = []
     for fi, path in enumerate(files):
@@ -711,7 +736,7 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         staging = os.path.join(work, STAGING)
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
-        report = _run(boot.context, files, out_dir, staging, cfg, timings if timings is not None else {},
+        report = _run(boot.context, master, files, out_dir, staging, cfg, timings if timings is not None else {},
                       split_bytes, lm_factory)
     except Exception as exc:   # a step failed on a document: name the documents, keep nothing half-written
         said = [ln.strip() for ln in str(exc).splitlines() if _FAILED in ln]
@@ -741,9 +766,14 @@ def _inputs(inputs: Sequence[str], local: Dict[int, List[str]], context) -> tupl
     return files, stamps
 
 
-def _run(context, files: List[str], out_dir: str, staging: str, cfg: CleanConfig, timings: Dict[str, float],
-         split_bytes: Optional[int], lm_factory: Optional[Callable[[], Any]]) -> Dict[str, Any]:
+def _run(context, master: str, files: List[str], out_dir: str, staging: str, cfg: CleanConfig,
+         timings: Dict[str, float], split_bytes: Optional[int], lm_factory: Optional[Callable[[], Any]]
+         ) -> Dict[str, Any]:
     from pyspark import StorageLevel
+    slots = local_slots(master)
+    local = None
+    if slots is not None:      # the executors read this machine's disks: the driver cuts and counts while the JVM boots
+        local = _local_splits(files, split_bytes or split_size(files, slots), _count_here)
     sc = context()
     clock = [time.perf_counter()]
 
@@ -753,7 +783,7 @@ def _run(context, files: List[str], out_dir: str, staging: str, cfg: CleanConfig
         clock[0] = now
     parts = max(2, sc.defaultParallelism * 2)
     os.makedirs(os.path.join(staging, DOCS), exist_ok=True)
-    splits, stage1 = _stage1(sc, files, cfg, staging, split_bytes)
+    splits, stage1 = _stage1(sc, files, cfg, staging, split_bytes, local)
     meta = stage1.collect()
     phase("read + per-document steps + signatures")
 

@@ -18,7 +18,7 @@ from naohai.data import dedup
 from naohai.data.clean import clean, output_files
 from naohai.data.clean_config import load_clean_config
 from naohai.data.reader import byte_ranges
-from naohai.data.spark_engine import clean_spark, connected_components, spark_context, split_size
+from naohai.data.spark_engine import clean_spark, connected_components, local_slots, spark_context, split_size
 from tests.data import planted
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -90,8 +90,10 @@ def test_spark_engine_writes_what_the_local_engine_writes(spark, corpus, tmp_pat
     dist = clean_spark(inputs, str(tmp_path / "spark2"), cfg, master="local[2]")
     assert shards(tmp_path / "local2") == shards(tmp_path / "spark2") and local == dist
     # and with the duplicates found on the cluster (past the driver's limits: drops joined, near links by star
-    # rounds, the kept places grouped by split with a shuffle)
+    # rounds, the kept places grouped by split with a shuffle), the ranges' newlines counted by a Spark job as
+    # for a cluster master
     from naohai.data import spark_engine
+    monkeypatch.setattr(spark_engine, "local_slots", lambda master: None)
     monkeypatch.setattr(spark_engine, "DRIVER_DOCS", 0)
     monkeypatch.setattr(spark_engine, "DRIVER_DROPS", 0)
     monkeypatch.setattr(spark_engine, "DRIVER_LINKS", 0)
@@ -262,3 +264,9 @@ def test_split_size_cuts_the_local_jsonl_bytes_into_many_splits_per_slot(tmp_pat
     assert split_size(jsonl, 1000) == mb                                           # floor
     assert split_size([sparse("huge.jsonl", 300 << 30)], 4) == 128 * mb              # an HDFS block at most
     assert split_size(others, 2) == mb
+
+
+def test_local_slots_of_master_urls():
+    assert [local_slots(m) for m in ("local", "local[3]", "local[2,4]", "local[*]")] == [1, 3, 2, os.cpu_count()]
+    assert [local_slots(m) for m in ("yarn", "spark://h:7077", "k8s://https://h:6443", "local-cluster[2,1,1024]")] \
+        == [None] * 4
