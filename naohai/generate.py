@@ -1,7 +1,10 @@
 """Text generation from a checkpoint: greedy, temperature, top-k, top-p, repetition penalties.
 
 Generation keeps a key/value cache (:class:`CachedDecoder`): the prompt is run
-once, then each step feeds only the newest token and attends over the cached
+once (op by op on a decoder's first call, then through a compiled pass,
+:class:`~naohai.model.transformer.PromptStep`, the prompts left-padded to a
+multiple of 32 tokens so that similar lengths share a compile), then each step
+feeds only the newest token and attends over the cached
 keys and values, so a step's work does not grow with the window's recompute.  The
 cache has a fixed size (the prompt plus the new tokens, rounded up to 128 columns)
 and the step is one compiled graph (:class:`~naohai.model.transformer.DecodeStep`)
@@ -109,11 +112,24 @@ class CachedDecoder:
     #: one compiled decode step
     CACHE_BUCKET = 128
 
-    def _run(self, ids: np.ndarray, positions: np.ndarray, bias: np.ndarray, cache):
+    #: prompts are left-padded to a multiple of this many tokens, so calls of similar lengths share one
+    #: compiled prompt pass
+    PROMPT_BUCKET = 32
+
+    def _prompt_run(self, ids: np.ndarray, positions: np.ndarray, bias: np.ndarray):
+        """The prompt pass: (logits of the last position [b, vocab], keys, values per layer).  A decoder's first
+        call runs it op by op, so a one-shot ``naohai generate`` compiles nothing but its decode step; later
+        calls go through the compiled :class:`~naohai.model.transformer.PromptStep` (the same numbers, bit for
+        bit on CPU: ``tests/test_generate.py``), once per padded prompt shape."""
         from mindspore import Tensor
-        logits, cache = self.model.step(Tensor(ids.astype(np.int32)), Tensor(positions.astype(np.int32)),
-                                        Tensor(bias), cache)
-        return logits.asnumpy(), cache
+        args = Tensor(ids.astype(np.int32)), Tensor(positions.astype(np.int32)), Tensor(bias)
+        if getattr(self, "_prompt", None) is None:
+            from naohai.model.transformer import PromptStep
+            self._prompt = PromptStep(self.model)
+            logits, cache = self.model.step(*args)
+            return logits.asnumpy()[:, -1], tuple(k for k, _ in cache), tuple(v for _, v in cache)
+        last, keys, values = self._prompt(*args)
+        return last.asnumpy(), keys, values
 
     def _decode_step(self):
         from naohai.model.transformer import DecodeStep
@@ -121,11 +137,11 @@ class CachedDecoder:
             self._decode = DecodeStep(self.model)
         return self._decode
 
-    def _fixed_cache(self, cache, size: int):
+    def _fixed_cache(self, keys, values, size: int):
         """The prompt's keys/values [b, nkv, T, d] per layer, zero-padded to ``size`` columns."""
         from mindspore import Tensor
         pad = lambda x: Tensor(np.pad(x.asnumpy(), ((0, 0), (0, 0), (0, size - x.shape[2]), (0, 0))))
-        return tuple(pad(k) for k, _ in cache), tuple(pad(v) for _, v in cache)
+        return tuple(pad(k) for k in keys), tuple(pad(v) for v in values)
 
     def _decode_run(self, ids, positions, bias, column: int, keys, values):
         """One new token per row through the compiled fixed-cache step; ``bias`` covers the
@@ -152,19 +168,19 @@ class CachedDecoder:
         cfg.validate()
         limit = self.cfg.positions - self.virtual          # the virtual positions come first
         prompts = [list(p)[-(limit - 1):] or [self.pad_id] for p in prompts]
-        b, longest = len(prompts), max(len(p) for p in prompts)
+        b, bucket = len(prompts), self.PROMPT_BUCKET
+        longest = -(-max(len(p) for p in prompts) // bucket) * bucket     # every row left-padded to the bucket
         pads = [longest - len(p) for p in prompts]
         ids = np.full((b, longest), self.pad_id, np.int64)
         for r, p in enumerate(prompts):
             ids[r, pads[r]:] = p
         positions = np.maximum(np.arange(longest)[None] - np.asarray(pads)[:, None], 0)
-        logits, cache = self._run(ids, positions, step_bias(self.cfg, pads, 0, longest), None)
-        last = logits[:, -1]
+        last, keys, values = self._prompt_run(ids, positions, step_bias(self.cfg, pads, 0, longest))
         bucket = self.CACHE_BUCKET
         # the cache holds what can be generated: the request, but never past the model's window (generation
         # stops there), so a huge --max-new-tokens cannot allocate more than one window of keys and values
         needed = self.virtual + min(longest + cfg.max_new_tokens, limit + min(pads) + 1)
-        keys, values = self._fixed_cache(cache, -(-needed // bucket) * bucket)
+        keys, values = self._fixed_cache(keys, values, -(-needed // bucket) * bucket)
         rng = np.random.default_rng(cfg.seed)
         counts = np.zeros((b, vocab), np.int64)
         out: List[List[int]] = [[] for _ in range(b)]

@@ -197,3 +197,46 @@ def test_cached_generation_of_every_finetune_method_equals_full_recompute():
         for prompt, got in zip(prompts, batch):
             want = _greedy_by_recompute(model, cfg, prompt, 6, 1)
             assert got == want, (ft.method, cfg.position, prompt, got, want)
+
+
+def test_compiled_prompt_pass_equals_the_op_by_op_one_bit_for_bit():
+    """A decoder's first prompt pass runs op by op, later ones through the compiled PromptStep: on CPU both give
+    the same last logits and keys/values, exactly, for each tiny family (PanGu's query layer, PengCheng-Mind,
+    ALiBi with grouped keys/values) and for prefix tuning's virtual columns (on PanGu); and a decoder's first and later
+    calls generate the same tokens."""
+    import dataclasses
+
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from naohai.config import FinetuneConfig
+    from naohai.generate import CachedDecoder, step_bias
+    from naohai.model.finetune import apply_finetune, method_params
+    from naohai.model.transformer import NaohaiLM, PromptStep
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    rng = np.random.default_rng(0)
+    models = list(_tiny_models())
+    for k, cfg in enumerate(models + [models[0]]):
+        if k == len(models):      # prefix tuning: n virtual columns before the prompt's
+            cfg = dataclasses.replace(cfg, max_positions=cfg.seq_length + 8)
+        model = NaohaiLM(cfg, seed=k)
+        if k == len(models):
+            apply_finetune(model, FinetuneConfig(method="prefix", num_virtual_tokens=3), seed=0)
+            for p in method_params(model):
+                p.set_data(Tensor(rng.normal(0, 0.5, p.shape).astype(np.float32)))
+        model.set_train(False)
+        pads = [9, 8, 20]                          # at most 24 real tokens: the window
+        ids = rng.integers(2, cfg.vocab_size, (3, 32)).astype(np.int32)
+        positions = np.maximum(np.arange(32)[None] - np.asarray(pads)[:, None], 0).astype(np.int32)
+        bias = step_bias(cfg, pads, 0, 32)
+        logits, cache = model.step(Tensor(ids), Tensor(positions), Tensor(bias))
+        last, keys, values = PromptStep(model)(Tensor(ids), Tensor(positions), Tensor(bias))
+        assert np.array_equal(logits.asnumpy()[:, -1], last.asnumpy()), cfg.position
+        for (k0, v0), k1, v1 in zip(cache, keys, values):
+            assert np.array_equal(k0.asnumpy(), k1.asnumpy()) and np.array_equal(v0.asnumpy(), v1.asnumpy())
+        dec = CachedDecoder(model, cfg, pad_id=1)
+        greedy = SamplingConfig(max_new_tokens=5, temperature=0)
+        prompts = [[5, 9, 11, 7, 20, 13], [8, 30]]
+        first = dec.generate_ids(prompts, greedy, cfg.vocab_size)
+        assert dec.generate_ids(prompts, greedy, cfg.vocab_size) == first

@@ -312,6 +312,23 @@ class DecodeStep(nn.Cell):
         return logits, tuple(k for k, _ in cache), tuple(v for _, v in cache)
 
 
+class PromptStep(nn.Cell):
+    """The prompt pass of cached generation, compiled (graph mode, also when called from PyNative):
+    ``construct(ids [b, t], positions [b, t], bias [b, 1, t, t])`` -> (logits of the last position [b, vocab],
+    keys, values) with ``keys``/``values`` tuples of [b, nkv, n + t, d] per layer (n virtual columns first with
+    prefix / prompt tuning, as :meth:`NaohaiLM.step` makes them).  It compiles once per shape: the caller pads
+    prompts to a few lengths."""
+
+    def __init__(self, lm: NaohaiLM):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+
+    @ms.jit
+    def construct(self, ids, positions, bias):
+        logits, cache = self.lm.step(ids, positions, bias)
+        return logits[:, -1], tuple(k for k, _ in cache), tuple(v for _, v in cache)
+
+
 class TokenNLLNet(nn.Cell):
     """Wraps a model for scoring: ``construct(input_ids [b, s], labels [b, s]) -> [b, s]`` float32
     ``-log p(label | inputs up to it)``, the softmax over the padded vocabulary as in the model's loss."""
