@@ -168,8 +168,8 @@ class CachedDecoder:
         cfg.validate()
         limit = self.cfg.positions - self.virtual          # the virtual positions come first
         prompts = [list(p)[-(limit - 1):] or [self.pad_id] for p in prompts]
-        b, bucket = len(prompts), self.PROMPT_BUCKET
-        longest = -(-max(len(p) for p in prompts) // bucket) * bucket     # every row left-padded to the bucket
+        b, step = len(prompts), self.PROMPT_BUCKET
+        longest = -(-max(len(p) for p in prompts) // step) * step         # every row left-padded to the bucket
         pads = [longest - len(p) for p in prompts]
         ids = np.full((b, longest), self.pad_id, np.int64)
         for r, p in enumerate(prompts):

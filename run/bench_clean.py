@@ -292,6 +292,7 @@ def _timed_job(spec, tmp):
 
 
 def engines(args):
+    from naohai.data.spark_engine import local_slots
     tmp = args.keep or tempfile.mkdtemp()
     os.makedirs(tmp, exist_ok=True)
     try:
@@ -311,7 +312,7 @@ def engines(args):
         for r in range(args.rounds):
             for engine, master in runs:
                 name = f"local, {args.workers} workers" if engine == "local" else f"Spark {master}"
-                cores = args.workers if engine == "local" else _cores(master)
+                cores = args.workers if engine == "local" else (local_slots(master) or 1)
                 out = ref if engine == "local" else os.path.join(tmp, "out-" + master.replace("[", "").replace("]", ""))
                 shutil.rmtree(out, ignore_errors=True)
                 spec = {"engine": engine, "master": master, "inputs": inputs, "out": out, "workers": args.workers,
@@ -337,12 +338,6 @@ def engines(args):
     finally:
         if not args.keep:
             shutil.rmtree(tmp)
-
-
-def _cores(master: str) -> int:
-    """The task slots of a local master: local -> 1, local[N] -> N, local[*] -> the machine's cores."""
-    inner = master[len("local["):-1] if master.startswith("local[") else "1"
-    return os.cpu_count() if inner.split(",")[0] == "*" else int(inner.split(",")[0])
 
 
 def _random_doc(rng, words, hanzi):
