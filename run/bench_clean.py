@@ -223,11 +223,11 @@ def run_job(spec_path):
     else:
         from pyspark import SparkContext
 
-        from naohai.data import spark_engine
+        from naohai.data import spark_driver, spark_engine
         from naohai.data.spark_engine import clean_spark
         if "driver_docs" in spec:
             spark_engine.DRIVER_DOCS = spec["driver_docs"]
-        boot, stop, seen = spark_engine.spark_context, spark_engine._Boot.stop, {}
+        boot, stop, seen = spark_driver.spark_context, spark_driver.Boot.stop, {}
 
         def timed_boot(*args, **kwargs):     # clean_spark starts the JVM beside its own checks: time it there
             t0 = time.perf_counter()
@@ -240,7 +240,7 @@ def run_job(spec_path):
                 seen.update(shuffle=shuffle_bytes(self.sc), cpu=_process_tree_cpu(SparkContext._gateway.proc.pid),
                             proc=SparkContext._gateway.proc)
             stop(self)
-        spark_engine.spark_context, spark_engine._Boot.stop = timed_boot, measured_stop
+        spark_driver.spark_context, spark_driver.Boot.stop = timed_boot, measured_stop
         clean_spark(spec["inputs"], spec["out"], cfg, master=spec["master"], timings=timings,
                     split_bytes=int(spec["split_mb"] * (1 << 20)) if spec.get("split_mb") else None)
         shuffled, cpu = seen["shuffle"], seen["cpu"]
@@ -326,7 +326,8 @@ def engines(args):
                 else:
                     verdict = "identical" if _same(ref, out) and report == local else "DIFFERENT"
                 walls.setdefault(name, []).append((wall, cores))
-                phases = ", ".join(f"{k} {v:.1f}" for k, v in job["timings"].items()) or "-"
+                phases = ", ".join(f"{k} {v:g}" if "splits" in k else f"{k} {v:.1f}"
+                                   for k, v in job["timings"].items()) or "-"
                 shuffled = f"{job['shuffle'] / 1e6:.1f} MB" if engine == "spark" else "-"
                 print(f"| {r + 1} | {name} | {wall:.1f} | {mbps(nbytes, wall):.3f} | {mbps(nbytes, wall) / cores:.3f} | "
                       f"{cpu:.1f} | {mbps(nbytes, cpu):.3f} | {shuffled} | {verdict} | {phases} | {_load()} |",
@@ -383,7 +384,7 @@ def near_scale(args, tmp):
         shutil.rmtree(out, ignore_errors=True)
         wall, cpu, job = _timed_job({"engine": engine, "master": master, "inputs": inputs, "out": out,
                                      "workers": args.workers, "dedup_only": True, **extra}, tmp)
-        phases = ", ".join(f"{k} {v:.1f} s" for k, v in job["timings"].items())
+        phases = ", ".join(f"{k} {v:g}" if "splits" in k else f"{k} {v:.1f} s" for k, v in job["timings"].items())
         print(f"{engine if engine == 'local' else 'Spark ' + master}"
               + (" (dedup on the cluster)" if extra else "") + f": wall {wall:.1f} s"
               + (f", CPU {cpu:.1f} s" if engine == "local" else "")

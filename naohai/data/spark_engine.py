@@ -8,13 +8,13 @@ plus a Java runtime); ``--master`` is any Spark master URL (``local[N]``, ``yarn
 without the web UI, so nothing listens beyond loopback.
 
 How it runs (RDD API; every rule is the local engine's own function).  Only the survivors' keys
-travel through Spark's shuffles; their records are written once, by the task that read them,
-to a file per input split in the staging folder, and read back once, to be written out.
+travel through Spark's shuffles; their output lines are written once, by the task that read them,
+to a file per input split in the staging folder, and read back once, to be copied out.
     1. One task per input split reads it with :func:`naohai.data.reader.read_split` (bad
        lines become problems with file and line, as locally), runs
        :func:`naohai.data.clean.filter_documents` on batches of ``batch_docs`` and the
        MinHash signatures of the survivors (:func:`naohai.data.dedup.signatures`), and writes
-       the survivors' records to ``.work/spark/survivors/`` with, beside them, their keys:
+       the survivors' output lines to ``.work/spark/survivors/`` with, beside them, their keys:
        order key (:func:`~naohai.data.dedup.order_key`), exact key, size, place in that file
        and signature.  Spark gets only the step statistics.  An uncompressed ``.jsonl`` file
        larger than the split size is read as byte ranges, each the lines that start in it, by
@@ -56,35 +56,39 @@ to a file per input split in the staging folder, and read back once, to be writt
 
 Local inputs and the output folder must be paths every executor can read and write (the
 local filesystem in local mode; a shared mount such as NFS or OBS through obsfs on a
-cluster); the staging folder lives in the output folder.  The JVM boots in a thread while the driver checks the
-steps' models; the engine uses a SparkContext (the RDD API), not a SparkSession.  A job that fails or is killed
+cluster); the staging folder lives in the output folder.  Spark's start and stop are
+:mod:`naohai.data.spark_driver`'s: the JVM boots in a thread while the driver checks the steps' models; with a
+local master, a forked helper of the driver runs stage 1 on the first splits until Spark's tasks begin (the first
+HEAD_BYTES of the input are cut into SMALL_SPLIT_BYTES splits for it, as are the last TAIL_BYTES, so that no
+slot idles long at the end; a task skips a split the helper claimed); the
+engine uses a SparkContext (the RDD API), not a SparkSession.  A job that fails or is killed
 leaves no ``report.json``; running it again with the same inputs and config starts it
 afresh and writes the same output (the shards of the broken run are removed first; those
 it had renamed into place were complete).
 """
 from __future__ import annotations
 
+import functools
+import heapq
 import json
 import math
-import heapq
 import os
 import pickle
 import re
 import shutil
-import sys
-import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from naohai.data import dedup
+from naohai.data import dedup, quality
 from naohai.data.clean import (MAX_PROBLEMS_LISTED, NO_SCORED_TOKENS, STEPS, StepStats, _Models, _nbytes, _plan,
                                _Problems, _Step, filter_documents, make_report, output_record,
                                perplexity_drop_reason, unit_record)
 from naohai.data.score import QUANTILES, perplexities, quantiles, score_ids
 from naohai.data.clean_config import CleanConfig
 from naohai.data import hadoop_inputs
+from naohai.data.spark_driver import HeadStart, Boot, SPARK, claim, require_pyspark
 from naohai.data.reader import (Problem, Split, byte_ranges, count_newlines, fingerprint, is_uri, read_split,
                                  resolve_inputs, splittable)
 from naohai.data.rundir import atomic_write, finished_report, prepare_run_dir, remove_outputs, write_report
@@ -92,96 +96,20 @@ from naohai.errors import UserError
 
 STAGING = "spark"          # below .work: shards being written
 DOCS = "survivors"         # below STAGING: the survivors of stage 1, a file per input split
+CLAIMS = "claims"        # below STAGING: which splits the driver's head start runs (naohai.data.spark_driver)
 KEYS = ".keys"             # beside a split's survivors: their dedup keys (a pickle)
 _FAILED = "a step failed on the documents"
 DRIVER_LINKS = 1_000_000   # up to this many LSH bucket members / links, near dedup's clusters are found on the driver
 DRIVER_DROPS = 1_000_000   # up to this many duplicates of a step, their keys are broadcast (else joined)
 SPLIT_BYTES = 128 << 20    # the largest split of a .jsonl file without --split-mb (an HDFS block's size)
 MIN_SPLIT_BYTES = 1 << 20  # the smallest split without --split-mb
+HEAD_BYTES = 4 << 20       # with a head start, the first bytes of the input are cut into splits of
+TAIL_BYTES = 4 << 20       # SMALL_SPLIT_BYTES (about 0.4 s of one core each here), and the last ones
+SMALL_SPLIT_BYTES = 256 << 10
 TASKS_PER_SLOT = 16        # without --split-mb, the local .jsonl inputs are cut into about this many splits per task slot
 SCORE_CHUNK = 1024         # documents a Python worker tokenises and scores at a time (perplexity step)
 DRIVER_SCORES = 10_000_000  # up to this many perplexities, the report's quantiles are computed on the driver
 DRIVER_DOCS = 200_000      # up to this many survivors of the per-document steps, both dedup steps run on the driver
-
-
-def _require_pyspark():
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        raise UserError("the Spark engine needs PySpark and a Java runtime: pip install -e \".[spark]\" and a JRE "
-                        "(e.g. apt-get install openjdk-17-jre-headless)", where="command line",
-                        key="--engine") from None
-
-
-def spark_context(master: str, conf: Optional[Dict[str, str]] = None):
-    """A SparkContext for ``master`` (an existing one is reused): local masters on loopback, no web UI.
-
-    The engine uses the RDD API only, so no SparkSession: on this project's 2-core VM a SparkContext is up in
-    about 2.8 s, a SparkSession in about 4.8 s (its SQL state, and pandas imported on the driver)."""
-    _require_pyspark()
-    from pyspark import SparkConf, SparkContext
-    settings = {"spark.app.name": "naohai data clean", "spark.master": master,
-                "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.driver.memory": "1g",
-                "spark.python.worker.reuse": "true", "spark.python.daemon.module": "naohai.data.spark_daemon"}
-    if master.startswith("local"):
-        # the driver JVM is the executor too; its JIT limited to the quick compiler (C1): the JVM only moves keys
-        # and bytes here, and C2's compiles took 4 of its 10 CPU-seconds at start and 40% of them during a
-        # 10 MB clean, on the cores the Python workers need
-        settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"})
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)      # executors: this interpreter
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    settings.update(conf or {})
-    sconf = SparkConf()
-    for k, v in settings.items():
-        sconf.set(k, v)
-    try:
-        sc = SparkContext.getOrCreate(sconf)
-    except Exception as exc:   # no Java, a bad master URL: say so in one paragraph
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise UserError(f"Spark did not start ({type(exc).__name__}: {first}); the Spark engine needs a Java "
-                        "runtime (JAVA_HOME or java on PATH) and a valid master URL",
-                        where="command line", key="--master") from None
-    sc.setLogLevel("ERROR")
-    return sc
-
-
-class _Boot:
-    """The run's SparkContext, started in a thread (:meth:`start`) so that the JVM boots while the driver does
-    its own checks; :meth:`context` waits for it, :meth:`stop` stops it unless it was there before."""
-
-    def __init__(self, master: str, conf: Optional[Dict[str, str]]):
-        self.master, self.conf = master, conf
-        self.thread: Optional[threading.Thread] = None
-        self.sc = self.error = None
-        self.had = False
-
-    def start(self) -> None:
-        if self.thread is None:
-            from pyspark import SparkContext
-            self.had = SparkContext._active_spark_context is not None
-            self.thread = threading.Thread(target=self._boot, name="naohai-spark-boot", daemon=True)
-            self.thread.start()
-
-    def _boot(self) -> None:
-        try:
-            self.sc = spark_context(self.master, self.conf)
-        except BaseException as exc:      # raised in the driver's thread by context()
-            self.error = exc
-
-    def context(self):
-        self.start()
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.sc
-
-    def stop(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-            if self.sc is not None and not self.had:
-                self.sc.stop()
 
 
 # --------------------------------------------------------------------------- stage 1 (executors)
@@ -201,13 +129,28 @@ def _survivors_path(staging: str, fi: int, si: int) -> str:
     return os.path.join(staging, DOCS, f"split-{fi:06d}-{si:06d}.jsonl")
 
 
-def _survivors(staging: str, split: tuple, keep) -> Iterator[tuple]:
-    """(index, record) of the survivors of one input split (``split`` as listed by :func:`_stage1`) whose
+def _survivor_lines(staging: str, split: tuple, keep) -> Iterator[tuple]:
+    """(index, output line) of the survivors of one input split (``split`` as listed by :func:`_stage1`) whose
     index in the split's file is in ``keep``, in input order."""
     with open(_survivors_path(staging, *split[:2]), "r", encoding="utf-8") as fh:
         for k, line in enumerate(fh):
             if k in keep:
-                yield k, json.loads(line)
+                yield k, line
+
+
+def _survivors(staging: str, split: tuple, keep, cfg: CleanConfig) -> Iterator[tuple]:
+    """(index, record) of those survivors: their text, place (``where``) and parsed output line (``out``)."""
+    for k, line in _survivor_lines(staging, split, keep):
+        out = json.loads(line)
+        yield k, {"text": out[cfg.text_key], "where": out["naohai"]["source"], "out": out}
+
+
+def _scored_line(rec: Dict[str, Any], perplexity: float) -> str:
+    """A survivor's output line with its perplexity: :func:`~naohai.data.clean.output_record`'s, byte for byte
+    (the parsed line keeps its keys' order; the perplexity comes last in ``naohai``)."""
+    out = rec["out"]
+    out["naohai"]["perplexity"] = round(perplexity, 4)
+    return json.dumps(out, ensure_ascii=False) + "\n"
 
 
 def _line(where: str) -> int:
@@ -215,18 +158,34 @@ def _line(where: str) -> int:
     return int(where.rsplit(":", 1)[1])
 
 
-def _read_split(cfg: CleanConfig, staging: str, item) -> Iterator[tuple]:
-    """:func:`_survive` on a local file's split: item = (split, (file, split in file, path, :class:`Split`))."""
+def _read_split(cfg: CleanConfig, staging: str, item, claims: Optional[str] = None) -> Iterator[tuple]:
+    """:func:`_survive` on a local file's split: item = (split, (file, split in file, path, :class:`Split`));
+    nothing when ``claims`` (the head start's folder) shows that the driver's head start runs it."""
     split, (fi, si, path, part) = item
+    if claims is not None and not claim(claims, split, SPARK):
+        return iter(())
     return _survive(cfg, staging, split, fi, si, read_split(path, part, cfg.text_key, cfg.max_line_bytes))
 
 
+def _run_split(cfg: CleanConfig, staging: str, item) -> List[tuple]:
+    """:func:`_read_split` run to its end (the driver's head start)."""
+    return list(_read_split(cfg, staging, item))
+
+
+def _prepare(cfg: CleanConfig) -> None:
+    """What a Python worker loads before its first split: the steps' models and jieba's dictionary."""
+    _models(cfg)
+    if cfg.quality.enabled:
+        quality.load_segmenter()
+
+
 def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, records) -> Iterator[tuple]:
-    """One input split (its records and problems) through the per-document steps.  The survivors' records go to the
-    split's file in the staging folder (:func:`_survivors_path`, one :func:`~naohai.data.clean.unit_record` a line,
-    in input order) and their keys, (order key, exact key, bytes, (split, index in its file), signature) per
-    survivor, to the keys file beside it (:func:`_keys`); Spark gets only ('steps', ((file, split, batch),
-    stats)) per batch and one ('read', ((file, split), docs, bytes, problems, survivors)) at the end."""
+    """One input split (its records and problems) through the per-document steps.  The survivors' output lines
+    (:func:`~naohai.data.clean.output_record`'s: the last stage copies the kept ones without parsing them) go to
+    the split's file in the staging folder (:func:`_survivors_path`, in input order) and their keys, (order key,
+    exact key, bytes, (split, index in its file), signature) per survivor, to the keys file beside it
+    (:func:`_keys`); Spark gets only ('steps', ((file, split, batch), stats)) per batch and one ('read', ((file,
+    split), docs, bytes, problems, survivors)) at the end."""
     models = _models(cfg)
     problems = _Problems()
     docs_in = bytes_in = 0
@@ -244,7 +203,7 @@ def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, recor
             raise RuntimeError(f"{_FAILED} {batch[0][1]} .. {batch[-1][1]}: {type(exc).__name__}: {exc}") from exc
         for k, sig in zip(kept, sigs):
             rec = unit_record(*k, cfg)
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            fh.write(output_record(rec, cfg))
             keys.append((dedup.order_key(k[0], fi, _line(k[1])), rec["key"], _nbytes(k[0]), (split, len(keys)), sig))
         return "steps", ((fi, si, nbatch), {name: st.s.as_dict() for name, st in steps.items()})
 
@@ -300,12 +259,27 @@ def local_slots(master: str) -> Optional[int]:
     return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1) or 1)
 
 
-def _local_splits(files: Sequence[str], split_bytes: int, count: Callable[[List[tuple]], List[int]]):
+def _local_splits(files: Sequence[str], split_bytes: int, count: Callable[[List[tuple]], List[int]],
+                  head_bytes: int = 0, tail_bytes: int = 0):
     """{file number: [(file number, split number, path, :class:`Split`)]} of the local files in ``split_bytes``
-    ranges; ``count(ranges)`` gives the newline counts of the ranges that end before their file does (they
-    number the lines of the ranges after them)."""
-    ranges = [(fi, si, path, a, b) for fi, path in enumerate(files) if not is_uri(path)
-              for si, (a, b) in enumerate(byte_ranges(path, split_bytes))]
+    ranges, those that hold some of the first ``head_bytes`` or of the last ``tail_bytes`` of the splittable input
+    cut into ranges of SMALL_SPLIT_BYTES (the head start's, which ends with the split it runs when Spark's tasks
+    begin; the last tasks', so that no slot idles long at the end); ``count(ranges)`` gives the newline counts of
+    the ranges that end before their file does (they number the lines of the ranges after them)."""
+    local_files = [(fi, path) for fi, path in enumerate(files) if not is_uri(path)]
+    total = sum(os.path.getsize(path) for _, path in local_files if splittable(path))
+    ranges, at = [], 0
+    for fi, path in local_files:
+        size, cut = os.path.getsize(path), []
+        for a, b in byte_ranges(path, split_bytes):
+            end = size if b is None else b
+            if splittable(path) and (at + a < head_bytes or at + end > total - tail_bytes):
+                cut += [(x, min(x + SMALL_SPLIT_BYTES, end)) for x in range(a, end, SMALL_SPLIT_BYTES)]
+                cut[-1] = (cut[-1][0], b)
+            else:
+                cut.append((a, b))
+        at += size if splittable(path) else 0
+        ranges += [(fi, si, path, a, b) for si, (a, b) in enumerate(cut)]
     counted = [r for r in ranges if r[4] is not None]          # the last range of a file numbers nothing
     counts = dict(zip([r[:2] for r in counted], count(counted))) if counted else {}
     local: Dict[int, List[tuple]] = {}
@@ -322,12 +296,13 @@ def _count_here(ranges: List[tuple]) -> List[int]:
 
 
 def _stage1(sc, files: Sequence[str], cfg: CleanConfig, staging: str, split_bytes: Optional[int],
-            local: Optional[Dict[int, List[tuple]]] = None):
+            local: Optional[Dict[int, List[tuple]]] = None, claims: Optional[str] = None):
     """Every input split, in input order, as (file number, split number, path, :class:`Split`, or None for a
     Hadoop path's), and stage 1's RDD over them.  ``local``: the local files' splits as :func:`_local_splits`
     gives them, when the driver has cut and counted them already (a local master); else their newline counts
     are taken by one Spark task per range.  A Hadoop path's lines are numbered by its own counting job.
-    ``split_bytes`` None: :func:`split_size` for the local files, SPLIT_BYTES for Hadoop paths."""
+    ``split_bytes`` None: :func:`split_size` for the local files, SPLIT_BYTES for Hadoop paths.  ``claims``: the
+    claims folder of the driver's head start (the tasks skip the splits it claimed)."""
     if local is None:
         local = _local_splits(files, split_bytes or split_size(files, sc.defaultParallelism),
                               lambda ranges: sc.parallelize(ranges, len(ranges))
@@ -341,7 +316,7 @@ def _stage1(sc, files: Sequence[str], cfg: CleanConfig, staging: str, split_byte
     rdds = []
     items = [(n, s) for n, s in enumerate(splits) if s[3] is not None]
     if items:
-        rdds.append(sc.parallelize(items, len(items)).flatMap(lambda item: _read_split(cfg, staging, item)))
+        rdds.append(sc.parallelize(items, len(items)).flatMap(lambda item: _read_split(cfg, staging, item, claims)))
     for fi, rdd in lines.items():
         first = next(n for n, s in enumerate(splits) if s[0] == fi)
 
@@ -357,13 +332,15 @@ def _position(doc) -> tuple:
     return doc[0][1:]
 
 
-def _records_at(staging: str, splits: Sequence[tuple], locs: Sequence[tuple]) -> List[Dict[str, Any]]:
+def _records_at(staging: str, splits: Sequence[tuple], locs: Sequence[tuple], cfg: CleanConfig
+                ) -> List[Dict[str, Any]]:
     """The records of the survivors at ``locs`` ((split, index in its file), as in stage 1's keys), read on the
     driver from the staging folder (the report's samples: a few documents)."""
     wanted: Dict[int, set] = {}
     for split, k in locs:
         wanted.setdefault(split, set()).add(k)
-    found = {(split, k): rec for split, ks in wanted.items() for k, rec in _survivors(staging, splits[split], ks)}
+    found = {(split, k): rec for split, ks in wanted.items()
+             for k, rec in _survivors(staging, splits[split], ks, cfg)}
     return [found[tuple(loc)] for loc in locs]
 
 
@@ -612,13 +589,13 @@ def distributed_quantiles(values, count: int) -> Dict[str, float]:
 
 
 # --------------------------------------------------------------------------- output
-def _kept_records(staging: str, splits: Sequence[tuple]):
+def _kept_records(staging: str, splits: Sequence[tuple], cfg: CleanConfig):
     """Partition ``s`` of (split, index) pairs of the kept survivors -> (position, record) of each, read from
     split ``s``'s file of stage 1, in input order."""
     def read(s, items):
         keep = {k for _, k in items}
         if keep:
-            for _, rec in _survivors(staging, splits[s], keep):
+            for _, rec in _survivors(staging, splits[s], keep, cfg):
                 yield (splits[s][0], _line(rec["where"])), rec
     return read
 
@@ -665,7 +642,7 @@ def _write_kept(sc, docs, kept_at: Optional[Dict[int, List[int]]], splits: Seque
         s, ks = item
         made, shard, fh, tmp = [], None, None, None
         try:
-            for j, (_, rec) in enumerate(_survivors(staging, splits[s], set(ks))):
+            for j, (_, line) in enumerate(_survivor_lines(staging, splits[s], set(ks))):
                 k = (first[s] + j) // n
                 if k != shard:
                     if fh is not None:
@@ -675,7 +652,7 @@ def _write_kept(sc, docs, kept_at: Optional[Dict[int, List[int]]], splits: Seque
                     made.append((k, s, os.path.join(staging, f"piece-{k:05d}-{s:06d}.jsonl")))
                     tmp = f"{made[-1][2]}.tmp-{os.getpid()}"
                     fh = open(tmp, "w", encoding="utf-8")
-                fh.write(output_record(rec, cfg))
+                fh.write(line)
             if fh is not None:
                 fh.close()
                 os.replace(tmp, made[-1][2])
@@ -718,12 +695,13 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
                                     or split_bytes < 1):
         raise UserError(f"must be a positive size, got {split_bytes!r} bytes", where="command line",
                         key="--split-mb")
-    _require_pyspark()
+    require_pyspark()
     if not inputs:
         resolve_inputs(inputs)  # its one message for no input at all
     local = {i: resolve_inputs([item]) for i, item in enumerate(inputs) if not is_uri(item)}  # before Spark starts
     out_dir = os.path.abspath(out_dir)
-    boot = _Boot(master, conf)  # started once needed: a finished run of local inputs needs no JVM
+    boot = Boot(master, conf)  # started once needed: a finished run of local inputs needs no JVM
+    head = None
     try:
         files, stamps = _inputs(inputs, local, boot.context)
         work = prepare_run_dir(out_dir, _plan(files, cfg, stamps), restart, "naohai data clean",
@@ -731,13 +709,16 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         done = finished_report(out_dir)
         if done is not None:
             return done
-        boot.start()           # the JVM boots while the driver checks the steps' models and lists the splits
-        _Models(cfg)           # a missing language / classifier model or blocklist: the local engine's message
         staging = os.path.join(work, STAGING)
         shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging)
+        os.makedirs(os.path.join(staging, DOCS))
+        if local_slots(master) is not None and boot.thread is None:   # forked before the JVM's threads exist
+            head = HeadStart(functools.partial(_prepare, cfg), functools.partial(_run_split, cfg, staging),
+                             os.path.join(staging, CLAIMS))
+        boot.start()           # the JVM boots while the driver checks the steps' models and lists the splits
+        _Models(cfg)           # a missing language / classifier model or blocklist: the local engine's message
         report = _run(boot.context, master, files, out_dir, staging, cfg, timings if timings is not None else {},
-                      split_bytes, lm_factory)
+                      split_bytes, lm_factory, head)
     except Exception as exc:   # a step failed on a document: name the documents, keep nothing half-written
         said = [ln.strip() for ln in str(exc).splitlines() if _FAILED in ln]
         if not said:
@@ -745,6 +726,8 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         raise UserError(said[-1][said[-1].index(_FAILED):] + "; nothing was written to --out, and running again "
                         "starts afresh", where=out_dir, key="--out") from None
     finally:
+        if head is not None:
+            head.end()
         boot.stop()
     write_report(out_dir, report)
     shutil.rmtree(staging, ignore_errors=True)
@@ -767,13 +750,16 @@ def _inputs(inputs: Sequence[str], local: Dict[int, List[str]], context) -> tupl
 
 
 def _run(context, master: str, files: List[str], out_dir: str, staging: str, cfg: CleanConfig,
-         timings: Dict[str, float], split_bytes: Optional[int], lm_factory: Optional[Callable[[], Any]]
-         ) -> Dict[str, Any]:
+         timings: Dict[str, float], split_bytes: Optional[int], lm_factory: Optional[Callable[[], Any]],
+         head: Optional[HeadStart] = None) -> Dict[str, Any]:
     from pyspark import StorageLevel
     slots = local_slots(master)
     local = None
     if slots is not None:      # the executors read this machine's disks: the driver cuts and counts while the JVM boots
-        local = _local_splits(files, split_bytes or split_size(files, slots), _count_here)
+        local = _local_splits(files, split_bytes or split_size(files, slots), _count_here,
+                              HEAD_BYTES if head is not None else 0, TAIL_BYTES)
+        if head is not None:   # all inputs are local: the splits in _stage1's order and numbers
+            head.begin(list(enumerate(s for fi in range(len(files)) for s in local[fi])))
     sc = context()
     clock = [time.perf_counter()]
 
@@ -782,9 +768,12 @@ def _run(context, master: str, files: List[str], out_dir: str, staging: str, cfg
         timings[name] = now - clock[0]
         clock[0] = now
     parts = max(2, sc.defaultParallelism * 2)
-    os.makedirs(os.path.join(staging, DOCS), exist_ok=True)
-    splits, stage1 = _stage1(sc, files, cfg, staging, split_bytes, local)
+    splits, stage1 = _stage1(sc, files, cfg, staging, split_bytes, local, head and head.claims)
     meta = stage1.collect()
+    if head is not None:       # what the driver's head start ran while Spark started
+        ran = head.results()
+        meta += [m for ms in ran.values() for m in ms]
+        timings["splits run by the driver's head start"] = len(ran)
     phase("read + per-document steps + signatures")
 
     read, problems, survivors = StepStats(), _Problems(), 0
@@ -802,7 +791,7 @@ def _run(context, master: str, files: List[str], out_dir: str, staging: str, cfg
             steps[name].merge(st, cfg.samples)
 
     def records(locs):
-        return _records_at(staging, splits, locs)
+        return _records_at(staging, splits, locs, cfg)
     kept_at = None                      # split -> the indexes of its kept survivors, when known on the driver
     docs = held = None                  # the survivors' keys as an RDD, when the dedup runs on the cluster
     if (cfg.exact_dedup.enabled or cfg.near_dedup.enabled) and survivors <= DRIVER_DOCS:
@@ -835,7 +824,7 @@ def _run(context, master: str, files: List[str], out_dir: str, staging: str, cfg
     # order), scored, then numbered and cut into shards
     kept = (docs.map(lambda d: d[3]) if kept_at is None
             else sc.parallelize([(s, k) for s, ks in sorted(kept_at.items()) for k in ks], len(splits)))
-    survivors = kept.partitionBy(len(splits), lambda s: s).mapPartitionsWithIndex(_kept_records(staging, splits))
+    survivors = kept.partitionBy(len(splits), lambda s: s).mapPartitionsWithIndex(_kept_records(staging, splits, cfg))
     scored = survivors.mapPartitions(_score_partition(cfg, lm_factory)).persist(StorageLevel.MEMORY_AND_DISK)
     per = steps["perplexity"] = _perplexity_stats(scored, cfg)
     scored_quantiles = distributed_quantiles(scored.map(lambda t: t[2]).filter(math.isfinite),
@@ -844,7 +833,7 @@ def _run(context, master: str, files: List[str], out_dir: str, staging: str, cfg
     limit = cfg.perplexity.max
     written = per.kept
     numbered = (scored.filter(lambda t: perplexity_drop_reason(t[2], limit) is None)
-                .map(lambda t: output_record(t[1], cfg, t[2])).zipWithIndex().map(lambda li: (li[1], li[0])))
+                .map(lambda t: _scored_line(t[1], t[2])).zipWithIndex().map(lambda li: (li[1], li[0])))
     phase("perplexity")
     shards = -(-written // n)
     if shards:

@@ -18,7 +18,8 @@ from naohai.data import dedup
 from naohai.data.clean import clean, output_files
 from naohai.data.clean_config import load_clean_config
 from naohai.data.reader import byte_ranges
-from naohai.data.spark_engine import clean_spark, connected_components, local_slots, spark_context, split_size
+from naohai.data.spark_driver import spark_context, stop_context
+from naohai.data.spark_engine import clean_spark, connected_components, local_slots, split_size
 from tests.data import planted
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def spark():
     sc = spark_context("local[2]")
     yield sc
-    sc.stop()
+    stop_context(sc)
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +248,135 @@ def test_a_step_crashing_on_a_document_is_named_and_nothing_is_written(corpus, t
     assert f"{path}:1 .. {path}:40" in last and "MemoryError: injected" in last and "--out" in last
     assert "Py4JJavaError" not in res.stderr        # no driver traceback
     assert not (out / "report.json").exists() and not output_files(out)
+
+
+def test_head_start_runs_the_first_splits_while_spark_starts(spark, corpus, tmp_path, monkeypatch):
+    """A JVM slow to boot (up until the helper has claimed 3 splits) and a helper slowed to a split in 0.2 s: the
+    driver's forked helper runs the first splits meanwhile, Spark's tasks the others, and the output is the local
+    engine's."""
+    from naohai.data import spark_driver, spark_engine
+    inputs = write_inputs(corpus, tmp_path / "in")
+    cfg = config()
+    local = clean(inputs, str(tmp_path / "local"), cfg, workers=1, progress=False)
+    real = spark_driver.spark_context
+    claims = tmp_path / "spark" / ".work" / "spark" / "claims"
+
+    def slow(*args, **kwargs):
+        deadline = time.time() + 60
+        while time.time() < deadline and not (claims.is_dir() and len(os.listdir(claims)) >= 3):
+            time.sleep(0.01)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(spark_driver, "spark_context", slow)
+    run_split = spark_engine._run_split
+
+    def slow_split(*args):                   # the helper's function (Spark's tasks run _read_split)
+        time.sleep(0.2)
+        return run_split(*args)
+    monkeypatch.setattr(spark_engine, "_run_split", slow_split)
+    timings = {}
+    dist = clean_spark(inputs, str(tmp_path / "spark"), cfg, master="local[2]", split_bytes=4096, timings=timings)
+    splits = sum(len(byte_ranges(p, 4096)) for p in inputs)
+    assert 3 <= timings["splits run by the driver's head start"] < splits
+    assert shards(tmp_path / "local") == shards(tmp_path / "spark") and local == dist
+
+
+def test_claims_give_each_split_to_one_runner(tmp_path):
+    from naohai.data.spark_driver import HEAD, SPARK, claim
+    assert claim(str(tmp_path), 0, HEAD) and not claim(str(tmp_path), 0, SPARK)     # the helper's: tasks skip it
+    assert claim(str(tmp_path), 1, SPARK) and not claim(str(tmp_path), 1, HEAD)     # Spark's: the helper stops
+    assert claim(str(tmp_path), 1, SPARK)                                           # a retried task runs it again
+
+
+def test_class_archive_written_by_the_first_jvm_and_used_by_the_next(tmp_path):
+    """A fresh process (so a JVM of its own) with an empty cache: its first local context's JVM writes the class
+    archive when the driver ends it; the next JVM maps it and runs jobs as before."""
+    script = (
+        "from naohai.data.spark_driver import spark_context, stop_context\n"
+        "for _ in range(2):\n"
+        "    sc = spark_context('local[2]')\n"
+        "    print(sc.getConf().get('spark.driver.extraJavaOptions'), sc.parallelize(range(10), 2).sum(), flush=True)\n"
+        "    stop_context(sc)\n")
+    env = dict(os.environ, PYTHONPATH=REPO, XDG_CACHE_HOME=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    first, second = res.stdout.strip().splitlines()[-2:]
+    folder = tmp_path / "naohai" / "spark-cds"
+    archives = [p for p in os.listdir(folder) if p.endswith(".jsa")]
+    assert len(archives) == 1 and sorted(os.listdir(folder)) == [archives[0], archives[0] + ".size"]
+    path = folder / archives[0]
+    assert "-XX:ArchiveClassesAtExit=" in first and first.endswith(" 45")
+    assert f"-XX:SharedArchiveFile={path}" in second and second.endswith(" 45")
+    assert int((folder / (archives[0] + ".size")).read_text()) == os.path.getsize(path) > 10 << 20
+
+
+def test_class_archive_of_another_size_is_written_again(tmp_path, monkeypatch):
+    """A truncated archive would crash the JVM (SIGBUS in Java 17): one whose size is not the recorded one is not
+    used; it is written again instead."""
+    from naohai.data.spark_driver import ClassArchive
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    archive = ClassArchive.of_this_spark("-XX:TieredStopAtLevel=1")
+    assert archive.dumping and archive.options()[0].startswith("-XX:ArchiveClassesAtExit=")
+    with open(archive.path, "wb") as fh:
+        fh.write(b"x" * 1000)
+    with open(archive.path + ".size", "w") as fh:
+        fh.write("2000")
+    assert ClassArchive(archive.path).dumping
+    with open(archive.path + ".size", "w") as fh:
+        fh.write("1000")
+    again = ClassArchive.of_this_spark("-XX:TieredStopAtLevel=1")
+    assert again.path == archive.path and not again.dumping
+    assert again.options()[0] == f"-XX:SharedArchiveFile={archive.path}"
+    assert ClassArchive.of_this_spark("-Xmx1g").path != archive.path        # other options, another archive
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
+    assert ClassArchive.of_this_spark("-XX:TieredStopAtLevel=1") is None     # no release file: no archive
+
+
+def test_daemon_imports_the_installed_pyspark_instead_of_sparks_zips(tmp_path):
+    """Spark's zips go first on the workers' path; the daemon drops them only for the same versions installed."""
+    import zipfile
+
+    import py4j
+    import pyspark
+
+    from naohai.data.spark_daemon import without_spark_zips
+
+    def zipped(name, pkg, version_py):
+        path = str(tmp_path / name)
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr(f"{pkg}/version.py", version_py)
+        return path
+    same = {pkg: open(os.path.join(os.path.dirname(mod.__file__), "version.py"), "rb").read()
+            for pkg, mod in (("pyspark", pyspark), ("py4j", py4j))}
+    zips = [zipped("pyspark.zip", "pyspark", same["pyspark"]), zipped("py4j-0-src.zip", "py4j", same["py4j"])]
+    site = os.path.dirname(os.path.dirname(pyspark.__file__))
+    assert without_spark_zips(zips + ["/elsewhere", site]) == ["/elsewhere", site]
+    other = zipped("pyspark-old.zip", "pyspark", b"__version__ = '0.1'\n")
+    assert without_spark_zips([other, zips[1], site]) == [other, zips[1], site]
+    assert without_spark_zips(zips + ["/elsewhere"]) == zips + ["/elsewhere"]      # not installed: the zips stay
+
+
+def test_local_splits_cut_the_head_and_the_tail_of_the_input_small(tmp_path):
+    """Three 1.5 MB files in 1 MB splits, the ranges that hold the first 600 KB or the last 300 KB of the input
+    in SMALL_SPLIT_BYTES ones: every line read once, with its line number in its file, whatever split it falls
+    in."""
+    from naohai.data import spark_engine
+    from naohai.data.reader import read_inputs, read_split
+    files, rng = [], random.Random(3)
+    for k in range(3):
+        path = tmp_path / f"in{k}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            while fh.tell() < 1_500_000:
+                fh.write(json.dumps({"text": "x" * rng.randint(10, 3000)}) + "\n")
+        files.append(str(path))
+    small = spark_engine.SMALL_SPLIT_BYTES
+    local = spark_engine._local_splits(files, 1 << 20, spark_engine._count_here, 600 << 10, 300 << 10)
+    sizes = {fi: [(s[3].end or os.path.getsize(files[fi])) - s[3].start for s in splits]
+             for fi, splits in local.items()}
+    assert sizes[0][:4] == [small] * 4 and sizes[0][4] > small            # the first MB cut small, the rest not
+    assert sizes[1] == [1 << 20, os.path.getsize(files[1]) - (1 << 20)]  # the middle file untouched
+    assert all(n <= small for n in sizes[2][1:]) and sizes[2][0] == 1 << 20
+    got = [(r.where, r.text) for fi in range(3) for s in local[fi] for r in read_split(files[fi], s[3])]
+    assert got == [(r.where, r.text) for r in read_inputs(files)]
 
 
 def test_split_size_cuts_the_local_jsonl_bytes_into_many_splits_per_slot(tmp_path):

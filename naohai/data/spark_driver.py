@@ -1,0 +1,316 @@
+"""The Spark engine's driver around Spark itself: start a SparkContext (a local master's JVM with the class-data
+archive of this Java and Spark, :class:`ClassArchive`), boot it in a thread while the driver does its own checks
+(:class:`Boot`), run the first input splits in a forked helper while Spark starts (:class:`HeadStart`, local
+masters only), and stop it without PySpark's idle wait (:func:`stop_context`).
+
+Why a head start: on this project's 2-core VM a local master's JVM boots in about 3 s at about 1.2 cores, and
+Spark's Python daemon then needs about 1 s at one core before its workers run; the local engine's workers run
+after about 1.5 s.  The helper, at the lowest priority (so that the JVM's boot keeps the CPU it can use), runs
+the same function as Spark's tasks on the first splits meanwhile.  Every split is run once: the helper and
+Spark's tasks claim a split by creating its claim file (exclusive create, :func:`claim`); a Spark task that finds
+the helper's claim skips its split, and the helper stops at the first split Spark has claimed, after the one it
+is running (the engine cuts the head of the input into small splits for that).  The helper's results (what those
+tasks would have returned) are merged with Spark's by the driver; if it fails, the run fails as if a task had.
+"""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from naohai.data.rundir import atomic_write_text
+from naohai.errors import UserError
+
+NICE = 19           # the helper's niceness: the JVM's boot (which can use more than a core) keeps its CPU
+HEAD = b"head"      # a claim file's content: the driver's helper runs the split
+SPARK = b"spark"    # a Spark task runs it
+
+
+def require_pyspark() -> None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise UserError("the Spark engine needs PySpark and a Java runtime: pip install -e \".[spark]\" and a JRE "
+                        "(e.g. apt-get install openjdk-17-jre-headless)", where="command line",
+                        key="--engine") from None
+
+
+def spark_context(master: str, conf: Optional[Dict[str, str]] = None):
+    """A SparkContext for ``master`` (an existing one is reused): local masters on loopback, no web UI.
+
+    The engine uses the RDD API only, so no SparkSession: on this project's 2-core VM a SparkContext is up in
+    about 2.8 s, a SparkSession in about 4.8 s (its SQL state, and pandas imported on the driver)."""
+    require_pyspark()
+    from pyspark import SparkConf, SparkContext
+    settings = {"spark.app.name": "naohai data clean", "spark.master": master,
+                "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.driver.memory": "1g",
+                "spark.python.worker.reuse": "true", "spark.python.daemon.module": "naohai.data.spark_daemon"}
+    archive = None
+    if master.startswith("local"):
+        # the driver JVM is the executor too; its JIT limited to the quick compiler (C1): the JVM only moves keys
+        # and bytes here, and C2's compiles took 4 of its 10 CPU-seconds at start and 40% of them during a
+        # 10 MB clean, on the cores the Python workers need
+        options = "-XX:TieredStopAtLevel=1"
+        if "spark.driver.extraJavaOptions" not in (conf or {}):
+            archive = ClassArchive.of_this_spark(options)
+        settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                         "spark.driver.extraJavaOptions": " ".join([options] + (archive.options() if archive
+                                                                               else []))})
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)      # executors: this interpreter
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings.update(conf or {})
+    sconf = SparkConf()
+    for k, v in settings.items():
+        sconf.set(k, v)
+    launches = SparkContext._gateway is None      # else the JVM of an earlier context runs this one
+    try:
+        sc = SparkContext.getOrCreate(sconf)
+    except Exception as exc:   # no Java, a bad master URL: say so in one paragraph
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"Spark did not start ({type(exc).__name__}: {first}); the Spark engine needs a Java "
+                        "runtime (JAVA_HOME or java on PATH) and a valid master URL",
+                        where="command line", key="--master") from None
+    sc.setLogLevel("ERROR")
+    if launches:
+        sc._naohai_archive = archive if archive is not None and archive.dumping else None
+    return sc
+
+
+def stop_context(sc) -> None:
+    """``sc.stop()`` without its idle second: PySpark's stop waits for its accumulator server's request handler,
+    which polls the JVM's connection once a second (0.9 of its 1.0 s, measured).  The JVM side is stopped first,
+    as PySpark does; the server (a daemon thread) is then told to end and left to notice on its own.  A JVM that
+    is to write the class archive (:class:`ClassArchive`) is then ended and waited for, and its archive kept."""
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is not None:
+        sc._accumulatorServer = None
+    archive = getattr(sc, "_naohai_archive", None)
+    sc.stop()
+    if server is not None:
+        server.server_shutdown = True
+        server.handle_error = lambda request, address: None   # the JVM's connection closing first: not an error
+        threading.Thread(target=server.shutdown, name="naohai-spark-accumulators", daemon=True).start()
+    if archive is not None:
+        from pyspark import SparkContext
+        gateway = SparkContext._gateway
+        with SparkContext._lock:       # the next SparkContext of this process starts a JVM of its own
+            SparkContext._gateway = SparkContext._jvm = None
+        gateway.shutdown()
+        archive.keep(gateway.proc)
+
+
+class ClassArchive:
+    """The class-data-sharing archive (AppCDS) of a local master's driver JVM, for this Java and Spark: the JVM
+    maps Spark's classes from it instead of loading and verifying them from the jars, which took the context's
+    start from about 2.8 to 1.6 s on this project's VM.  The first local run of a Java and Spark installation has
+    its JVM write the archive when it ends (``-XX:ArchiveClassesAtExit``, Java 13+; Spark 4 needs Java 17): the
+    driver ends that JVM after the run and waits for it (about 6 s more, once), then renames the file into place
+    with its size beside it.  Later runs use it (``-XX:SharedArchiveFile``) when its size is the recorded one: a
+    truncated archive makes Java 17 crash (SIGBUS), a stale one (other jars) is ignored by the JVM.  Archives live
+    in ``$XDG_CACHE_HOME/naohai/spark-cds`` (``~/.cache``), about 70 MB each, named after a hash of the Java
+    release file, Spark's jars (names, sizes, times) and the JVM options.  No archive is used or written when
+    ``--spark-conf spark.driver.extraJavaOptions=...`` is given, when the cache folder cannot be written, or when
+    the Java release is unknown."""
+
+    QUIET = "-Xlog:cds*=off"   # the JVM's notes on classes it cannot archive, or on an archive it cannot use
+
+    def __init__(self, path: str):
+        self.path = path
+        self.dumping = not self.ready()
+        self.tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+
+    @classmethod
+    def of_this_spark(cls, options: str) -> Optional["ClassArchive"]:
+        java_home = _java_home()
+        try:
+            with open(os.path.join(java_home, "release"), "rb") as fh:
+                release = fh.read()
+            import pyspark
+            jars = os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "jars")
+            listing = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(jars))
+            folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "naohai",
+                                  "spark-cds")
+            os.makedirs(folder, exist_ok=True)
+            for e in os.scandir(folder):    # what JVMs killed while writing an archive left (after an hour)
+                if e.name.endswith(".tmp") and time.time() - e.stat().st_mtime > 3600:
+                    os.remove(e.path)
+        except (OSError, TypeError):
+            return None
+        if not os.access(folder, os.W_OK):
+            return None
+        key = hashlib.sha256(repr((release, listing, options)).encode()).hexdigest()[:20]
+        return cls(os.path.join(folder, f"spark-{key}.jsa"))
+
+    def ready(self) -> bool:
+        try:
+            with open(self.path + ".size") as fh:
+                return int(fh.read().strip()) == os.path.getsize(self.path)
+        except (OSError, ValueError):
+            return False
+
+    def options(self) -> List[str]:
+        if self.dumping:
+            return [f"-XX:ArchiveClassesAtExit={self.tmp}", self.QUIET]
+        return [f"-XX:SharedArchiveFile={self.path}", self.QUIET]
+
+    def keep(self, jvm) -> None:
+        """End the JVM (it exits when its stdin closes), wait for its archive, keep it when it exited cleanly."""
+        try:
+            jvm.stdin.close()
+            code = jvm.wait(120)
+            if code == 0 and os.path.getsize(self.tmp) > 0:
+                size = os.path.getsize(self.tmp)
+                os.replace(self.tmp, self.path)
+                atomic_write_text(self.path + ".size", str(size))
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            if os.path.exists(self.tmp):
+                os.remove(self.tmp)
+
+
+def _java_home() -> Optional[str]:
+    """The Java installation spark-submit runs: $JAVA_HOME, else the ``java`` on PATH (links resolved)."""
+    if os.environ.get("JAVA_HOME"):
+        return os.environ["JAVA_HOME"]
+    java = shutil.which("java")
+    return os.path.dirname(os.path.dirname(os.path.realpath(java))) if java else None
+
+
+
+
+class Boot:
+    """The run's SparkContext, started in a thread (:meth:`start`) so that the JVM boots while the driver does
+    its own checks; :meth:`context` waits for it, :meth:`stop` stops it unless it was there before."""
+
+    def __init__(self, master: str, conf: Optional[Dict[str, str]]):
+        self.master, self.conf = master, conf
+        self.thread: Optional[threading.Thread] = None
+        self.sc = self.error = None
+        self.had = False
+
+    def start(self) -> None:
+        if self.thread is None:
+            from pyspark import SparkContext
+            self.had = SparkContext._active_spark_context is not None
+            self.thread = threading.Thread(target=self._boot, name="naohai-spark-boot", daemon=True)
+            self.thread.start()
+
+    def _boot(self) -> None:
+        try:
+            self.sc = spark_context(self.master, self.conf)
+        except BaseException as exc:      # raised in the driver's thread by context()
+            self.error = exc
+
+    def context(self):
+        self.start()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.sc
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            if self.sc is not None and not self.had:
+                stop_context(self.sc)
+
+
+# --------------------------------------------------------------------------- the head start
+def claim_path(claims: str, n: int) -> str:
+    return os.path.join(claims, f"split-{n:06d}")
+
+
+def claim(claims: str, n: int, who: bytes) -> bool:
+    """Claim split ``n`` for ``who`` (HEAD or SPARK): True when ``who`` is to run it.  The first claim wins; a
+    Spark task also runs a split that Spark claimed before (a retried or speculative attempt), never one the
+    head start claimed."""
+    try:
+        fd = os.open(claim_path(claims, n), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        if who == HEAD:
+            return False
+        with open(claim_path(claims, n), "rb") as fh:   # written before the head start's split began
+            return fh.read() != HEAD
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(who)
+    return True
+
+
+def _serve(conn, prepare: Callable[[], None], work: Callable[[Any], List[Any]], claims: str, parent: int) -> None:
+    """The helper process: ``prepare()``, then ``work(item)`` on the items it is sent, (split number, ...) tuples,
+    in order, while it can claim them before Spark does; sends back ('ok', [(split number, work's result)]) or
+    ('error', text)."""
+    from naohai.interrupt import die_with_parent
+    die_with_parent(signal.SIGTERM, parent)
+    os.nice(NICE)
+    done: List[tuple] = []
+    try:
+        prepare()
+        items = conn.recv()
+        for item in items:
+            if not claim(claims, item[0], HEAD):
+                break
+            done.append((item[0], work(item)))
+    except Exception as exc:   # the driver raises it after Spark's stage (the run fails, as if a task had)
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ok", done))
+
+
+class HeadStart:
+    """A forked helper of the driver that runs ``work`` on the first splits while Spark starts (see the module's
+    docstring).  Fork it before any JVM thread exists (:meth:`__init__`), hand it the splits once known
+    (:meth:`begin`), collect what it ran after Spark's stage (:meth:`results`); :meth:`end` stops it whatever
+    happened."""
+
+    def __init__(self, prepare: Callable[[], None], work: Callable[[Any], List[Any]], claims: str):
+        os.makedirs(claims, exist_ok=True)
+        self.claims = claims
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, prepare, work, claims, os.getpid()),
+                                name="naohai-spark-head-start", daemon=True)
+        self.proc.start()
+        child.close()
+        self.begun = False
+
+    def begin(self, items: Sequence[tuple]) -> None:
+        """``items``: (split number, ...) tuples, in the order to take them."""
+        self.begun = True
+        try:
+            self.conn.send(list(items))
+        except OSError:        # the helper has ended (its error is in the pipe): results() raises it
+            pass
+
+    def results(self) -> Dict[int, Any]:
+        """{split number: work's result} of the splits the helper ran; raises what it raised."""
+        if not self.begun:
+            self.begin([])
+        try:
+            kind, got = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the driver's head start (pid {self.proc.pid}) ended without its results "
+                               f"(exit code {self.proc.exitcode})") from None
+        finally:
+            self.end()
+        if kind == "error":
+            raise RuntimeError(got)
+        return dict(got)
+
+    def end(self) -> None:
+        if self.proc.is_alive() and not self.begun:
+            self.conn.send([])
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join()
+        self.conn.close()
