@@ -232,17 +232,21 @@ def claim_path(claims: str, n: int) -> str:
 def claim(claims: str, n: int, who: bytes) -> bool:
     """Claim split ``n`` for ``who`` (HEAD or SPARK): True when ``who`` is to run it.  The first claim wins; a
     Spark task also runs a split that Spark claimed before (a retried or speculative attempt), never one the
-    head start claimed."""
+    head start claimed.  (A hard link: the claims folder is on a local master's own disk.)"""
+    path = claim_path(claims, n)
+    tmp = f"{path}.{who.decode()}-{os.getpid()}-{threading.get_ident()}"
+    with open(tmp, "wb") as fh:
+        fh.write(who)
     try:
-        fd = os.open(claim_path(claims, n), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.link(tmp, path)          # an exclusive create that brings its content: no claim is ever seen empty
+        return True
     except FileExistsError:
         if who == HEAD:
             return False
-        with open(claim_path(claims, n), "rb") as fh:   # written before the head start's split began
+        with open(path, "rb") as fh:
             return fh.read() != HEAD
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(who)
-    return True
+    finally:
+        os.remove(tmp)
 
 
 def _serve(conn, prepare: Callable[[], None], work: Callable[[Any], List[Any]], claims: str, parent: int) -> None:
