@@ -272,7 +272,7 @@ def _serve(conn, prepare: Callable[[], None], work: Callable[[Any], List[Any]], 
 
 class HeadStart:
     """A forked helper of the driver that runs ``work`` on the first splits while Spark starts (see the module's
-    docstring).  Fork it before any JVM thread exists (:meth:`__init__`), hand it the splits once known
+    docstring).  Fork it before the JVM's boot thread starts (:meth:`__init__`), hand it the splits once known
     (:meth:`begin`), collect what it ran after Spark's stage (:meth:`results`); :meth:`end` stops it whatever
     happened."""
 
