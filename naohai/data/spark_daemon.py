@@ -5,12 +5,15 @@ has them (about 0.9 CPU-seconds a worker otherwise, measured on this project's 2
 Spark puts its ``pyspark.zip`` and ``py4j-*-src.zip`` first on the workers' ``PYTHONPATH``; Python compiles
 modules imported from a zip on every start (no bytecode cache), which made this daemon's start 1.5 s instead of
 1.0 s.  When the same versions are installed as packages (``pip install pyspark``, as on a local master), the
-zips are dropped from ``sys.path`` before PySpark is imported; otherwise they stay."""
+zips are dropped from ``sys.path`` before PySpark is imported; otherwise they stay.  PySpark's warning about
+pandas 3 is hidden, as in the driver (:func:`naohai.data.spark_driver.quiet_pyspark`)."""
 import os
 import sys
 import zipfile
 from importlib.machinery import PathFinder
 from typing import List
+
+from naohai.data.spark_driver import quiet_pyspark
 
 
 def without_spark_zips(path: List[str]) -> List[str]:
@@ -36,6 +39,7 @@ def without_spark_zips(path: List[str]) -> List[str]:
 
 
 sys.path[:] = without_spark_zips(sys.path)
+quiet_pyspark()
 
 from pyspark import daemon  # noqa: E402
 

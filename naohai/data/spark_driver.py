@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from naohai.data.rundir import atomic_write_text
@@ -33,7 +34,17 @@ HEAD = b"head"      # a claim file's content: the driver's helper runs the split
 SPARK = b"spark"    # a Spark task runs it
 
 
+PANDAS_NOTE = "PySpark does not yet fully support pandas"   # PySpark 4.x's FutureWarning under pandas 3
+
+
+def quiet_pyspark() -> None:
+    """Hide PySpark's FutureWarning about pandas >= 3: its py4j converters import ``pyspark.testing``, which checks
+    pandas' version and warns, on every run; the engine does not use pandas."""
+    warnings.filterwarnings("ignore", message=PANDAS_NOTE, category=FutureWarning)
+
+
 def require_pyspark() -> None:
+    quiet_pyspark()
     try:
         import pyspark  # noqa: F401
     except ImportError:

@@ -136,14 +136,16 @@ def test_hadoop_paths_read_like_local_files(spark, corpus, tmp_path):
 
 
 def test_python_workers_are_forked_from_the_preloading_daemon(spark):
-    """The workers' parent is naohai's daemon (spark.python.daemon.module), which loaded jieba before forking."""
+    """The workers' parent is naohai's daemon (spark.python.daemon.module), which loaded jieba before forking and
+    imported the installed PySpark, not Spark's zip."""
     def origin(_):             # defined here: Spark ships it by value (this test module is not importable there)
         import jieba
+        import pyspark
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
             parent = fh.read().replace(b"\0", b" ").decode()
-        return parent, bool(jieba.dt.initialized)
-    for parent, loaded in spark.parallelize(range(4), 2).map(origin).collect():
-        assert "naohai.data.spark_daemon" in parent and loaded
+        return parent, bool(jieba.dt.initialized), pyspark.__file__
+    for parent, loaded, where in spark.parallelize(range(4), 2).map(origin).collect():
+        assert "naohai.data.spark_daemon" in parent and loaded and ".zip" not in where
 
 
 def test_distributed_components_equal_union_find(spark):
