@@ -251,6 +251,11 @@ def run_job(spec_path):
     print(json.dumps({"seconds": time.perf_counter() - t, "timings": timings, "shuffle": shuffled, "cpu": cpu}))
 
 
+def _phases(timings: dict, unit: str = "") -> str:
+    """The Spark engine's phases: seconds, and the count of splits its head start ran."""
+    return ", ".join(f"{k} {v:g}" if "splits" in k else f"{k} {v:.1f}{unit}" for k, v in timings.items())
+
+
 def _process_tree_cpu(pid: int) -> float:
     """CPU seconds (user + system, with their waited-for children) of ``pid`` and every live process below it,
     from /proc (0 where it cannot be read)."""
@@ -326,8 +331,7 @@ def engines(args):
                 else:
                     verdict = "identical" if _same(ref, out) and report == local else "DIFFERENT"
                 walls.setdefault(name, []).append((wall, cores))
-                phases = ", ".join(f"{k} {v:g}" if "splits" in k else f"{k} {v:.1f}"
-                                   for k, v in job["timings"].items()) or "-"
+                phases = _phases(job["timings"]) or "-"
                 shuffled = f"{job['shuffle'] / 1e6:.1f} MB" if engine == "spark" else "-"
                 print(f"| {r + 1} | {name} | {wall:.1f} | {mbps(nbytes, wall):.3f} | {mbps(nbytes, wall) / cores:.3f} | "
                       f"{cpu:.1f} | {mbps(nbytes, cpu):.3f} | {shuffled} | {verdict} | {phases} | {_load()} |",
@@ -384,7 +388,7 @@ def near_scale(args, tmp):
         shutil.rmtree(out, ignore_errors=True)
         wall, cpu, job = _timed_job({"engine": engine, "master": master, "inputs": inputs, "out": out,
                                      "workers": args.workers, "dedup_only": True, **extra}, tmp)
-        phases = ", ".join(f"{k} {v:g}" if "splits" in k else f"{k} {v:.1f} s" for k, v in job["timings"].items())
+        phases = _phases(job["timings"], " s")
         print(f"{engine if engine == 'local' else 'Spark ' + master}"
               + (" (dedup on the cluster)" if extra else "") + f": wall {wall:.1f} s"
               + (f", CPU {cpu:.1f} s" if engine == "local" else "")

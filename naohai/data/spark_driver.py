@@ -323,7 +323,10 @@ class HeadStart:
 
     def end(self) -> None:
         if self.proc.is_alive() and not self.begun:
-            self.conn.send([])
+            try:
+                self.conn.send([])
+            except OSError:    # it ended meanwhile: nothing to tell it (end() runs in the engine's finally)
+                pass
         self.proc.join(5)
         if self.proc.is_alive():
             self.proc.terminate()

@@ -273,7 +273,8 @@ def _local_splits(files: Sequence[str], split_bytes: int, count: Callable[[List[
         size, cut = os.path.getsize(path), []
         for a, b in byte_ranges(path, split_bytes):
             end = size if b is None else b
-            if splittable(path) and (at + a < head_bytes or at + end > total - tail_bytes):
+            if splittable(path) and end - a > SMALL_SPLIT_BYTES and (at + a < head_bytes
+                                                                     or at + end > total - tail_bytes):
                 cut += [(x, min(x + SMALL_SPLIT_BYTES, end)) for x in range(a, end, SMALL_SPLIT_BYTES)]
                 cut[-1] = (cut[-1][0], b)
             else:
@@ -712,7 +713,7 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         staging = os.path.join(work, STAGING)
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(os.path.join(staging, DOCS))
-        if local_slots(master) is not None and boot.thread is None:   # forked before the JVM's threads exist
+        if local_slots(master) is not None and boot.thread is None:   # forked before the boot thread starts
             head = HeadStart(functools.partial(_prepare, cfg), functools.partial(_run_split, cfg, staging),
                              os.path.join(staging, CLAIMS))
         boot.start()           # the JVM boots while the driver checks the steps' models and lists the splits

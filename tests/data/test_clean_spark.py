@@ -17,7 +17,7 @@ import pytest
 from naohai.data import dedup
 from naohai.data.clean import clean, output_files
 from naohai.data.clean_config import load_clean_config
-from naohai.data.reader import byte_ranges
+from naohai.data.reader import Split, byte_ranges
 from naohai.data.spark_driver import spark_context, stop_context
 from naohai.data.spark_engine import clean_spark, connected_components, local_slots, split_size
 from tests.data import planted
@@ -379,6 +379,11 @@ def test_local_splits_cut_the_head_and_the_tail_of_the_input_small(tmp_path):
     assert all(n <= small for n in sizes[2][1:]) and sizes[2][0] == 1 << 20
     got = [(r.where, r.text) for fi in range(3) for s in local[fi] for r in read_split(files[fi], s[3])]
     assert got == [(r.where, r.text) for r in read_inputs(files)]
+    empty = tmp_path / "empty.jsonl"                      # an empty input inside the small head: one whole split
+    empty.write_bytes(b"")
+    local = spark_engine._local_splits([str(empty)] + files, 1 << 20, spark_engine._count_here, 600 << 10, 0)
+    assert [s[3] for s in local[0]] == [Split(0, None, 0)]
+    assert [s[3].end - s[3].start for s in local[1][:4]] == [small] * 4
 
 
 def test_split_size_cuts_the_local_jsonl_bytes_into_many_splits_per_slot(tmp_path):
