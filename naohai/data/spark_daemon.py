@@ -1,6 +1,8 @@
 """The Spark engine's Python daemon (``spark.python.daemon.module``): PySpark's own daemon, started after the
 per-document steps' modules are imported and jieba's dictionary is loaded, so that every Python worker it forks
-has them (about 0.9 CPU-seconds a worker otherwise, measured on this project's 2-core VM).
+has them (about 0.9 CPU-seconds a worker otherwise, measured on this project's 2-core VM), and after those objects
+are frozen out of the garbage collector's sight, as are the models each worker loads later
+(:func:`naohai.data.spark_engine.freeze_loads`: PySpark's workers collect after every task).
 
 Spark puts its ``pyspark.zip`` and ``py4j-*-src.zip`` first on the workers' ``PYTHONPATH``; Python compiles
 modules imported from a zip on every start (no bytecode cache), which made this daemon's start 1.5 s instead of
@@ -47,4 +49,5 @@ from naohai.data import quality, spark_engine  # noqa: E402,F401  (imported for 
 
 if __name__ == "__main__":
     quality.load_segmenter()
+    spark_engine.freeze_loads()
     daemon.manager()

@@ -54,7 +54,8 @@ def require_pyspark() -> None:
 
 
 def spark_context(master: str, conf: Optional[Dict[str, str]] = None):
-    """A SparkContext for ``master`` (an existing one is reused): local masters on loopback, no web UI.
+    """A SparkContext for ``master`` (an existing one is reused): local masters on loopback, no web UI, Unix
+    sockets between the executor and its Python workers.
 
     The engine uses the RDD API only, so no SparkSession: on this project's 2-core VM a SparkContext is up in
     about 2.8 s, a SparkSession in about 4.8 s (its SQL state, and pandas imported on the driver)."""
@@ -71,7 +72,10 @@ def spark_context(master: str, conf: Optional[Dict[str, str]] = None):
         options = "-XX:TieredStopAtLevel=1"
         if "spark.driver.extraJavaOptions" not in (conf or {}):
             archive = ClassArchive.of_this_spark(options)
-        settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        # the executor talks to its Python workers over Unix sockets: over loopback TCP every task waited about
+        # 40 ms on the connection (100 empty tasks: 2.5 s on 2 slots, 0.4 s with Unix sockets, measured)
+        settings.update({"spark.python.unix.domain.socket.enabled": "true",
+                         "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                          "spark.driver.extraJavaOptions": " ".join([options] + (archive.options() if archive
                                                                                else []))})
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)      # executors: this interpreter

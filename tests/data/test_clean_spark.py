@@ -148,6 +148,33 @@ def test_python_workers_are_forked_from_the_preloading_daemon(spark):
         assert "naohai.data.spark_daemon" in parent and loaded and ".zip" not in where
 
 
+def test_python_workers_freeze_their_models_and_talk_over_unix_sockets(spark):
+    """PySpark's worker runs a full garbage collection after every task: the steps' models a worker loads are
+    frozen out of it (the loaded models object is not among the objects a collection walks), and the worker's
+    connection to the executor is a Unix socket, not loopback TCP."""
+    import gc
+    cfg = load_clean_config(None)
+
+    def probe(_):
+        import socket
+
+        from naohai.data import spark_engine
+        models = spark_engine._models(cfg)
+        walked = gc.get_objects()
+        families = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    with socket.socket(fileno=os.dup(int(fd))) as s:
+                        families.add(s.family.name)
+            except OSError:
+                continue
+        return (not any(o is models for o in walked), gc.get_freeze_count() > len(walked), sorted(families))
+    for out_of_sight, mostly_frozen, families in spark.parallelize(range(4), 2).map(probe).collect():
+        assert out_of_sight and mostly_frozen
+        assert families == ["AF_UNIX"]
+
+
 def test_distributed_components_equal_union_find(spark):
     rng = random.Random(5)
     edges = [(rng.randrange(300), rng.randrange(300)) for _ in range(260)]
