@@ -89,7 +89,7 @@ def main():
                     help="--engine spark: byte ranges of this size are read by one task each (default: the engine's)")
     ap.add_argument("--near-scale", type=int, default=0, help="--engine spark: near dedup on N generated documents")
     ap.add_argument("--keep", default=None, help="--engine spark: keep the corpus and outputs in this folder")
-    ap.add_argument("--rounds", type=_positive, default=1, help="--engine spark: rounds, the engines alternating in each")
+    ap.add_argument("--rounds", type=_positive, default=1, help="--engine spark: rounds, the engines alternating in each (in the reverse order every other round)")
     ap.add_argument("--job", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.job:
@@ -306,7 +306,8 @@ def engines(args):
         docs, nbytes = engine_corpus(args.size_mb, args.base_docs)
         inputs = _write_files(docs, os.path.join(tmp, "in"), args.files)
         print(f"corpus: {len(docs)} documents, {nbytes / 1e6:.2f} MB in {args.files} files; {os.cpu_count()} cores; "
-              f"{_load()}; {args.rounds} round(s), the engines alternating within each")
+              f"{_load()}; {args.rounds} round(s), the engines alternating within each, in the reverse order every "
+              "other round")
         print("| round | engine | wall s | MB/s | MB/s per core | CPU s (all processes) | MB per CPU-second | "
               "shuffle written | output | phases (s) | load average after |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -315,7 +316,9 @@ def engines(args):
         walls: dict = {}
         local = None
         for r in range(args.rounds):
-            for engine, master in runs:
+            # the order flips every round (ABBA...): the VM slows under sustained load, which favoured the first
+            # engine of every round when the local engine always went first; its first round makes the reference
+            for engine, master in (runs if r % 2 == 0 else runs[::-1]):
                 name = f"local, {args.workers} workers" if engine == "local" else f"Spark {master}"
                 cores = args.workers if engine == "local" else (local_slots(master) or 1)
                 out = ref if engine == "local" else os.path.join(tmp, "out-" + master.replace("[", "").replace("]", ""))
