@@ -278,11 +278,6 @@ def _stage1(files, cfg: CleanConfig, work: str, workers: int, progress: bool):
     _MODELS = _Models(cfg)   # loaded before forking: workers inherit them; bad paths fail here
     if cfg.quality.enabled and workers > 1:
         quality.load_segmenter()     # jieba's dictionary, once for all workers
-    # the models out of the garbage collector's sight while the documents go through: the collections of the
-    # oldest generation that the steps' allocations set off walked them each time (2 workers, the 50 MB corpus of
-    # run/bench_clean.py: 3 to 5% of the run's CPU and wall time, measured on this project's 2-core VM)
-    gc.collect()
-    gc.freeze()
     problems = _Problems()
     read = StepStats()
     units = 0
@@ -303,6 +298,12 @@ def _stage1(files, cfg: CleanConfig, work: str, workers: int, progress: bool):
         while len(pending) > 2 * workers:
             pending.popleft().result()
 
+    # the models out of the garbage collector's sight while the documents go through (the pool forks its workers
+    # on the first submit): the collections of the oldest generation that the steps' allocations set off walked
+    # them each time (2 workers, the 50 MB corpus of run/bench_clean.py: 3 to 5% of the run's CPU and wall time,
+    # measured on this project's 2-core VM)
+    gc.collect()
+    gc.freeze()
     try:
         with _bar(None, "clean: read + filter", progress) as bar:
             batch: List[tuple] = []
