@@ -316,8 +316,8 @@ def engines(args):
         walls: dict = {}
         local = None
         for r in range(args.rounds):
-            # the order flips every round (ABBA...): the VM slows under sustained load, which favoured the first
-            # engine of every round when the local engine always went first; its first round makes the reference
+            # the order flips every round (ABBA...): the VM's speed drifts within a pair too, so neither engine
+            # always gets the first slot; the local engine's first round makes the reference
             for engine, master in (runs if r % 2 == 0 else runs[::-1]):
                 name = f"local, {args.workers} workers" if engine == "local" else f"Spark {master}"
                 cores = args.workers if engine == "local" else (local_slots(master) or 1)

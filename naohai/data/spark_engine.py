@@ -119,8 +119,9 @@ _FREEZE_LOADS = False      # True in the Python workers of naohai.data.spark_dae
 
 
 def freeze_loads() -> None:
-    """In Spark's Python daemon, before it forks the workers: what is loaded so far, and the models each worker
-    loads later (:func:`_loaded`), are moved out of the garbage collector's sight (``gc.freeze``).  PySpark's
+    """In Spark's Python daemon before it forks the workers, and in the driver's head start once it has loaded
+    the models: what is loaded so far, and the models each worker loads later (:func:`_loaded`), are moved out of
+    the garbage collector's sight (``gc.freeze``).  PySpark's
     worker runs a full ``gc.collect()`` after every task, which walked the imported modules and the steps'
     models each time: about 45 ms of CPU per task, and as much idle time on its task slot (measured on this
     project's 2-core VM, 100 tasks: 3.9 to 5.0 CPU-seconds in the workers, 0.2 with the objects frozen)."""
@@ -198,13 +199,11 @@ def _run_split(cfg: CleanConfig, staging: str, item) -> List[tuple]:
 
 def _prepare(cfg: CleanConfig) -> None:
     """What the driver's head start (a forked process of its own) loads before its first split: the steps'
-    models and jieba's dictionary, then frozen out of the garbage collector's sight (as in the Python workers,
-    :func:`freeze_loads`)."""
+    models and jieba's dictionary, then frozen out of the garbage collector's sight (:func:`freeze_loads`)."""
     _models(cfg)
     if cfg.quality.enabled:
         quality.load_segmenter()
-    gc.collect()
-    gc.freeze()
+    freeze_loads()
 
 
 def _survive(cfg: CleanConfig, staging: str, split: int, fi: int, si: int, records) -> Iterator[tuple]:
