@@ -1,6 +1,7 @@
 """The Spark engine's Python daemon (``spark.python.daemon.module``): PySpark's own daemon, started after the
-per-document steps' modules are imported and jieba's dictionary is loaded, so that every Python worker it forks
-has them (about 0.9 CPU-seconds a worker otherwise, measured on this project's 2-core VM), and after those objects
+per-document steps' modules are imported, jieba's dictionary is loaded (about 0.9 CPU-seconds a worker otherwise,
+measured on this project's 2-core VM) and the run's models are loaded (:func:`naohai.data.spark_engine.preload`),
+so that every Python worker it forks has them, and after those objects
 are frozen out of the garbage collector's sight, as are the models each worker loads later
 (:func:`naohai.data.spark_engine.freeze_loads`: PySpark's workers collect after every task).
 
@@ -49,5 +50,6 @@ from naohai.data import quality, spark_engine  # noqa: E402,F401  (imported for 
 
 if __name__ == "__main__":
     quality.load_segmenter()
+    spark_engine.preload(os.environ)
     spark_engine.freeze_loads()
     daemon.manager()

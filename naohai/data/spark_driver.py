@@ -6,7 +6,8 @@ masters only), and stop it without PySpark's idle wait (:func:`stop_context`).
 Why a head start: on this project's 2-core VM a local master's JVM boots in about 3 s at about 1.2 cores, and
 Spark's Python daemon then needs about 1 s at one core before its workers run; the local engine's workers run
 after about 1.5 s.  The helper, at the lowest priority (so that the JVM's boot keeps the CPU it can use), runs
-the same function as Spark's tasks on the first splits meanwhile.  Every split is run once: the helper and
+the same function as Spark's tasks on the first splits meanwhile; it loads the steps' models first, which also stands for
+the driver's own check that they load (:meth:`HeadStart.failed`: about 0.8 CPU-seconds of a load saved).  Every split is run once: the helper and
 Spark's tasks claim a split by creating its claim file (exclusive create, :func:`claim`); a Spark task that finds
 the helper's claim skips its split, and the helper stops at the first split Spark has claimed, after the one it
 is running (the engine cuts the head of the input into small splits for that).  The helper's results (what those
@@ -265,15 +266,20 @@ def claim(claims: str, n: int, who: bytes) -> bool:
 
 
 def _serve(conn, prepare: Callable[[], None], work: Callable[[Any], List[Any]], claims: str, parent: int) -> None:
-    """The helper process: ``prepare()``, then ``work(item)`` on the items it is sent, (split number, ...) tuples,
-    in order, while it can claim them before Spark does; sends back ('ok', [(split number, work's result)]) or
-    ('error', text)."""
+    """The helper process: ``prepare()``, saying ('prepared', None) or ('failed', text); then ``work(item)`` on
+    the items it is sent, (split number, ...) tuples, in order, while it can claim them before Spark does; sends
+    back ('ok', [(split number, work's result)]) or ('error', text)."""
     from naohai.interrupt import die_with_parent
     die_with_parent(signal.SIGTERM, parent)
     os.nice(NICE)
     done: List[tuple] = []
     try:
         prepare()
+    except Exception as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("prepared", None))
+    try:
         items = conn.recv()
         for item in items:
             if not claim(claims, item[0], HEAD):
@@ -283,6 +289,9 @@ def _serve(conn, prepare: Callable[[], None], work: Callable[[Any], List[Any]], 
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ok", done))
+
+
+_UNKNOWN = object()
 
 
 class HeadStart:
@@ -301,6 +310,7 @@ class HeadStart:
         self.proc.start()
         child.close()
         self.begun = False
+        self.prepare_error: Any = _UNKNOWN
 
     def begin(self, items: Sequence[tuple]) -> None:
         """``items``: (split number, ...) tuples, in the order to take them."""
@@ -310,20 +320,37 @@ class HeadStart:
         except OSError:        # the helper has ended (its error is in the pipe): results() raises it
             pass
 
+    def failed(self) -> Optional[str]:
+        """Waits until the helper has run ``prepare``: None when it did, else what it raised (as text)."""
+        if self.prepare_error is _UNKNOWN:
+            try:
+                kind, got = self.conn.recv()
+            except EOFError:
+                kind, got = "failed", self._ended()
+            self.prepare_error = got if kind == "failed" else None
+        return self.prepare_error
+
     def results(self) -> Dict[int, Any]:
         """{split number: work's result} of the splits the helper ran; raises what it raised."""
         if not self.begun:
             self.begin([])
         try:
-            kind, got = self.conn.recv()
-        except EOFError:
-            raise RuntimeError(f"the driver's head start (pid {self.proc.pid}) ended without its results "
-                               f"(exit code {self.proc.exitcode})") from None
+            if self.failed() is not None:
+                raise RuntimeError(self.prepare_error)
+            try:
+                kind, got = self.conn.recv()
+            except EOFError:
+                raise RuntimeError(self._ended()) from None
         finally:
             self.end()
         if kind == "error":
             raise RuntimeError(got)
         return dict(got)
+
+    def _ended(self) -> str:
+        self.proc.join(5)
+        return (f"the driver's head start (pid {self.proc.pid}) ended without its results "
+                f"(exit code {self.proc.exitcode})")
 
     def end(self) -> None:
         if self.proc.is_alive() and not self.begun:

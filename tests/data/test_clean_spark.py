@@ -148,6 +148,54 @@ def test_python_workers_are_forked_from_the_preloading_daemon(spark):
         assert "naohai.data.spark_daemon" in parent and loaded and ".zip" not in where
 
 
+def test_daemon_loads_the_runs_models_before_forking_its_workers(spark, corpus, tmp_path, monkeypatch):
+    """clean_spark hands its config to the Python workers' environment; the daemon started with it loads that
+    config's models, so its workers find them loaded before any task asks; a config that does not load there
+    leaves the daemon working (its workers load, and fail, on their own)."""
+    from naohai.data import spark_engine
+    cfg = config()
+    cfg.quality.min_words = 7                # a config no earlier worker of this context has loaded
+    seen = {}
+
+    class Recorded(spark_engine.Boot):
+        def __init__(self, master, conf=None):
+            seen.update(conf or {})
+            super().__init__(master, conf)
+    monkeypatch.setattr(spark_engine, "Boot", Recorded)
+    inputs = write_inputs(corpus, tmp_path / "in")
+    clean_spark(inputs, str(tmp_path / "out"), cfg, master="local[2]", progress=False)
+    env = seen[f"spark.executorEnv.{spark_engine.CONFIG_ENV}"]
+    assert json.loads(env) == json.loads(json.dumps(cfg.to_dict()))
+
+    def loaded_before_asked(_):
+        from naohai.data import spark_engine as engine
+        return json.dumps(cfg.to_dict(), sort_keys=True) in engine._EXECUTOR_MODELS
+    spark.environment[spark_engine.CONFIG_ENV] = env     # a new environment: Spark starts a daemon with it
+    try:
+        assert spark.parallelize(range(4), 2).map(loaded_before_asked).collect() == [True] * 4
+        bad = config()
+        bad.language.model = str(tmp_path / "no-such-model.bin")
+        spark.environment[spark_engine.CONFIG_ENV] = json.dumps(bad.to_dict())
+        assert spark.parallelize(range(4), 2).map(lambda x: x * 2).collect() == [0, 2, 4, 6]
+    finally:
+        del spark.environment[spark_engine.CONFIG_ENV]
+
+
+def test_a_missing_model_is_the_local_engines_error(spark, corpus, tmp_path):
+    """The driver's head start loads the steps' models for the driver's check; one that is missing gives the
+    local engine's message, before any task runs, and nothing is written."""
+    from naohai.errors import UserError
+    inputs = write_inputs(corpus, tmp_path / "in")
+    cfg = config()
+    cfg.language.model = str(tmp_path / "no-such-model.bin")
+    with pytest.raises(UserError) as local:
+        clean(inputs, str(tmp_path / "local"), cfg, workers=1, progress=False)
+    with pytest.raises(UserError) as dist:
+        clean_spark(inputs, str(tmp_path / "spark"), cfg, master="local[2]", progress=False)
+    assert str(dist.value) == str(local.value) and "no-such-model.bin" in str(dist.value)
+    assert not output_files(tmp_path / "spark") and not (tmp_path / "spark" / "report.json").exists()
+
+
 def test_python_workers_freeze_their_models_and_talk_over_unix_sockets(spark):
     """PySpark's worker runs a full garbage collection after every task: the steps' models a worker loads are
     frozen out of it (the loaded models object is not among the objects a collection walks), and the worker's
