@@ -167,17 +167,34 @@ def components(edges: Sequence[Tuple[Any, Any]]) -> Dict[Any, Any]:
 
 def near_duplicates(keys: Sequence[Any], sigs: np.ndarray, cfg) -> Dict[Any, Any]:
     """The near duplicates among documents with distinct order ``keys`` and MinHash ``sigs``: a map from
-    each document to drop to the kept representative of its cluster (the smallest key of its component)."""
+    each document to drop to the kept representative of its cluster (the smallest key of its component).
+
+    The LSH buckets are found per band by sorting the band's rows (``np.unique``), and a bucket with the
+    same members as another (a duplicate pair shares many bands) is linked once: the links, and so the
+    clusters, are those of :func:`bucket_edges` on every bucket of :func:`band_keys`.  Two-member buckets,
+    most of them, are checked together."""
     bands, rows = lsh_params(cfg)
     accept = accept_agreement(cfg)
-    buckets: Dict[Tuple[int, bytes], List[int]] = {}
-    for i, row in enumerate(band_keys(sigs, bands, rows)):
-        for b, k in enumerate(row):
-            buckets.setdefault((b, k), []).append(i)
+    sigs = np.ascontiguousarray(sigs, dtype=np.uint32)
+    groups = set()
+    for b in range(bands):
+        band = np.ascontiguousarray(sigs[:, b * rows:(b + 1) * rows]).view(np.dtype((np.void, 4 * rows))).ravel()
+        _, bucket, counts = np.unique(band, return_inverse=True, return_counts=True)
+        bucket = bucket.ravel()
+        shared = np.flatnonzero(counts[bucket] > 1)
+        if len(shared):
+            shared = shared[np.argsort(bucket[shared], kind="stable")]
+            for members in np.split(shared, np.flatnonzero(np.diff(bucket[shared])) + 1):
+                groups.add(tuple(members.tolist()))
     edges = []
-    for members in buckets.values():
-        if len(members) > 1:
-            edges.extend(bucket_edges([(keys[i], sigs[i]) for i in members], accept))
+    pairs = np.array([g for g in groups if len(g) == 2], dtype=np.int64).reshape(-1, 2)
+    agree = np.mean(sigs[pairs[:, 0]] == sigs[pairs[:, 1]], axis=1)
+    for (i, j), ok in zip(pairs.tolist(), (agree >= accept).tolist()):
+        if ok:
+            edges.append((keys[i], keys[j]) if keys[i] < keys[j] else (keys[j], keys[i]))
+    for g in groups:
+        if len(g) > 2:
+            edges.extend(bucket_edges([(keys[i], sigs[i]) for i in g], accept))
     return cluster_drops(edges)
 
 
