@@ -30,6 +30,7 @@ Near
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
@@ -80,11 +81,18 @@ def lsh_params(cfg) -> Tuple[int, int]:
     """(bands, rows): the configured ones, or datasketch's optimum for the threshold."""
     if cfg.bands is not None:
         return int(cfg.bands), int(cfg.rows)
+    return _optimal_lsh(float(cfg.threshold), int(cfg.num_perm))
+
+
+@functools.lru_cache(maxsize=None)
+def _optimal_lsh(threshold: float, num_perm: int) -> Tuple[int, int]:
+    """datasketch's optimum (it integrates numerically: about 0.28 s a call here, so once per process)."""
     from datasketch.lsh import _optimal_param
     # candidates are verified against their signatures, so a false positive costs one comparison and a
     # false negative a kept duplicate: weight them 0.05 : 0.95 (at 0.8 and 128 permutations this gives
     # 16 bands x 8 rows, P(candidate) 0.95 at J = 0.8, where the even weighting's 9 x 13 gives 0.40)
-    return tuple(int(x) for x in _optimal_param(cfg.threshold, cfg.num_perm, 0.05, 0.95))
+    bands, rows = _optimal_param(threshold, num_perm, 0.05, 0.95)
+    return int(bands), int(rows)
 
 
 def accept_agreement(cfg) -> float:
