@@ -124,6 +124,9 @@ def exact_keepers(pairs) -> Dict[Any, Any]:
     return best
 
 
+MATRIX_MEMBERS = 128     # buckets up to this size compare all pairs at once (128^2 x 128 bytes)
+
+
 def band_keys(sigs: np.ndarray, bands: int, rows: int) -> List[List[bytes]]:
     """Per document, per band: the bytes of that band's rows (equal bytes = the same bucket)."""
     sigs = np.ascontiguousarray(sigs, dtype=np.uint32)
@@ -134,9 +137,22 @@ def bucket_edges(members: Sequence[Tuple[Any, np.ndarray]], accept: float) -> Li
     """Links within one LSH bucket: ``members`` are (order key, signature); each member, taken in
     order-key order, is linked to the first earlier member whose signature agrees with its own on at
     least ``accept`` of the values (one comparison per member when the bucket holds copies of one text).
-    Members matching none start a group of their own."""
+    Members matching none start a group of their own.  Up to MATRIX_MEMBERS members, every pair's
+    agreement is computed at once."""
     members = sorted(members, key=lambda m: m[0])
-    heads: List[Any] = []
+    if len(members) <= MATRIX_MEMBERS:
+        sigs = np.stack([np.asarray(sig) for _, sig in members])
+        agrees = (np.mean(sigs[:, None, :] == sigs[None, :, :], axis=2) >= accept).tolist()
+        heads: List[int] = []
+        edges = []
+        for i, row in enumerate(agrees):
+            hit = next((h for h in heads if row[h]), None)
+            if hit is None:
+                heads.append(i)
+            else:
+                edges.append((members[hit][0], members[i][0]))
+        return edges
+    keys: List[Any] = []
     head_sigs: List[np.ndarray] = []
     edges = []
     for key, sig in members:
@@ -144,9 +160,9 @@ def bucket_edges(members: Sequence[Tuple[Any, np.ndarray]], accept: float) -> Li
             agree = np.mean(np.stack(head_sigs) == np.asarray(sig), axis=1)
             hit = np.flatnonzero(agree >= accept)
             if len(hit):
-                edges.append((heads[int(hit[0])], key))
+                edges.append((keys[int(hit[0])], key))
                 continue
-        heads.append(key)
+        keys.append(key)
         head_sigs.append(np.asarray(sig))
     return edges
 
