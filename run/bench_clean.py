@@ -209,7 +209,8 @@ def _load():
 
 def run_job(spec_path):
     """Child process of :func:`engines`: one engine over the inputs; prints a JSON line (seconds per phase,
-    shuffle bytes) and, for Spark, waits for its JVM to end so that the parent's CPU count includes it."""
+    shuffle bytes, and for Spark the CPU seconds of this process tree when the context stops: the driver and what
+    it waited for (its head start), the JVM, the Python daemon and its live workers)."""
     with open(spec_path) as fh:
         spec = json.load(fh)
     cfg = CleanConfig()
@@ -235,20 +236,26 @@ def run_job(spec_path):
             timings["JVM start (beside the driver's checks)"] = time.perf_counter() - t0
             return sc
 
-        def measured_stop(self):             # the shuffle bytes and the CPU of the JVM and its workers, then stop
+        def measured_stop(self):             # the shuffle bytes and the CPU of this process tree, then stop
             if self.sc is not None:
-                seen.update(shuffle=shuffle_bytes(self.sc), cpu=_process_tree_cpu(SparkContext._gateway.proc.pid),
+                seen.update(shuffle=shuffle_bytes(self.sc), cpu=_process_tree_cpu(os.getpid()),
                             proc=SparkContext._gateway.proc)
             stop(self)
         spark_driver.spark_context, spark_driver.Boot.stop = timed_boot, measured_stop
+        _adopt_orphans()
         clean_spark(spec["inputs"], spec["out"], cfg, master=spec["master"], timings=timings,
                     split_bytes=int(spec["split_mb"] * (1 << 20)) if spec.get("split_mb") else None)
         shuffled, cpu = seen["shuffle"], seen["cpu"]
         seen["proc"].stdin.close()                   # the JVM exits when its stdin closes: wait for it
         seen["proc"].wait()
-    me = os.times()
-    cpu += me.user + me.system                       # and the driver (this process)
     print(json.dumps({"seconds": time.perf_counter() - t, "timings": timings, "shuffle": shuffled, "cpu": cpu}))
+
+
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux), so that the Python daemon the driver's
+    zygote forked, whose parent ends after stage 1, stays in this process tree for :func:`_process_tree_cpu`."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
 
 
 def _phases(timings: dict, unit: str = "") -> str:

@@ -1,4 +1,6 @@
-"""The Spark engine's Python daemon (``spark.python.daemon.module``): PySpark's own daemon, started after the
+"""The Spark engine's Python daemon (``spark.python.daemon.module``).  With a local master, the driver's zygote
+forks the daemon with everything below already loaded, and this process only stands in for it
+(:mod:`naohai.data.spark_zygote`); otherwise, or when the zygote cannot be reached, PySpark's own daemon, started after the
 per-document steps' modules are imported, jieba's dictionary is loaded (about 0.9 CPU-seconds a worker otherwise,
 measured on this project's 2-core VM) and the run's models are loaded (:func:`naohai.data.spark_engine.preload`),
 so that every Python worker it forks has them, and after those objects
@@ -12,11 +14,18 @@ zips are dropped from ``sys.path`` before PySpark is imported; otherwise they st
 pandas 3 is hidden, as in the driver (:func:`naohai.data.spark_driver.quiet_pyspark`)."""
 import os
 import sys
-import zipfile
-from importlib.machinery import PathFinder
-from typing import List
 
-from naohai.data.spark_driver import quiet_pyspark
+if __name__ == "__main__" and os.environ.get("NAOHAI_SPARK_ZYGOTE"):   # spark_zygote.ZYGOTE_ENV
+    from naohai.data.spark_zygote import ZYGOTE_ENV, stand_in
+    _code = stand_in(os.environ[ZYGOTE_ENV])       # the driver's zygote forks the daemon with all loaded
+    if _code is not None:
+        sys.exit(_code)
+
+import zipfile  # noqa: E402
+from importlib.machinery import PathFinder  # noqa: E402
+from typing import List  # noqa: E402
+
+from naohai.data.spark_driver import quiet_pyspark  # noqa: E402
 
 
 def without_spark_zips(path: List[str]) -> List[str]:

@@ -3,15 +3,17 @@ archive of this Java and Spark, :class:`ClassArchive`), boot it in a thread whil
 (:class:`Boot`), run the first input splits in a forked helper while Spark starts (:class:`HeadStart`, local
 masters only), and stop it without PySpark's idle wait (:func:`stop_context`).
 
-Why a head start: on this project's 2-core VM a local master's JVM boots in about 3 s at about 1.2 cores, and
+Why a head start: on this project's 2-core VM a local master's JVM boots in about 2 s at about 1.2 cores, and
 Spark's Python daemon then needs about 1 s at one core before its workers run; the local engine's workers run
-after about 1.5 s.  The helper, at the lowest priority (so that the JVM's boot keeps the CPU it can use), runs
-the same function as Spark's tasks on the first splits meanwhile; it loads the steps' models first, which also stands for
-the driver's own check that they load (:meth:`HeadStart.failed`: about 0.8 CPU-seconds of a load saved).  Every split is run once: the helper and
-Spark's tasks claim a split by creating its claim file (exclusive create, :func:`claim`); a Spark task that finds
-the helper's claim skips its split, and the helper stops at the first split Spark has claimed, after the one it
-is running (the engine cuts the head of the input into small splits for that).  The helper's results (what those
-tasks would have returned) are merged with Spark's by the driver; if it fails, the run fails as if a task had.
+after about 1.5 s.  A fork of the driver loads the steps' models (which also stands for the driver's own check
+that they load, :meth:`HeadStart.failed`), then forks the helper, at the lowest priority (so that the JVM's boot
+keeps the CPU it can use), which runs the same function as Spark's tasks on the first splits meanwhile; the fork
+itself stays as the zygote of Spark's Python daemon (:mod:`naohai.data.spark_zygote`), so the models are loaded
+once for the helper and every Spark worker.  Every split is run once: the helper and Spark's tasks claim a split
+by creating its claim file (exclusive create, :func:`claim`); a Spark task that finds the helper's claim skips its
+split, and the helper stops at the first split Spark has claimed, after the one it is running (the engine cuts
+the head of the input into small splits for that).  The helper's results (what those tasks would have returned)
+are merged with Spark's by the driver; if it fails, the run fails as if a task had.
 """
 from __future__ import annotations
 
@@ -265,20 +267,64 @@ def claim(claims: str, n: int, who: bytes) -> bool:
         os.remove(tmp)
 
 
-def _serve(conn, prepare: Callable[[], None], work: Callable[[Any], List[Any]], claims: str, parent: int) -> None:
-    """The helper process: ``prepare()``, saying ('prepared', None) or ('failed', text); then ``work(item)`` on
-    the items it is sent, (split number, ...) tuples, in order, while it can claim them before Spark does; sends
-    back ('ok', [(split number, work's result)]) or ('error', text)."""
+def _zygote(conn, stop_fds: tuple, prepare: Callable[[], None], work: Callable[[Any], List[Any]], claims: str,
+            parent: int, socket_path: Optional[str]) -> None:
+    """The forked process: ``prepare()``, saying ('prepared', None) or ('failed', text); then it forks the head
+    start (:func:`_head_start`, at the lowest priority) and, with ``socket_path``, serves as the zygote of Spark's
+    Python daemon (:mod:`naohai.data.spark_zygote`; its socket is bound first, so that a daemon asked for while
+    the models load waits for them) until the driver closes its end of the ``stop_fds`` pipe."""
+    from naohai.data import spark_zygote
     from naohai.interrupt import die_with_parent
     die_with_parent(signal.SIGTERM, parent)
-    os.nice(NICE)
-    done: List[tuple] = []
+    stop_fd = stop_fds[0]
+    os.close(stop_fds[1])      # the driver's end: only the driver may hold it, or the end never comes
+    listener = None
+    if socket_path is not None:
+        try:
+            listener = spark_zygote.listen(socket_path)
+        except OSError:        # no zygote: Spark's daemon then loads on its own
+            listener = None
     try:
         prepare()
+        if listener is not None:
+            quiet_pyspark()
+            from pyspark import daemon  # noqa: F401  (the daemons forked from here have it)
     except Exception as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("prepared", None))
+    head = os.fork()
+    if head == 0:
+        code = 1
+        try:
+            if listener is not None:
+                listener.close()
+            os.close(stop_fd)
+            die_with_parent(signal.SIGTERM, os.getppid())
+            os.nice(NICE)
+            _head_start(conn, work, claims)
+            code = 0
+        finally:
+            os._exit(code)
+    conn.close()
+    try:
+        if listener is not None:
+            spark_zygote.serve(listener, stop_fd, lambda: None)
+        else:
+            while os.read(stop_fd, 1):
+                pass
+    finally:
+        try:
+            os.kill(head, signal.SIGTERM)      # ended already, unless the run is being stopped
+        except OSError:
+            pass
+        os.waitpid(head, 0)
+
+
+def _head_start(conn, work: Callable[[Any], List[Any]], claims: str) -> None:
+    """``work(item)`` on the items the driver sends, (split number, ...) tuples, in order, while the head start can
+    claim them before Spark does; sends back ('ok', [(split number, work's result)]) or ('error', text)."""
+    done: List[tuple] = []
     try:
         items = conn.recv()
         for item in items:
@@ -291,24 +337,63 @@ def _serve(conn, prepare: Callable[[], None], work: Callable[[Any], List[Any]], 
     conn.send(("ok", done))
 
 
+class _Forked:
+    """A forked child running ``target()`` (exit code 0 when it returns, 1 when it raises), with the parts of
+    multiprocessing.Process's interface that :class:`HeadStart` uses."""
+
+    def __init__(self, target: Callable[[], None], close_in_child: Callable[[], None]):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                close_in_child()
+                target()
+                code = 0
+            finally:
+                os._exit(code)
+        self.exitcode: Optional[int] = None
+
+    def is_alive(self) -> bool:
+        if self.exitcode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.exitcode = os.waitstatus_to_exitcode(status)
+        return self.exitcode is None
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.is_alive() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.005)
+
+    def terminate(self) -> None:
+        if self.is_alive():
+            os.kill(self.pid, signal.SIGTERM)
+
+
 _UNKNOWN = object()
 
 
 class HeadStart:
     """A forked helper of the driver that runs ``work`` on the first splits while Spark starts (see the module's
-    docstring).  Fork it before the JVM's boot thread starts (:meth:`__init__`), hand it the splits once known
-    (:meth:`begin`), collect what it ran after Spark's stage (:meth:`results`); :meth:`end` stops it whatever
-    happened."""
+    docstring), from a fork that has run ``prepare`` and, given ``zygote`` (a socket path in a folder of this
+    user's), forks Spark's Python daemon (:mod:`naohai.data.spark_zygote`).  Fork it before the JVM's boot thread
+    starts (:meth:`__init__`), hand it the splits once known (:meth:`begin`), collect what it ran after Spark's
+    stage (:meth:`results`); :meth:`end` stops both whatever happened (a daemon already forked lives on: Spark
+    stops it)."""
 
-    def __init__(self, prepare: Callable[[], None], work: Callable[[Any], List[Any]], claims: str):
+    def __init__(self, prepare: Callable[[], None], work: Callable[[Any], List[Any]], claims: str,
+                 zygote: Optional[str] = None):
         os.makedirs(claims, exist_ok=True)
         self.claims = claims
-        ctx = multiprocessing.get_context("fork")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, prepare, work, claims, os.getpid()),
-                                name="naohai-spark-head-start", daemon=True)
-        self.proc.start()
+        self.conn, child = multiprocessing.Pipe()
+        stop_fd, self.stop = os.pipe()
+        # a plain fork: a multiprocessing.Process's "ended" pipe would be held open by the daemons forked from it
+        self.proc = _Forked(lambda: _zygote(child, (stop_fd, self.stop), prepare, work, claims, os.getppid(), zygote),
+                            close_in_child=self.conn.close)
         child.close()
+        os.close(stop_fd)
         self.begun = False
         self.prepare_error: Any = _UNKNOWN
 
@@ -358,6 +443,9 @@ class HeadStart:
                 self.conn.send([])
             except OSError:    # it ended meanwhile: nothing to tell it (end() runs in the engine's finally)
                 pass
+        if self.stop is not None:
+            os.close(self.stop)
+            self.stop = None
         self.proc.join(5)
         if self.proc.is_alive():
             self.proc.terminate()

@@ -77,6 +77,7 @@ import os
 import pickle
 import re
 import shutil
+import tempfile
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -90,6 +91,7 @@ from naohai.data.score import QUANTILES, perplexities, quantiles, score_ids
 from naohai.data.clean_config import CleanConfig, clean_config_from_dict
 from naohai.data import hadoop_inputs
 from naohai.data.spark_driver import HeadStart, Boot, SPARK, claim, require_pyspark
+from naohai.data.spark_zygote import ZYGOTE_ENV
 from naohai.data.reader import (Problem, Split, byte_ranges, count_newlines, fingerprint, is_uri, read_split,
                                  resolve_inputs, splittable)
 from naohai.data.rundir import atomic_write, finished_report, prepare_run_dir, remove_outputs, write_report
@@ -740,8 +742,16 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         resolve_inputs(inputs)  # its one message for no input at all
     local = {i: resolve_inputs([item]) for i, item in enumerate(inputs) if not is_uri(item)}  # before Spark starts
     out_dir = os.path.abspath(out_dir)
-    # started once needed (a finished run of local inputs needs no JVM); the config goes to the Python daemon
-    boot = Boot(master, {f"spark.executorEnv.{CONFIG_ENV}": json.dumps(cfg.to_dict()), **(conf or {})})
+    # started once needed (a finished run of local inputs needs no JVM); the config goes to the Python daemon, and
+    # with a local master, the socket of the zygote that forks it (the head start's process).  Not with the
+    # perplexity step: its workers run MindSpore, which hangs in a fork of a process that has run it (a driver
+    # that trained or scored in-process): they get a daemon started afresh
+    zygote = (tempfile.mkdtemp(prefix="naohai-spark-") if local_slots(master) is not None
+              and not cfg.perplexity.enabled else None)
+    env = {CONFIG_ENV: json.dumps(cfg.to_dict())}
+    if zygote is not None:
+        env[ZYGOTE_ENV] = os.path.join(zygote, "zygote.sock")
+    boot = Boot(master, {**{f"spark.executorEnv.{k}": v for k, v in env.items()}, **(conf or {})})
     head = None
     try:
         files, stamps = _inputs(inputs, local, boot.context)
@@ -755,7 +765,7 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         os.makedirs(os.path.join(staging, DOCS))
         if local_slots(master) is not None and boot.thread is None:   # forked before the boot thread starts
             head = HeadStart(functools.partial(_prepare, cfg), functools.partial(_run_split, cfg, staging),
-                             os.path.join(staging, CLAIMS))
+                             os.path.join(staging, CLAIMS), env.get(ZYGOTE_ENV))
         boot.start()           # the JVM boots while the driver checks the steps' models and lists the splits
         if head is None:       # else the head start loads them (_run)
             _Models(cfg)       # a missing language / classifier model or blocklist: the local engine's message
@@ -771,6 +781,8 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
         if head is not None:
             head.end()
         boot.stop()
+        if zygote is not None:
+            shutil.rmtree(zygote, ignore_errors=True)
     write_report(out_dir, report)
     shutil.rmtree(staging, ignore_errors=True)
     return report

@@ -181,6 +181,54 @@ def test_daemon_loads_the_runs_models_before_forking_its_workers(spark, corpus, 
         del spark.environment[spark_engine.CONFIG_ENV]
 
 
+ZYGOTE_RUN = """
+import json, os, sys, time
+from naohai.data import spark_engine
+from naohai.data.clean_config import load_clean_config
+records, inputs, out = sys.argv[1], sys.argv[2:-1], sys.argv[-1]
+survive = spark_engine._survive
+
+def traced(*args, **kwargs):    # set in this driver only: a process that runs it was forked from the driver
+    with open(os.path.join(records, str(os.getpid())), "w") as fh:
+        json.dump({"parent": os.getppid(), "spark": "SPARK_REUSE_WORKER" in os.environ}, fh)
+    return survive(*args, **kwargs)
+spark_engine._survive = traced
+run_split = spark_engine._run_split
+
+def slow_split(*args):          # the head start's function: slowed, so that Spark's tasks run most splits
+    time.sleep(0.2)
+    return run_split(*args)
+spark_engine._run_split = slow_split
+cfg = load_clean_config(None)
+cfg.batch_docs, cfg.shard_docs, cfg.quality.min_words = 25, 40, 30
+spark_engine.clean_spark(inputs, out, cfg, master="local[2]", progress=False, split_bytes=4096)
+"""
+
+
+def test_spark_workers_are_forked_from_the_drivers_zygote_and_end_with_the_run(corpus, tmp_path):
+    """A fresh driver with a local master: Spark's Python workers run what the driver had in memory (a function
+    the driver replaced runs in them, with Spark's worker environment), so their daemon was forked from the
+    driver's zygote, not started anew; the output is the local engine's; when the run has returned, the daemon
+    and the workers are gone."""
+    inputs = write_inputs(corpus, tmp_path / "in")
+    cfg = config()
+    clean(inputs, str(tmp_path / "local"), cfg, workers=1, progress=False)
+    records = tmp_path / "records"
+    records.mkdir()
+    res = subprocess.run([sys.executable, "-c", ZYGOTE_RUN, str(records), *map(str, inputs), str(tmp_path / "spark")],
+                         env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert shards(tmp_path / "local") == shards(tmp_path / "spark")
+    seen = [json.loads(p.read_text()) for p in records.iterdir()]
+    workers = {int(p.name) for p in records.iterdir() if json.loads(p.read_text())["spark"]}
+    daemons = {r["parent"] for r in seen if r["spark"]}
+    assert workers and len(daemons) == 1
+    deadline = time.time() + 10
+    while time.time() < deadline and any(os.path.exists(f"/proc/{p}") for p in workers | daemons):
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{p}") for p in workers | daemons)
+
+
 def test_a_missing_model_is_the_local_engines_error(spark, corpus, tmp_path):
     """The driver's head start loads the steps' models for the driver's check; one that is missing gives the
     local engine's message, before any task runs, and nothing is written."""
