@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -348,9 +349,14 @@ class _Forked:
         if self.pid == 0:
             code = 1
             try:
+                for sig in (signal.SIGINT, signal.SIGTERM):   # not the driver's handlers: a signal ends the child
+                    signal.signal(sig, signal.SIG_DFL)
                 close_in_child()
                 target()
                 code = 0
+            except BaseException:     # noqa: BLE001  (what multiprocessing would print)
+                traceback.print_exc()
+                sys.stderr.flush()
             finally:
                 os._exit(code)
         self.exitcode: Optional[int] = None
