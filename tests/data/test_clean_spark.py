@@ -229,6 +229,21 @@ def test_spark_workers_are_forked_from_the_drivers_zygote_and_end_with_the_run(c
     assert not any(os.path.exists(f"/proc/{p}") for p in workers | daemons)
 
 
+def test_a_zygote_that_cannot_be_reached_leaves_the_daemon_to_start_on_its_own(spark, tmp_path):
+    """A daemon environment naming a zygote socket that nobody serves (the zygote ended, or never bound it): the
+    stand-in gives up and the module starts PySpark's daemon itself, so the tasks run."""
+    from naohai.data.spark_zygote import ZYGOTE_ENV
+
+    def parent(_):
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode()
+    spark.environment[ZYGOTE_ENV] = str(tmp_path / "gone" / "zygote.sock")
+    try:
+        assert all("naohai.data.spark_daemon" in p for p in spark.parallelize(range(4), 2).map(parent).collect())
+    finally:
+        del spark.environment[ZYGOTE_ENV]
+
+
 def test_a_missing_model_is_the_local_engines_error(spark, corpus, tmp_path):
     """The driver's head start loads the steps' models for the driver's check; one that is missing gives the
     local engine's message, before any task runs, and nothing is written."""
