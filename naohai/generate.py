@@ -235,10 +235,7 @@ class Generator:
                        stream: Optional[Callable[[int, str], None]] = None) -> List[str]:
         ids = [self.tokenizer.encode(p) if p else [] for p in prompts]
         ids = [x or [self.tokenizer.eod_id] for x in ids]
-        on_token = None
-        if stream is not None:
-            def on_token(row, tok):
-                stream(row, self.tokenizer.decode([tok]))
+        on_token = None if stream is None else (lambda row, tok: stream(row, self.tokenizer.decode([tok])))
         new = self.decoder.generate_ids(ids, cfg, self.tokenizer.vocab_size, self.tokenizer.eod_id, on_token)
         return [self.tokenizer.decode(x) for x in new]
 
