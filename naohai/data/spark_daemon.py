@@ -15,8 +15,9 @@ pandas 3 is hidden, as in the driver (:func:`naohai.data.spark_driver.quiet_pysp
 import os
 import sys
 
-if __name__ == "__main__" and os.environ.get("NAOHAI_SPARK_ZYGOTE"):   # spark_zygote.ZYGOTE_ENV
-    from naohai.data.spark_zygote import ZYGOTE_ENV, stand_in
+from naohai.data.spark_zygote import ZYGOTE_ENV, stand_in  # standard library only: cheap before the stand-in
+
+if __name__ == "__main__" and os.environ.get(ZYGOTE_ENV):
     _code = stand_in(os.environ[ZYGOTE_ENV])       # the driver's zygote forks the daemon with all loaded
     if _code is not None:
         sys.exit(_code)

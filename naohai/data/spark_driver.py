@@ -310,7 +310,7 @@ def _zygote(conn, stop_fds: tuple, prepare: Callable[[], None], work: Callable[[
     conn.close()
     try:
         if listener is not None:
-            spark_zygote.serve(listener, stop_fd, lambda: None)
+            spark_zygote.serve(listener, stop_fd)
         else:
             while os.read(stop_fd, 1):
                 pass

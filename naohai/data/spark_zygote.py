@@ -22,7 +22,7 @@ import socket
 import struct
 import sys
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 ZYGOTE_ENV = "NAOHAI_SPARK_ZYGOTE"   # the zygote's socket path, in the Python workers' environment
 _LENGTH = struct.Struct("!I")
@@ -75,9 +75,8 @@ def listen(path: str) -> socket.socket:
     return listener
 
 
-def serve(listener: socket.socket, stop_fd: int, close_in_daemon: Callable[[], None]) -> None:
-    """The zygote's loop: fork a daemon for each stand-in that connects, until ``stop_fd`` reads end-of-file.
-    ``close_in_daemon()`` closes, in each daemon, what the zygote holds that the daemon must not."""
+def serve(listener: socket.socket, stop_fd: int) -> None:
+    """The zygote's loop: fork a daemon for each stand-in that connects, until ``stop_fd`` reads end-of-file."""
     children: List[int] = []
     while True:
         ready, _, _ = select.select([listener, stop_fd], [], [])
@@ -106,7 +105,6 @@ def serve(listener: socket.socket, stop_fd: int, close_in_daemon: Callable[[], N
             try:
                 listener.close()
                 os.close(stop_fd)
-                close_in_daemon()
                 code = _daemon(conn, fds, request)
             except BaseException:     # noqa: BLE001  (to the stand-in's stderr: Spark's log shows it)
                 traceback.print_exc()
