@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mindspore as ms
+import numpy as np
 
+from naohai.checkpoint import ckpt_format
 from naohai.checkpoint.files import fsync_dir, fsync_file, sha256_file, write_json
 from naohai.errors import UserError
 
@@ -254,6 +256,17 @@ def _solo(flag: bool) -> bool:
     return flag
 
 
+class _HostCopy:
+    """A tensor's values copied to host memory now, written later (a background save)."""
+
+    def __init__(self, tensor: Any):
+        self.values = np.array(tensor.asnumpy(), copy=True)
+        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+
+    def asnumpy(self) -> "np.ndarray":
+        return self.values
+
+
 @dataclass
 class SaveOutcome:
     path: Optional[str]          # the published folder, None when the save failed
@@ -322,13 +335,14 @@ class CheckpointStore:
             error = f"rank 0 cannot create {tmp}: {exc}"
         if not self.all_ok(error is None):
             return PendingSave(self, step, tmp, final, manifest, failed=error or "another rank failed")
-        # a snapshot of the values of this step (the next steps change the parameters in place)
+        # in the background: a host copy of this step's values (the next steps change the parameters in place);
+        # else each tensor is copied out when the writer reaches it (one at a time: ckpt_format.write)
         if not self.writes:
             snapshot = []
         elif background:
-            snapshot = [(p.name, ms.Tensor(p.asnumpy().copy())) for p in params]
+            snapshot = [(p.name, _HostCopy(p)) for p in params]
         else:
-            snapshot = [(p.name, p if isinstance(p, ms.Parameter) else ms.Tensor(p.asnumpy())) for p in params]
+            snapshot = [(p.name, p) for p in params]
         pending = PendingSave(self, step, tmp, final, manifest)
 
         def write():
@@ -366,21 +380,28 @@ class CheckpointStore:
         return SaveOutcome(final)
 
     def _write_rank(self, tmp: str, tensors: Sequence[Any]) -> None:
-        """Write ``(name, tensor)`` pairs as this rank's file (temporary name, fsync, read back, rename)."""
+        """Write ``(name, tensor)`` pairs as this rank's file (temporary name, fsync, read back, rename); a tensor
+        as :func:`naohai.checkpoint.ckpt_format.write` takes it."""
         name = rank_file(self.rank)
         part = os.path.join(tmp, f"rank_{self.rank}.part.ckpt")   # MindSpore appends .ckpt to other names
-        ms.save_checkpoint([{"name": n, "data": t} for n, t in tensors], part)
-        if not os.path.exists(part):
-            raise OSError(f"MindSpore wrote no file {part}")
+        expected = [(e.name, e.dims, e.nbytes) for e in ckpt_format.write(part, tensors)]
         fsync_file(part)
         digest, size = sha256_file(part), os.path.getsize(part)
-        # read back: a write cut short by a full disk or a file-size limit must not pass
-        check = ms.load_checkpoint(part)
-        if len(check) != len(tensors):
-            raise OSError(f"{name}: wrote {len(tensors)} tensors, read back {len(check)}")
+        # read back: a write cut short by a full disk or a file-size limit must not pass.  The file's table of
+        # contents only (names, shapes, bytes): loading it would hold a second copy of every tensor
+        try:
+            written = [(e.name, e.dims, e.nbytes) for e in ckpt_format.entries(part)]
+        except ckpt_format.MalformedCheckpoint as exc:
+            raise OSError(f"{name} as read back is not a whole checkpoint: {exc}") from None
+        if written != expected:
+            first = next((i for i, (a, b) in enumerate(zip(written, expected)) if a != b), min(len(written),
+                                                                                                len(expected)))
+            raise OSError(f"{name}: wrote {len(expected)} tensors, read back {len(written)}; the first that differs "
+                          f"is number {first}: written {expected[first] if first < len(expected) else None}, read "
+                          f"back {written[first] if first < len(written) else None} (name, shape, bytes)")
         os.replace(part, os.path.join(tmp, name))
         entry = {"rank": self.rank, "sha256": digest, "bytes": size,
-                 "tensors": {n: list(t.shape) for n, t in tensors}}
+                 "tensors": {n: list(dims) for n, dims, _ in written}}
         write_json(os.path.join(tmp, f"rank_{self.rank}.json"), entry)
 
     def _copy_strategy(self, tmp: str, strategy_file: str) -> None:

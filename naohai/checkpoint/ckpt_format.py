@@ -1,0 +1,190 @@
+"""MindSpore's ``.ckpt`` files, written one tensor at a time and read back by their table of contents.
+
+A ``.ckpt`` file is protobuf: a ``Checkpoint`` message whose repeated field 1 holds one ``Value`` per
+tensor -- field 1 its name, field 2 a ``TensorProto`` with ``dims`` (1), ``tensor_type`` (2, MindSpore's
+name of the dtype, e.g. ``Float32``) and ``tensor_content`` (3, the raw bytes).  A tensor above
+SLICE_BYTES is written as several Values of the same name, each with the whole tensor's dims and part of
+its bytes, as ``mindspore.save_checkpoint`` does; ``mindspore.load_checkpoint`` joins them.
+
+:func:`write` streams the tensors: each is copied to host memory, written and let go before the next, so a
+save holds one tensor beside the model instead of a copy of the whole state (``save_checkpoint`` is given
+Tensors, so a caller must first make one per entry).  :func:`entries` walks a file with ``seek`` past every
+``tensor_content``: checking a checkpoint just written (names, shapes, byte counts, a file cut short) reads
+a few kilobytes instead of loading a second copy of the model, as ``load_checkpoint`` would.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, BinaryIO, List, Sequence, Tuple
+
+import numpy as np
+
+
+SLICE_BYTES = 512 << 20     # mindspore.train.serialization.SLICE_SIZE (512 MiB)
+
+
+class MalformedCheckpoint(ValueError):
+    """The file is not a complete ``.ckpt`` (cut short, or not protobuf of that shape)."""
+
+
+@dataclasses.dataclass
+class Entry:
+    name: str
+    dims: Tuple[int, ...]
+    dtype: str
+    nbytes: int         # of the tensor's content, over all its Values
+
+
+_VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
+
+
+class _Reader:
+    def __init__(self, fh: BinaryIO, size: int):
+        self.fh, self.size = fh, size
+
+    def pos(self) -> int:
+        return self.fh.tell()
+
+    def varint(self, end: int) -> int:
+        value, shift = 0, 0
+        while True:
+            if self.pos() >= end:
+                raise MalformedCheckpoint(f"a number runs past its field's end (byte {end})")
+            byte = self.fh.read(1)[0]
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+            if shift > 63:
+                raise MalformedCheckpoint(f"a number longer than 10 bytes at byte {self.pos()}")
+
+    def length(self, end: int) -> int:
+        """A length prefix, checked to end within ``end``; returns the end of the field it prefixes."""
+        n = self.varint(end)
+        stop = self.pos() + n
+        if stop > end:
+            raise MalformedCheckpoint(f"a field of {n} bytes at byte {self.pos()} runs past byte {end}"
+                                      + (" (the file is cut short)" if end == self.size else ""))
+        return stop
+
+    def skip(self, wire: int, end: int) -> None:
+        if wire == _VARINT:
+            self.varint(end)
+        elif wire in (_FIXED64, _FIXED32):
+            stop = self.pos() + (8 if wire == _FIXED64 else 4)
+            if stop > end:
+                raise MalformedCheckpoint(f"a fixed-size field runs past byte {end}")
+            self.fh.seek(stop)
+        elif wire == _BYTES:
+            self.fh.seek(self.length(end))
+        else:
+            raise MalformedCheckpoint(f"wire type {wire} at byte {self.pos()} is not protobuf's")
+
+
+def _tensor(r: _Reader, end: int) -> Tuple[Tuple[int, ...], str, int]:
+    dims: List[int] = []
+    dtype, content = "", 0
+    while r.pos() < end:
+        key = r.varint(end)
+        field, wire = key >> 3, key & 7
+        if field == 1 and wire == _VARINT:
+            dims.append(r.varint(end))
+        elif field == 1 and wire == _BYTES:            # packed dims
+            stop = r.length(end)
+            while r.pos() < stop:
+                dims.append(r.varint(stop))
+        elif field == 2 and wire == _BYTES:
+            stop = r.length(end)
+            dtype = r.fh.read(stop - r.pos()).decode("utf-8", "replace")
+        elif field == 3 and wire == _BYTES:
+            stop = r.length(end)
+            content += stop - r.pos()
+            r.fh.seek(stop)
+        else:
+            r.skip(wire, end)
+    return tuple(dims), dtype, content
+
+
+def _value(r: _Reader, end: int) -> Tuple[str, Tuple[int, ...], str, int]:
+    name, tensor = None, None
+    while r.pos() < end:
+        key = r.varint(end)
+        field, wire = key >> 3, key & 7
+        if field == 1 and wire == _BYTES:
+            stop = r.length(end)
+            name = r.fh.read(stop - r.pos()).decode("utf-8", "replace")
+        elif field == 2 and wire == _BYTES:
+            tensor = _tensor(r, r.length(end))
+        else:
+            r.skip(wire, end)
+    if name is None or tensor is None:
+        raise MalformedCheckpoint(f"a value ending at byte {end} has no {'name' if name is None else 'tensor'}")
+    return (name,) + tensor
+
+
+def entries(path: str) -> List[Entry]:
+    """The tensors of the ``.ckpt`` file ``path`` in file order (a tensor written in several Values is one
+    entry, its bytes summed); :class:`MalformedCheckpoint` when the file is cut short or is not a checkpoint."""
+    size = os.path.getsize(path)
+    out: List[Entry] = []
+    with open(path, "rb") as fh:
+        r = _Reader(fh, size)
+        while r.pos() < size:
+            key = r.varint(size)
+            if key != (1 << 3 | _BYTES):
+                raise MalformedCheckpoint(f"byte {r.pos()}: field {key >> 3} (wire {key & 7}) where a checkpoint "
+                                          "holds only values (field 1)")
+            name, dims, dtype, nbytes = _value(r, r.length(size))
+            if out and out[-1].name == name and out[-1].dims == dims and out[-1].dtype == dtype:
+                out[-1].nbytes += nbytes
+            else:
+                out.append(Entry(name, dims, dtype, nbytes))
+    return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | _BYTES) + _varint(len(payload)) + payload
+
+
+def write(path: str, tensors: Sequence[Tuple[str, Any]]) -> List[Entry]:
+    """Write ``(name, tensor)`` pairs to ``path`` as a ``.ckpt`` file, in order; a tensor is anything with
+    ``shape``, ``dtype`` (a MindSpore dtype) and ``asnumpy()``, read when its turn comes.  Values are laid out as
+    ``mindspore.save_checkpoint`` lays them out (dims unpacked, then the type, then the bytes: the same file,
+    byte for byte, except that it leaves out empty tensors).  No fsync.  Returns what was written, as
+    :func:`entries` reads it."""
+    written: List[Entry] = []
+    with open(path, "wb") as fh:
+        for name, tensor in tensors:
+            dims = tuple(int(d) for d in tensor.shape)
+            dtype = str(tensor.dtype)
+            data = np.asarray(tensor.asnumpy())
+            if not data.flags.c_contiguous:
+                data = np.ascontiguousarray(data)
+            if data.shape != dims:
+                raise ValueError(f"{name}: asnumpy() gave shape {data.shape}, the tensor's shape is {dims}")
+            raw = memoryview(data.reshape(-1).view(np.uint8)) if data.size else memoryview(b"")
+            head = b"".join(_varint(1 << 3 | _VARINT) + _varint(d) for d in dims) + _field(2, dtype.encode())
+            for start in range(0, max(1, len(raw)), SLICE_BYTES):
+                part = raw[start:start + SLICE_BYTES]
+                content_key = _varint(3 << 3 | _BYTES) + _varint(len(part))
+                tensor_len = len(head) + len(content_key) + len(part)
+                value_head = _field(1, name.encode()) + _varint(2 << 3 | _BYTES) + _varint(tensor_len)
+                fh.write(_varint(1 << 3 | _BYTES) + _varint(len(value_head) + tensor_len) + value_head + head
+                         + content_key)
+                fh.write(part)
+            written.append(Entry(name, dims, dtype, len(raw)))
+            del data, raw
+    return written
