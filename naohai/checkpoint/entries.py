@@ -7,8 +7,8 @@ run holds them stacked (``stack.layer.attention.q_weight`` ``[n, ...]``, and the
 entries with the per-layer names -- ``name``, ``shape``, ``dtype``, ``asnumpy()``,
 ``set_data(value)``, what :mod:`naohai.checkpoint.store` reads and writes -- so both forms
 write the same files and load each other's checkpoints.  A stacked Parameter's entries
-share one buffer: reading takes one host copy of the stack per view, and the stack is written
-once all its layers are.
+share one buffer: reading takes one host copy of the stack, let go once all its layers have been
+read, and the stack is written once all its layers are.
 
 Entries write in place (``ops.assign``), never by ``Parameter.set_data``: once the compiled train
 step of a layer-loop model has run, MindSpore 2.10 keeps reading and updating its parameters'
@@ -35,11 +35,21 @@ class _Stack:
         self.param = param
         self.buffer = None
         self.written = set()
+        self.read = set()
 
     def array(self) -> np.ndarray:
         if self.buffer is None:
             self.buffer = self.param.asnumpy().copy()
         return self.buffer
+
+    def row(self, index: int) -> np.ndarray:
+        """Layer ``index`` of the host copy; the copy is let go once every layer has been read (a checkpoint
+        save reads the stacks one after another: one stack's copy at a time, not the whole state's)."""
+        array = self.array()
+        self.read.add(index)
+        if len(self.read) == array.shape[0] and not self.written:
+            self.buffer, self.read = None, set()
+        return array[index]
 
     def write(self, index: int, value: Any) -> None:
         array = self.array()
@@ -59,7 +69,7 @@ class LayerEntry:
         self.dtype = stack.param.dtype
 
     def asnumpy(self) -> np.ndarray:
-        return self.stack.array()[self.index]
+        return self.stack.row(self.index)
 
     def set_data(self, value: Any) -> None:
         self.stack.write(self.index, value)

@@ -114,3 +114,32 @@ def test_a_background_save_writes_the_values_of_its_step(tmp_path):
     path = pending.finish().path
     loaded = ms.load_checkpoint(os.path.join(path, store.rank_file(0)))
     assert np.array_equal(loaded["w"].asnumpy(), np.arange(12, dtype=np.float32).reshape(3, 4))
+
+
+def test_a_stacked_parameter_is_saved_per_layer_holding_one_stacks_copy_at_a_time(tmp_path):
+    # two stacks of the layer loop, written through the file view: the files hold every layer's values under
+    # its per-layer name, and a stack's host copy is let go once its last layer has been written
+    from naohai.checkpoint import entries
+    from tests.conftest import micro_recipe
+    cfg = micro_recipe(str(tmp_path), str(tmp_path), str(tmp_path)).model
+    layers = cfg.num_layers
+    stacks = [ms.Parameter(ms.Tensor(RNG.standard_normal((layers, 4, 3)).astype(np.float32)),
+                           name=f"stack.layer.attention.{w}_weight") for w in ("q", "k")]
+    view = entries.file_view(cfg, stacks)
+    held = []
+
+    class Probe:                    # what the writer sees, and how many stack copies are alive as it reads
+        def __init__(self, entry):
+            self.entry, self.shape, self.dtype = entry, entry.shape, entry.dtype
+
+        def asnumpy(self):
+            value = self.entry.asnumpy()
+            held.append(len({id(e.stack) for e in view if e.stack.buffer is not None}))
+            return value
+    path = str(tmp_path / "s.ckpt")
+    ckpt_format.write(path, [(e.name, Probe(e)) for e in view])
+    loaded = ms.load_checkpoint(path)
+    for p, w in zip(stacks, ("q", "k")):
+        for i in range(layers):
+            assert np.array_equal(loaded[f"layers.{i}.attention.{w}_weight"].asnumpy(), p.asnumpy()[i])
+    assert held == [1] * (layers - 1) + [0] + [1] * (layers - 1) + [0]
