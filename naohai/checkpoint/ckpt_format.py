@@ -35,6 +35,11 @@ class Entry:
     dtype: str
     nbytes: int         # of the tensor's content, over all its Values
 
+    @property
+    def size(self) -> int:
+        """The number of values (1 for a scalar)."""
+        return int(np.prod(self.dims, dtype=np.int64))
+
 
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
 

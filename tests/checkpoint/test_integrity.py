@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -69,6 +70,15 @@ def test_a_rank_file_that_links_out_of_the_folder_is_refused(copy, tmp_path, cap
     assert main(["ckpt", "inspect", str(copy)]) == 2
     assert "outside the checkpoint folder" in _err(capsys)
 
+
+
+def test_inspect_of_a_cut_rank_file_is_an_integrity_error(copy, capsys):
+    rank = copy / "rank_0.ckpt"
+    rank.chmod(0o644)
+    os.truncate(rank, rank.stat().st_size // 2)
+    assert main(["ckpt", "inspect", str(copy)]) == 2
+    err = _err(capsys)
+    assert "integrity error: rank_0.ckpt cannot be read as a checkpoint" in err and "cut short" in err
 
 @pytest.mark.parametrize("damage,key", [
     (lambda m: m.__setitem__("files", sorted(m["files"])), "files"),
