@@ -127,6 +127,16 @@ class CompiledSteps:
     score_rows: int = 0                # ... the rows this rank feeds it per call ...
     score_global_rows: int = 0         # ... the rows of one call over the whole job ...
     dp_rank: int = 0                   # ... and which of them are this rank's (its data-parallel index)
+    model: Any = None                  # the cells every graph shares (their training flag, see _mode)
+
+    def _mode(self, training: bool) -> None:
+        """Put the shared cells in training (dropout on) or inference mode before a graph is called.
+
+        The train and eval graphs share one model, and a cell's ``training`` flag is read when a graph is
+        compiled, which happens on its first call (or in :meth:`compile`).  Each call therefore sets the mode
+        its graph needs; once compiled, a graph keeps the mode it was compiled in."""
+        if self.model is not None and self.model.training != training:
+            self.model.set_train(training)
 
     def train(self, batch) -> StepResult:
         """One optimizer step on ``batch``: ``[rows, seq + 1]`` token windows, or an SFT batch
@@ -135,6 +145,7 @@ class CompiledSteps:
             ids, labels = _masked_split(batch, self.token_weight, self.weight_factor)
         else:
             ids, labels = _split(batch)
+        self._mode(True)
         if self.train_step is not None:
             loss, norm, applied, scale = self.train_step(ids, labels)
             loss = float(loss.asnumpy())
@@ -150,6 +161,7 @@ class CompiledSteps:
 
     def evaluate(self, batch) -> float:
         """Held-out loss of ``batch`` (an SFT batch: the mean NLL of its learned tokens)."""
+        self._mode(False)
         if not isinstance(batch, tuple):
             return float(self.eval_step(*_split(batch)).asnumpy())
         ids, labels = _masked_split(batch, self.token_weight, self.eval_weight_factor)
@@ -172,6 +184,7 @@ class CompiledSteps:
             inputs, labels = np.asarray(inputs, np.int32), np.asarray(labels, np.int32)
             if inputs.shape != (n, self.seq_length):
                 raise ValueError(f"the scoring graph takes [{n}, {self.seq_length}] rows, got {list(inputs.shape)}")
+            self._mode(False)
             out = self.score_step(Tensor(inputs[mine:mine + r]), Tensor(labels[mine:mine + r]), places)
             out = out.asnumpy().reshape(n, self.seq_length, 2)
             return out[..., 0].astype(np.float64), np.rint(out[..., 1]).astype(np.int64)
@@ -181,8 +194,9 @@ class CompiledSteps:
 
     def compile(self) -> None:
         """Compile every graph without running it (semi-auto: parameters are sliced by the compile)."""
-        for _, cell, args in self.compile_targets():
+        for name, cell, args in self.compile_targets():
             if hasattr(cell, "compile") and args:
+                self._mode(name in ("train", "accumulate"))
                 cell.compile(*args)
 
     def compile_targets(self) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
@@ -317,7 +331,7 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
     seq = recipe.model.seq_length
     eval_rows = rows if runtime.mode == "semi_auto" else t.micro_batch_size
     steps = CompiledSteps(rows, eval_rows, seq, notes=list(parts.notes) + ([loop_note] if loop_note else []),
-                  token_weight=token_weight)
+                  token_weight=token_weight, model=model)
     k = host_accumulation(resolved, runtime)
     steps.weight_factor, steps.eval_weight_factor = token_weight_factors(parts, k)
     if k == 1:
