@@ -234,6 +234,7 @@ def _attach(owner, attr: str, cell) -> None:
 def apply_finetune(model, ft, seed: int, where: str = "recipe") -> List[str]:
     """Add method ``ft.method``'s parameters to ``model`` (per-layer form) and freeze the rest; returns the
     names of the trained parameters."""
+    model.chunked_loss.weight_grad = False    # every method freezes the head: its weight needs no gradient
     if ft.method == "lora":
         from naohai.model.lora import apply_lora
         return apply_lora(model, ft, seed, where)

@@ -2,7 +2,9 @@
 
 ``NaohaiLM(cfg).construct(input_ids, labels) -> mean token loss`` is the
 network the trainer differentiates; ``NaohaiLM.logits`` gives next-token
-logits for generation and evaluation.  The final norm sits after the last
+logits for generation and evaluation.  Training on MindSpore's CPU backend in float32 computes
+head and loss together a block of rows at a time (:mod:`naohai.model.head_loss`: the same numbers,
+no whole [tokens, vocab] tensor); every other case runs ``Head`` then ``CrossEntropy``.  The final norm sits after the last
 layer, or (``final_norm: before_query_layer``, PanGu-alpha's reference order)
 right before the top query layer, whose residual then starts from the normed
 stream and whose output goes to the head un-normed.  The root cell holds no operations of its
@@ -21,7 +23,8 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor
 
 from naohai.model.config import ModelConfig
-from naohai.model.layers import MLP, Attention, DocumentLayout, Embedding, Norm, make_params, ms_dtype
+from naohai.model.head_loss import ChunkedHeadLoss
+from naohai.model.layers import MLP, Attention, DocumentLayout, Embedding, Norm, cpu_backend, make_params, ms_dtype
 from naohai.model.spec import head_weight_params
 from naohai.model.stack import split_layers, stacked_count
 
@@ -98,12 +101,17 @@ class Head(nn.Cell):
         make_params(self, head_weight_params(cfg), cfg, rng)
 
     def construct(self, x, weight):
+        x, weight = self.inputs(x, weight)
+        return self.cast(self.logits(x, weight), ms.float32)                     # [b*s, V]
+
+    def inputs(self, x, weight):
+        """The output projection's operands: ``x`` after the final norm (where it runs here) and the head
+        weight (the word embedding, given, when tied), both in the compute dtype."""
         if self.norm_here:
             x = self.final_norm(x)
         if not self.tied:
             weight = self.weight
-        y = self.logits(self.cast(x, self.dtype), self.cast(weight, self.dtype))
-        return self.cast(y, ms.float32)                                           # [b*s, V]
+        return self.cast(x, self.dtype), self.cast(weight, self.dtype)
 
 
 class CrossEntropy(nn.Cell):
@@ -173,6 +181,9 @@ class NaohaiLM(nn.Cell):
             self.layers = nn.CellList(layers)
         self.head = Head(cfg, rng)
         self.loss = CrossEntropy(cfg, masked=masked_loss)
+        # CPU training in float32: head and loss a block of rows at a time (naohai.model.head_loss)
+        self.chunked_loss = ChunkedHeadLoss(cfg, masked=masked_loss)
+        self.fuse_head_loss = cpu_backend() and cfg.compute_dtype == "float32"
         self.vocab = cfg.padded_vocab_size
         self.norm_before_last = cfg.final_norm == "before_query_layer"
         self.last = cfg.num_layers - 1
@@ -242,6 +253,10 @@ class NaohaiLM(nn.Cell):
 
     def construct(self, input_ids, labels):
         x = self.hidden(input_ids)
+        if self.training and self.fuse_head_loss:
+            x, weight = self.head.inputs(x, self.embedding.word_embedding)
+            loss, _, _ = self.chunked_loss(x, weight, labels, input_ids)
+            return loss
         logits = self.head(x, self.embedding.word_embedding)
         return self.loss(logits, labels, input_ids)
 
