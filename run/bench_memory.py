@@ -68,8 +68,9 @@ def main(argv=None) -> int:
     built = build(plan_run(recipe))
     say("build")
     steps = built.steps
-    for name, cell, args in steps.compile_targets():
+    for name, cell, args, prepare in steps.compile_targets():
         if not (name == "eval" and a.no_eval):
+            prepare()
             cell.compile(*args)
             say(f"compile {name}")
     loader = TokenWindowLoader(prepared, "train", bm.batch, seed=1)

@@ -5,8 +5,9 @@ Usage (msrun does this): ``python .../naohai/simulate/worker.py <spec.json>``.
 The spec (written by :mod:`naohai.simulate.harness`) names a *target*, a callable
 ``"module:function"`` called with ``**spec["kwargs"]`` after ``ms.set_device("GPU")`` and
 ``init()``.  The target sets up the parallel context itself and returns either
-``(network, compile_args)`` or a list ``[(name, network, compile_args), ...]`` of the
-graphs this rank compiles, in order (naohai's train step, then its eval net).  This
+``(network, compile_args)`` or a list ``[(name, network, compile_args[, prepare]), ...]`` of the
+graphs this rank compiles, in order (naohai's train step, then its eval net); ``prepare()``, where
+given, runs right before that graph's compile (naohai's: the shared model's training mode).  This
 module compiles each and writes ``<out_dir>/rank_<r>/result.json``: ok / error (type,
 MindSpore message, op and parameter names found in it, which graph), the first
 graph's per-parameter layouts and shard shapes, communication op counts per graph
@@ -144,14 +145,16 @@ def main(argv) -> int:
         result["stage"] = "build"
         built = _resolve(spec["target"])(**spec.get("kwargs", {}))
         graphs = built if isinstance(built, list) else [("main", built[0], tuple(built[1]))]
-        result["graphs"] = [name for name, _, _ in graphs]
+        result["graphs"] = [item[0] for item in graphs]
         result["compile_s"] = 0.0
         strategy_path = rank_dir / "strategy.ckpt"
-        for i, (name, network, compile_args) in enumerate(graphs):
+        for i, (name, network, compile_args, *prepare) in enumerate(graphs):
             if i == 0:
                 _set_strategy_file(network, str(strategy_path))
             result["stage"] = f"compile {name}"
             t0 = time.time()
+            for before_compile in prepare:     # a target may carry a callable to run first (its cells' mode)
+                before_compile()
             network.compile(*compile_args)
             result["compile_s"] = round(result["compile_s"] + time.time() - t0, 3)
             result.setdefault("compile_s_by_graph", {})[name] = round(time.time() - t0, 3)

@@ -12,8 +12,9 @@ weights); :meth:`TrainSetup.saved_params` names the state as checkpoint files do
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -107,6 +108,9 @@ def token_weight_factors(parts, host_micro: int) -> Tuple[int, int]:
     return train * parts.averaged, parts.eval_micro * parts.averaged
 
 
+TRAINING_GRAPHS = ("train", "accumulate")     # the graphs compiled in training mode (dropout on)
+
+
 @dataclass
 class CompiledSteps:
     """The compiled steps of one rank and how the loop calls them."""
@@ -194,13 +198,15 @@ class CompiledSteps:
 
     def compile(self) -> None:
         """Compile every graph without running it (semi-auto: parameters are sliced by the compile)."""
-        for name, cell, args in self.compile_targets():
+        for _, cell, args, prepare in self.compile_targets():
             if hasattr(cell, "compile") and args:
-                self._mode(name in ("train", "accumulate"))
+                prepare()
                 cell.compile(*args)
 
-    def compile_targets(self) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
-        """(name, cell, zero inputs) of every graph this rank compiles, in the order they run."""
+    def compile_targets(self) -> List[Tuple[str, Any, Tuple[Any, ...], Callable[[], None]]]:
+        """(name, cell, zero inputs, prepare) of every graph this rank compiles, in the order they run;
+        ``prepare()`` puts the shared model in the graph's mode (see :meth:`_mode`): call it right before
+        compiling that graph."""
         s = self.seq_length
         ids = lambda rows: compile_inputs(rows, s)  # noqa: E731
         if self.train_step is not None:
@@ -210,7 +216,7 @@ class CompiledSteps:
         out.append(("eval", self.eval_step, ids(self.eval_rows)))
         if self.score_step is not None:
             out.append(("score", self.score_step, score_inputs(self.score_rows, self.score_global_rows, s)))
-        return out
+        return [(name, cell, args, functools.partial(self._mode, name in TRAINING_GRAPHS)) for name, cell, args in out]
 
 
 @dataclass

@@ -119,7 +119,7 @@ def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[
                       check_compat: bool = True, device: str = "GPU",
                       deferred: bool = False, fold_micro: bool = False) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
     """Build naohai's steps for this rank, as ``naohai train`` does; returns the graphs to compile,
-    ``[(name, network, compile_args), ...]`` in the order training runs them (train, then eval, then
+    ``[(name, network, compile_args, prepare), ...]`` in the order training runs them (train, then eval, then
     with ``train.eval.tasks`` the downstream scoring graph, ``score``).
 
     ``deferred`` builds every Parameter unmaterialised (:func:`naohai.model.layers.deferred_parameters`)
@@ -151,10 +151,10 @@ def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[
         from naohai.model.layers import deferred_parameters
         with deferred_parameters():
             targets = build(run, runtime, masked_loss=masked).steps.compile_targets()
-        for _, network, _ in targets:
+        for _, network, *_ in targets:
             skip_parameter_init_in_compile(network)
     if fold_micro:
         from naohai.strategy.annotate import fold_micro_batches
-        fold_micro_batches([network for _, network, _ in targets])
+        fold_micro_batches([network for _, network, *_ in targets])
     return targets
 

@@ -297,6 +297,19 @@ def test_in_loop_downstream_scoring_graph_compiles_under_dp2_mp2_pp2(compiled_la
 
 
 @pytest.mark.slow
+def test_the_checked_train_graph_drops_out_and_the_eval_graph_does_not(tmp_path):
+    """The worker compiles train, then eval, in one process over one model: each target's ``prepare`` sets
+    the model's mode first (before it, the checked train graph of a model with dropout held none)."""
+    rc = main(["check", "tiny", str(S / "tiny-dp2.yaml"), "model.dropout=0.1", "train.micro_batch_size=8",
+               "--compile", "--workdir", str(tmp_path), "--timeout", "600"])
+    assert rc == 0
+    for rank in range(2):
+        train = (tmp_path / f"rank_{rank}" / "train.ir").read_text()
+        evaluation = (tmp_path / f"rank_{rank}" / "eval.ir").read_text()
+        assert train.count("PrimFunc_Dropout") > 0 and "PrimFunc_Dropout" not in evaluation
+
+
+@pytest.mark.slow
 def test_mindspore_rejects_what_only_compat_refuses(tmp_path):
     """Raw path (no compat rules): our validator accepts an escape hatch splitting loss.log_softmax's class axis."""
     path = _with_ops(tmp_path, "tiny-dp2-mp2.yaml", CLASS_SPLIT)

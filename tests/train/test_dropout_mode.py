@@ -48,3 +48,16 @@ def test_both_compiled_before_any_call(tmp_path):
     held_out = steps.evaluate(window)
     assert steps.evaluate(window) == held_out
     assert steps.train(window).loss != pytest.approx(held_out, rel=1e-6, abs=0)
+
+
+def test_compile_targets_prepare_each_graph_in_its_mode(tmp_path):
+    """``naohai check --compile`` and the simulated-device worker compile the targets one by one: each
+    carries the call that puts the shared model in its graph's mode first."""
+    from naohai.train.builder import TRAINING_GRAPHS
+    steps, _ = _steps(tmp_path, 0.5)
+    targets = steps.compile_targets()
+    assert [t[0] for t in targets] == ["train", "eval"]
+    for name, _, _, prepare in targets + targets[::-1]:
+        prepare()
+        assert steps.model.training is (name in TRAINING_GRAPHS)
+        assert all(c.training is steps.model.training for _, c in steps.model.cells_and_names())

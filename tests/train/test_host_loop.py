@@ -70,6 +70,8 @@ class ThreadComm:
 class StandInSteps:
     """What the loop calls on a compiled step; records the rows it was fed."""
 
+    model = None                 # no shared cells whose training mode CompiledSteps._mode would set
+
     def __init__(self, rank, rows, eval_rows, seq, params):
         self.rank, self.rows, self.eval_rows, self.seq_length = rank, rows, eval_rows, seq
         self.notes = ["stand-in step"]
@@ -456,6 +458,7 @@ def test_in_loop_downstream_eval_agrees_on_every_rank(tmp_path, micro_data):
         return [evals[rank], seen[rank]]
 
     StandInSteps.score_forward = CompiledSteps.score_forward      # the real adapter on the stand-in step
+    StandInSteps._mode = CompiledSteps._mode                      # ... which sets the model's mode (none here)
     try:
         with MS_LOCK:
             graph.net(Tensor(np.zeros((n, recipe.model.seq_length), np.int32)),
