@@ -4,8 +4,8 @@
 network the trainer differentiates; ``NaohaiLM.logits`` gives next-token
 logits for generation and evaluation.  Training on MindSpore's CPU backend in float32 computes
 head and loss together a block of rows at a time (:mod:`naohai.model.head_loss`: the same numbers,
-no whole [tokens, vocab] tensor); every other case runs ``Head`` then ``CrossEntropy``.  The final norm sits after the last
-layer, or (``final_norm: before_query_layer``, PanGu-alpha's reference order)
+no whole [tokens, vocab] tensor); every other case runs ``Head`` then ``CrossEntropy``.
+The final norm sits after the last layer, or (``final_norm: before_query_layer``, PanGu-alpha's reference order)
 right before the top query layer, whose residual then starts from the normed
 stream and whose output goes to the head un-normed.  The root cell holds no operations of its
 own (only sub-cells), so a pipeline split can assign every op a stage: the

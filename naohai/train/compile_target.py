@@ -117,7 +117,7 @@ def masked_loss(recipe) -> bool:
 def build_for_compile(recipe_path: str, strategy_path: str, overrides: Sequence[str] = (),
                       portable: bool = True, op_overrides: Optional[Dict[str, Any]] = None,
                       check_compat: bool = True, device: str = "GPU",
-                      deferred: bool = False, fold_micro: bool = False) -> List[Tuple[str, Any, Tuple[Any, ...]]]:
+                      deferred: bool = False, fold_micro: bool = False) -> List[Tuple[str, Any, Tuple[Any, ...], Any]]:
     """Build naohai's steps for this rank, as ``naohai train`` does; returns the graphs to compile,
     ``[(name, network, compile_args, prepare), ...]`` in the order training runs them (train, then eval, then
     with ``train.eval.tasks`` the downstream scoring graph, ``score``).
