@@ -204,3 +204,66 @@ def test_cpu_explicit_broadcasts_equal_mindspores_broadcasting_ops(make):
     assert len(got) == len(want) == 2 + len(params) and len(params) > 0
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ hand-written backwards (CPU)
+def _net(cell, inline: bool, norm: bool):
+    """(x [rows, h], w [h, h], a, b) -> a scalar through a MatMul before and after ``cell``: the norm of x @ w
+    with gamma a and beta b, or SwiGLU's product of the gate x @ w and up a.  ``inline``: call
+    ``cell.construct`` as a function, so that MindSpore derives its backward instead of running the cell's
+    ``bprop``."""
+    from mindspore import nn, ops
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.cell = cell
+
+        def construct(self, x, w, a, b):
+            h = ops.matmul(x, w)
+            if norm:
+                y = self.cell.construct(h, a, b)[0] if inline else self.cell(h, a, b)[0]
+            else:
+                y = self.cell.construct(h, a) if inline else self.cell(h, a)
+            return (ops.matmul(y, ops.transpose(w, (1, 0))) ** 2).sum() + b.sum()
+    return Net()
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+@pytest.mark.parametrize("make", ["layernorm", "swiglu"])
+def test_cpu_hand_written_backwards_equal_the_derived_ones_bit_for_bit(make, mode):
+    """The CPU forms with a hand-written ``bprop`` (:class:`RowLayerNorm`, :class:`SwiGLUProduct`: they keep
+    fewer tensors for the backward) against MindSpore's own derived backward of the same forward ops, in the
+    same graph: in graph mode (training's) every gradient equal bit for bit, so no loss of a run changes.
+    PyNative derives the LayerNorm's with the centred rows' three gradients summed in another order: there
+    they agree to rounding."""
+    from mindspore import ops
+    from naohai.model.layers import RowLayerNorm, SwiGLUProduct
+    rng = np.random.RandomState(3)
+    rows, h = 48, 40
+    norm = make == "layernorm"
+    if norm:
+        cell = RowLayerNorm(h, 1e-5)
+        a = Tensor((1 + 0.1 * rng.standard_normal(h)).astype(np.float32))       # gamma
+        b = Tensor((0.1 * rng.standard_normal(h)).astype(np.float32))           # beta
+        w = Tensor(rng.standard_normal((h, h)).astype(np.float32) * 0.3)
+    else:
+        cell = SwiGLUProduct(ops.Sigmoid(), ops.Mul(), ops.Mul())
+        a = Tensor(rng.standard_normal((rows, h)).astype(np.float32))            # up
+        b = Tensor(np.zeros(1, np.float32))                                     # (not an input of the cell)
+        w = Tensor(rng.standard_normal((h, h)).astype(np.float32) * 0.8)         # gates over about [-4, 4]
+    x = Tensor((rng.standard_normal((rows, h)) * 2 + 0.5).astype(np.float32))
+    previous = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    try:
+        got, want = ([g.asnumpy() for g in ops.grad(_net(cell, inline, norm), grad_position=(0, 1, 2, 3))(x, w, a, b)]
+                     for inline in (False, True))
+    finally:
+        ms.set_context(mode=previous)
+    assert len(got) == 4
+    for g, r in zip(got, want):
+        if mode == ms.GRAPH_MODE:
+            assert np.array_equal(g, r), float(np.abs(g - r).max())
+        else:
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * float(np.abs(r).max()))
+    assert min(float(np.abs(g).max()) for g in got[:3]) > 0
