@@ -13,14 +13,11 @@ norms run in float32 when the config says so.  Parameters are float32 master
 weights, initialised from a numpy RandomState so that initialisation is exact
 and independent of MindSpore's RNG.
 
-On MindSpore's CPU backend some blocks compute the same math in another form
-(:func:`cpu_backend`).  Because 2.10's CPU kernels for them are slow: LayerNorm
-from elementwise ops with MatMul row means (:class:`RowLayerNorm`), and attention's
-softmax backward with MatMul row sums (:class:`RowSumSoftmax`).  For memory: the
-LayerNorm and SwiGLU's product (:class:`SwiGLUProduct`) recompute their
-intermediates in a hand-written backward, the derived one op for op, instead of
-keeping them.  The strategy's primitives are the same on every backend; CPU runs
-are one-device runs.
+On MindSpore's CPU backend two blocks compute the same math in another form,
+because 2.10's CPU kernels for them are slow (:func:`cpu_backend`): LayerNorm
+from elementwise ops with MatMul row means, and attention's softmax backward with
+MatMul row sums (:class:`RowSumSoftmax`).  The strategy's primitives are the same
+on every backend; CPU runs are one-device runs.
 """
 from __future__ import annotations
 
@@ -31,7 +28,6 @@ from typing import Dict
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.ops.operations._grad_ops import RsqrtGrad, SigmoidGrad
 
 from naohai.model.config import ModelConfig
 from naohai.model import spec
@@ -135,87 +131,6 @@ def swap_axes_1_2(x, transpose, on: bool):
     return ops.concat([ops.reshape(p, (a, c, 1, d)) for p in ops.split(x, 1, axis=1)], 2)
 
 
-class RowLayerNorm(nn.Cell):
-    """LayerNorm of [rows, hidden] from elementwise ops, the row means taken as a MatMul against a [hidden, 1]
-    column of 1/hidden: :class:`Norm`'s form on the CPU backend.  ``construct(x, gamma, beta) -> (y, c, r)``:
-    the normalised rows, the centred rows and the inverse deviations [rows, 1]; callers use ``y``.
-
-    Its ``bprop`` is the backward MindSpore 2.10 derives for ``y``, op for op and summed in the same order,
-    so the gradients are bit for bit the derived ones (tested).  Derived, a train step keeps four
-    [rows, hidden] tensors per norm for the backward (the centred rows, the broadcast inverse deviations,
-    the normalised rows and the broadcast gamma); this one keeps the centred rows and ``r`` (its
-    outputs) and recomputes the other three from them (two broadcasts and a product)."""
-
-    def __init__(self, hidden: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.average = Tensor(np.full((hidden, 1), 1.0 / hidden, np.float32))
-        self.cast = ops.Cast()
-        self.row_mean = ops.MatMul()
-        self.row_mean_sq = ops.MatMul()
-        self.center = ops.Sub()
-        self.square = ops.Mul()
-        self.add_eps = ops.Add()
-        self.rsqrt = ops.Rsqrt()
-        self.mul = ops.Mul()
-        self.mul_gamma = ops.Mul()
-        self.add_beta = ops.Add()
-        self.rsqrt_grad = RsqrtGrad()
-        self.spread = ops.MatMul(transpose_b=True)
-        self.sum_rows = ops.ReduceSum(keep_dims=False)
-        self.sum_cols = ops.ReduceSum(keep_dims=True)
-
-    def construct(self, x, gamma, beta):
-        average = self.cast(self.average, x.dtype)
-        c = self.center(x, full(self.row_mean(x, average), x, True))
-        var = self.row_mean_sq(self.square(c, c), average)
-        r = self.rsqrt(self.add_eps(var, self.eps))
-        y = self.mul(c, full(r, c, True))
-        return self.add_beta(self.mul_gamma(y, full(gamma, y, True)), full(beta, y, True)), c, r
-
-    def bprop(self, x, gamma, beta, out, dout):
-        c, r, dout = out[1], out[2], dout[0]       # c and r are outputs only for this: their gradients are 0
-        # the recomputed broadcasts hang on dout, so that the graph's common-subexpression pass cannot merge
-        # them with the forward's (which would keep those alive again)
-        rf = full(ops.depend(r, dout), c, True)
-        y = self.mul(c, rf)
-        average = self.cast(self.average, c.dtype)
-        dbeta = self.sum_rows(dout, 0)
-        dgamma = self.sum_rows(dout * y, 0)
-        dy = dout * full(ops.depend(gamma, dout), y, True)
-        dc_norm = dy * rf                                   # through the normalising product
-        dvar = self.rsqrt_grad(r, self.sum_cols(dy * c, 1))
-        dc_square = self.spread(dvar, average) * c          # each factor of c * c gets this
-        dc = dc_norm + (dc_square + dc_square)
-        dx = dc + self.spread(self.sum_cols(-dc, 1), average)
-        return dx, dgamma, dbeta
-
-
-class SwiGLUProduct(nn.Cell):
-    """SiLU(gate) * up from the MLP's own primitives (``act``: Sigmoid; ``act_mul``, ``mul``: Mul), with a
-    ``bprop`` that recomputes the sigmoid and the SiLU from ``gate`` instead of keeping them: the MLP's form on
-    the CPU backend.  The backward is the one MindSpore 2.10 derives, op for op (``SigmoidGrad``; the gate's two
-    gradients added), so the gradients are bit for bit the derived ones (tested); a train step keeps
-    ``gate`` and ``up`` per layer instead of also the two [tokens, ffn] intermediates."""
-
-    def __init__(self, act, act_mul, mul):
-        super().__init__()
-        self.act = act
-        self.act_mul = act_mul
-        self.mul = mul
-        self.sigmoid_grad = SigmoidGrad()
-
-    def construct(self, gate, up):
-        return self.mul(self.act_mul(gate, self.act(gate)), up)
-
-    def bprop(self, gate, up, out, dout):
-        gate = ops.depend(gate, dout)      # see RowLayerNorm.bprop
-        sig = self.act(gate)
-        d_silu = dout * up
-        dgate = d_silu * sig + self.sigmoid_grad(sig, d_silu * gate)
-        return dgate, dout * self.act_mul(gate, sig)
-
-
 class Norm(nn.Cell):
     """LayerNorm, RMSNorm or non-parametric LayerNorm over the last axis of [tokens, hidden].
 
@@ -223,9 +138,8 @@ class Norm(nn.Cell):
     CPU backend: there they are computed from elementwise ops with the row means taken as a MatMul
     against a [hidden, 1] column of 1/hidden, because MindSpore 2.10's CPU ``LayerNormGrad`` kernel
     and its row reductions are slow (forward and backward on [2048, 128]: 4.7 ms fused, 2.4 ms so;
-    on [2048, 512]: 19.9 and 7.8 ms; :class:`RowLayerNorm`).  CPU runs are one-device runs: the
-    strategy's shard of the fused op has nothing to apply to there; recomputing the norm recomputes this
-    cell, either form (the CPU form keeps only its input anyway).
+    on [2048, 512]: 19.9 and 7.8 ms).  CPU runs are one-device runs: the strategy's shard of the
+    fused op has nothing to apply to there; recomputing the norm recomputes this cell, either form.
     """
 
     def __init__(self, cfg: ModelConfig, rng=None):
@@ -255,7 +169,16 @@ class Norm(nn.Cell):
         self.full = cpu_backend()
         if self.composite:
             self.reshape = ops.Reshape()
-            self.rows = RowLayerNorm(h, self.eps)
+            self.row_mean = ops.MatMul()
+            self.row_mean_sq = ops.MatMul()
+            self.average = Tensor(np.full((h, 1), 1.0 / h, np.float32))
+            self.center = ops.Sub()
+            self.square = ops.Mul()
+            self.add_eps = ops.Add()
+            self.rsqrt = ops.Rsqrt()
+            self.mul = ops.Mul()
+            self.mul_gamma = ops.Mul()
+            self.add_beta = ops.Add()
 
     def construct(self, x, layer=None):
         """``layer``: see :func:`layer_slice`."""
@@ -266,7 +189,14 @@ class Norm(nn.Cell):
         if self.fp32:
             x = self.cast(x, ms.float32)
         if self.composite:
-            y = self.reshape(self.rows(self.reshape(x, (-1, self.h)), gamma, beta)[0], x.shape)
+            shape = x.shape
+            x2 = self.reshape(x, (-1, self.h))
+            average = self.cast(self.average, x2.dtype)
+            c = self.center(x2, full(self.row_mean(x2, average), x2, self.full))
+            var = self.row_mean_sq(self.square(c, c), average)
+            y = self.mul(c, full(self.rsqrt(self.add_eps(var, self.eps)), c, self.full))
+            y = self.add_beta(self.mul_gamma(y, full(gamma, y, self.full)), full(beta, y, self.full))
+            y = self.reshape(y, shape)
         elif self.norm is None:
             var = self.mean(self.square(x), -1)
             y = self.mul(x, full(self.rsqrt(self.add_eps(var, self.eps)), x, self.full))
@@ -655,7 +585,6 @@ class MLP(nn.Cell):
             # tanh approximation (measured up to 4.7e-4 off on [-4, 4])
             self.act = ops.Erf()
         self.full = cpu_backend()
-        self.swiglu_product = SwiGLUProduct(self.act, self.act_mul, self.mul) if self.swiglu and self.full else None
         self.exact_gelu = cfg.activation == "gelu"
         self.tanh_gelu = cfg.activation == "gelu_tanh"
         self.dropout = Dropout(cfg.dropout)
@@ -674,10 +603,7 @@ class MLP(nn.Cell):
             gate = self.gate(x, self._weight(self.gate_weight, layer))
             if self.use_bias:
                 gate = self.gate_add(gate, full(self._weight(self.gate_bias, layer), gate, self.full))
-            if self.swiglu_product is not None:
-                hidden = self.swiglu_product(gate, up)
-            else:
-                hidden = self.mul(self.act_mul(gate, self.act(gate)), up)
+            hidden = self.mul(self.act_mul(gate, self.act(gate)), up)
         else:
             hidden = self.activation(up)
         out = self.down(hidden, self._weight(self.down_weight, layer))
