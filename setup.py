@@ -41,8 +41,9 @@ setup(
         # peft for the LoRA adapter export (tests/convert/test_peft.py); pyspark runs the Spark engine's tests
         # (they need a Java 17+ runtime from the OS); lm-eval for the downstream tests, its `hf` model
         # (with accelerate) the independent backend of the equality test
-        "test": ["pytest>=8", "hypothesis>=6.100", "torch==2.13.0", "transformers==5.24.0", "peft==0.21.2",
-                 "pyspark>=4.0,<5", "accelerate==1.15.0", *EVAL],
+        # (pytest-xdist: the README's test command runs two workers)
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "torch==2.13.0", "transformers==5.24.0",
+                 "peft==0.21.2", "pyspark>=4.0,<5", "accelerate==1.15.0", *EVAL],
         # naohai data clean --engine spark (needs a Java 17+ runtime from the OS)
         "spark": ["pyspark>=4.0,<5"],
         # naohai bench: the PyTorch peer (run/bench/torch_peer.py); never imported by training code

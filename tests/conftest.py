@@ -1,6 +1,8 @@
 """Shared fixtures: a small prepared corpus and recipes built on it."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 
 import pytest
@@ -8,6 +10,47 @@ import pytest
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: multi-process (msrun) test; still runs in CI")
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs the group's tests in one worker")
+
+
+#: the group of the tests that share ``compiled_layout``'s compiles (one worker holds them all)
+COMPILED_GROUP = "compiled-layouts"
+#: groups that start first under pytest-xdist: the longest units (about 30 and 16 minutes on 2 cores)
+FIRST = (COMPILED_GROUP, "tests/test_readme.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """For ``pytest -n 2 --dist loadgroup`` (the README's test command): a test module is one unit of
+    work (its module fixtures are built once), except the tests that use ``compiled_layout``, which are
+    one unit together (its session cache then compiles each layout once); the two longest units go
+    first, so that the workers end together.  Without pytest-xdist the marks do nothing."""
+    for item in items:
+        group = COMPILED_GROUP if "compiled_layout" in getattr(item, "fixturenames", ()) else \
+            item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)))
+
+
+@contextlib.contextmanager
+def simulated_compile_slot(tmp_path_factory):
+    """Held while an 8-rank simulated-device compile runs (about 8-10 GB): under pytest-xdist the other
+    worker waits for its own, so two never run at once.  A lock file in the folder the workers' temporary
+    folders share."""
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if root.name.startswith("popen-gw") else root
+    with open(root / "simulated-compile.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def compile_slot(tmp_path_factory):
+    """``with compile_slot(): ...`` around a command that compiles on 8 simulated devices."""
+    return lambda: simulated_compile_slot(tmp_path_factory)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,14 +90,13 @@ def micro_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def compiled_layout(tmp_path_factory):
+def compiled_layout(tmp_path_factory, compile_slot):
     """``get(argv) -> (exit code, workdir, stdout)`` of ``naohai check ARGV --compile --save-slices``,
     compiled once per test session (the compile tests and the resharding tests share them).
 
     A run where some rank's worker left no verdict at all (killed from outside, e.g. by the
     out-of-memory killer of a loaded CI machine, or hung past the timeout) is run once more; the first
     run's failure stays at the top of the returned output.  A compile error is never retried."""
-    import contextlib
     import io
     import json
 
@@ -64,7 +106,7 @@ def compiled_layout(tmp_path_factory):
         from naohai.cli import main
         workdir = tmp_path_factory.mktemp("compiled")
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
+        with compile_slot(), contextlib.redirect_stdout(out):
             rc = main(["check", *argv, "--compile", "--save-slices", "--workdir", str(workdir),
                        "--timeout", "600"])
         summary = workdir / "summary.json"

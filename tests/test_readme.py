@@ -13,6 +13,7 @@ README edit that drops or rewrites one is noticed here.  A command that fails as
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -32,7 +33,7 @@ NOT_RUN = {
     r"^pip install ": "installs into the environment these tests run in; the clone is imported through "
                      "PYTHONPATH instead (CI's .ci/run installs the checkout first)",
     r"^apt-get ": "system packages: CI's .ci/run installs them before the tests",
-    r"^python -m pytest -q tests$": "the test suite this test is part of",
+    r"^python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder tests$": "the test suite this test is part of",
     r"^naohai ckpt import pangu\.ckpt ": "needs the published PanGu-alpha checkpoint (not downloadable here; "
                                          "tests/convert/ imports synthetic files in its layout)",
     r"^naohai ckpt export pangu26 ": "exports what the import above would have made",
@@ -180,7 +181,7 @@ def _fresh_clone(dest: str) -> str:
 
 
 @pytest.mark.slow
-def test_every_readme_command_runs_on_a_fresh_clone(tmp_path):
+def test_every_readme_command_runs_on_a_fresh_clone(tmp_path, compile_slot):
     clone = _fresh_clone(str(tmp_path / "naohai"))
     with open(os.path.join(clone, "README.md"), encoding="utf-8") as fh:
         commands = readme_commands(fh.read())
@@ -198,8 +199,10 @@ def test_every_readme_command_runs_on_a_fresh_clone(tmp_path):
 
     def run(command: str) -> None:
         t0 = time.monotonic()
-        res = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True,
-                             timeout=1800)
+        # a simulated-device compile waits for the other test worker's (pytest -n 2: memory)
+        with compile_slot() if " --compile" in command else contextlib.nullcontext():
+            res = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True,
+                                 timeout=1800)
         timings.append((time.monotonic() - t0, command))
         known = [pat for pat in KNOWN_FAILING if re.search(pat, command)]
         if known:

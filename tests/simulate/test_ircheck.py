@@ -110,12 +110,13 @@ def test_global_norm_between_stages_required_when_clipping(tmp_path):
 
 
 @pytest.mark.slow
-def test_old_value_and_grad_pipeline_wiring_is_flagged(tmp_path):
+def test_old_value_and_grad_pipeline_wiring_is_flagged(tmp_path, compile_slot):
     kwargs = {"recipe_path": str(ROOT / "recipes/tiny.yaml"),
               "strategy_path": str(ROOT / "strategies/tiny-dp2-mp2-pp2.yaml"),
               "overrides": ["train.micro_batch_size=2"]}
-    rep = run_compile("targets:naohai_value_and_grad_pipeline", 8, tmp_path, timeout=900, kwargs=kwargs,
-                      sys_path=[str(Path(__file__).parent)], ir_check={"stages": 2, "clip": True})
+    with compile_slot():
+        rep = run_compile("targets:naohai_value_and_grad_pipeline", 8, tmp_path, timeout=900, kwargs=kwargs,
+                          sys_path=[str(Path(__file__).parent)], ir_check={"stages": 2, "clip": True})
     assert rep.compiled, rep.render()           # every rank compiles ...
     assert not rep.ok and not rep.ir_checks["passed"]   # ... and the check still fails it
     messages = rep.ir_checks["graphs"][0]["messages"]
