@@ -97,8 +97,10 @@ def main(argv=None) -> int:
             return 2
         return int(args.run(args) or 0)
     except UserError as err:
-        text = textwrap.fill(f"naohai: error: {err}", width=100, break_long_words=False,
-                             break_on_hyphens=False)
+        # one paragraph, wrapped at 100 columns on a terminal; one line elsewhere (logs, pipes), so that
+        # where it breaks never depends on the length of a path in it
+        text = textwrap.fill(f"naohai: error: {err}", width=100 if sys.stderr.isatty() else 1 << 30,
+                             break_long_words=False, break_on_hyphens=False)
         print(text, file=sys.stderr)
         return err.exit_code
     except Interrupted as stop:
