@@ -1,4 +1,6 @@
-"""Shared fixtures: a small prepared corpus and recipes built on it."""
+"""Shared fixtures: a small prepared corpus and recipes built on it, the session's simulated-device compiles
+(``compiled_layout``); how the tests are split between the two workers of the README's test command
+(pytest-xdist) and the lock that keeps two 8-rank compiles from running at once."""
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +17,7 @@ def pytest_configure(config):
 
 #: the group of the tests that share ``compiled_layout``'s compiles (one worker holds them all)
 COMPILED_GROUP = "compiled-layouts"
-#: groups that start first under pytest-xdist: the longest units (about 30 and 16 minutes on 2 cores)
+#: groups that start first under pytest-xdist: the longest units (20-30 and 16 minutes alone on 2 cores)
 FIRST = (COMPILED_GROUP, "tests/test_readme.py")
 
 
