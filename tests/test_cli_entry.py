@@ -1,9 +1,10 @@
-"""The `naohai` command itself: `--help` without MindSpore, `--version`."""
+"""The `naohai` command itself: `--help` without MindSpore, `--version`, how a user error is printed."""
 import os
 import subprocess
 import sys
 
 import mindspore
+import pytest
 
 from naohai.cli import COMMANDS, main
 
@@ -38,3 +39,19 @@ def test_version_names_naohai_mindspore_and_device(capsys):
     assert out[0].startswith(f"naohai {naohai.__version__} (")
     assert out[1] == f"MindSpore {mindspore.__version__}"
     assert out[2].split()[1] in ("CPU", "GPU", "Ascend")
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_user_error_is_wrapped_on_a_terminal_only(capsys, monkeypatch, tmp_path, terminal):
+    """Exit 2 and one paragraph: at most 100 columns a line on a terminal, one line in a log or pipe (so
+    where it breaks never depends on the length of a path in it)."""
+    missing = tmp_path / "nope.yaml"            # the message (with every shipped recipe's name) is > 100 columns
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    assert main(["train", str(missing)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("naohai: error:") and "Traceback" not in err and "\n\n" not in err.strip()
+    if terminal:
+        assert len(lines) > 1 and all(len(line) <= 100 for line in lines), lines
+    else:
+        assert len(lines) == 1 and f"{missing}: no such recipe file" in lines[0], lines

@@ -39,7 +39,7 @@ def _cli_error(capsys, argv):
 
 
 def test_missing_recipe(capsys, tmp_path):
-    err = " ".join(_cli_error(capsys, ["train", str(tmp_path / "nope.yaml")]).split())   # wrapped to the terminal
+    err = _cli_error(capsys, ["train", str(tmp_path / "nope.yaml")])
     assert "nope.yaml" in err and "no such recipe file" in err
     err = " ".join(_cli_error(capsys, ["train", "tiyn"]).split())   # a name: the closest and every shipped recipe
     shipped = sorted(f[:-5] for f in os.listdir(os.path.join(REPO, "recipes")) if f.endswith(".yaml"))
