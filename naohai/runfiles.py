@@ -4,7 +4,9 @@
   the process (the kernel drops it when the process ends, however it ends, so a killed run
   never leaves a stale lock).  A second job on the same folder gets a :class:`UserError`
   naming the holder's pid, host, start time and command.  A process started by the holder
-  (``naohai launch`` -> msrun -> rank 0) shares its parent's lock.
+  (``naohai launch`` -> msrun -> rank 0) shares its parent's lock.  :func:`holding_folder`
+  is the same for a ``with`` block: a command run in-process (a test, a notebook) gives its
+  folder back when it returns or fails.
 * :func:`check_writable` refuses, up front, an output folder that is a file, sits under a
   file, or cannot be written (read-only file system, permissions).
 * :func:`temp_dir_beside` makes a uniquely named temporary folder next to a target (same
@@ -15,6 +17,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -22,7 +25,7 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 from naohai.errors import UserError
 
@@ -120,8 +123,21 @@ def lock_folder(folder: str, what: str, *, key: Optional[str] = None) -> str:
     return path
 
 
+@contextlib.contextmanager
+def holding_folder(folder: str, what: str, *, key: Optional[str] = None) -> Iterator[str]:
+    """:func:`lock_folder` for a ``with`` block: released at its end, however it ends, unless this
+    process held the folder before the block."""
+    held_before = os.path.realpath(os.path.abspath(folder)) in _HELD
+    path = lock_folder(folder, what, key=key)
+    try:
+        yield path
+    finally:
+        if not held_before:
+            unlock_folder(folder)
+
+
 def unlock_folder(folder: str) -> None:
-    """Release a lock taken by :func:`lock_folder` in this process (tests; a process's end does it too)."""
+    """Release a lock taken by :func:`lock_folder` in this process (a process's end does it too)."""
     fd = _HELD.pop(os.path.realpath(os.path.abspath(folder)), None)
     if fd is not None:
         os.close(fd)

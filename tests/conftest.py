@@ -80,6 +80,19 @@ def micro_recipe(output_dir, prepared_dir=None, tokenizer=None, **train):
                             where="test recipe")
 
 
+def folder_locked(folder) -> bool:
+    """Whether someone holds ``folder``'s run lock: a new open file of it cannot take the flock (this
+    process's own hold counts too: a flock belongs to the open file, not to the process)."""
+    fd = os.open(os.path.join(str(folder), ".naohai.lock"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture(scope="session")
 def micro_data(tmp_path_factory):
     """(prepared_dir, tokenizer_path) for the micro model, prepared once per test session."""

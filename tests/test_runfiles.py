@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from naohai.errors import UserError
-from naohai.runfiles import (check_writable, lock_folder, move_into_new_folder, temp_dir_beside,
+from naohai.runfiles import (check_writable, holding_folder, lock_folder, move_into_new_folder, temp_dir_beside,
                              unlock_folder)
+from tests.conftest import folder_locked
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,6 +45,23 @@ def test_a_second_holder_is_refused_with_the_first_ones_pid_and_the_lock_dies_wi
     # killed holder: the kernel released its lock, no stale lock file blocks the next job
     lock_folder(str(tmp_path / "run"), "training run")
     unlock_folder(str(tmp_path / "run"))
+
+
+def test_a_with_block_holds_the_folder_and_gives_back_only_what_it_took(tmp_path):
+    run = tmp_path / "run"
+    with holding_folder(str(run), "training run"):
+        assert folder_locked(run)
+    assert not folder_locked(run)
+    with pytest.raises(RuntimeError):
+        with holding_folder(str(run), "training run"):
+            raise RuntimeError("the job failed")
+    assert not folder_locked(run)
+    lock_folder(str(run), "training run")             # held before the block: still held after it
+    with holding_folder(str(run), "training run"):
+        pass
+    assert folder_locked(run)
+    unlock_folder(str(run))
+    assert not folder_locked(run)
 
 
 def test_writable_check_names_a_file_and_a_read_only_folder(tmp_path):

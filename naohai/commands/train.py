@@ -45,7 +45,8 @@ def _run(args) -> int:
     import os
     from naohai.config import load_recipe
     from naohai.errors import UserError
-    from naohai.runfiles import lock_folder
+    from naohai.runfiles import holding_folder
+    from naohai.strategy.run_plan import plan_run
 
     if args.no_resume and args.resume_from:
         raise UserError("--no-resume and --resume-from contradict each other", where="command line",
@@ -53,14 +54,19 @@ def _run(args) -> int:
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
-    recipe = load_recipe(args.recipe, overrides)
-    if not os.environ.get("MS_ROLE"):
-        # one process: lock the run folder before MindSpore is even imported, so a second job on it
-        # is told at once (under msrun rank 0 locks it once the ranks are known, in naohai.train.job)
-        lock_folder(recipe.train.output_dir, "training run", key="train.output_dir")
-    from naohai.strategy.run_plan import plan_run
+    # every recipe and strategy rule first (no MindSpore yet): a mistake is told whether or not the run
+    # folder is busy, and leaves no folder behind
+    run = plan_run(load_recipe(args.recipe, overrides), args.strategy)
+    if os.environ.get("MS_ROLE"):
+        return _train(args, run)     # under msrun rank 0 locks the folder once the ranks are known (naohai.train.job)
+    # one process: the run folder is locked before MindSpore is imported, so a second job on it is told at once
+    with holding_folder(run.recipe.train.output_dir, "training run", key="train.output_dir"):
+        return _train(args, run)
+
+
+def _train(args, run) -> int:
     from naohai.train.job import train
-    run = plan_run(recipe, args.strategy)
+
     run.tell()
     result = train(run, resume=not args.no_resume, resume_from=args.resume_from,
                    max_steps=args.max_steps, device=args.device)

@@ -7,6 +7,7 @@ from naohai.cli import build_parser, main
 from naohai.errors import UserError
 from naohai.launch.devices import worker_count
 from naohai.launch.msrun import MsrunPlan, build_msrun_command, build_rank_table_processes, diagnose
+from tests.conftest import folder_locked
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -205,6 +206,17 @@ def test_a_launch_on_a_folder_another_job_holds_exits_2_before_any_worker(tmp_pa
                      str(ROOT / "strategies" / "tiny-dp2.yaml")])
         err = " ".join(capsys.readouterr().err.split())
         assert code == 2 and f"pid {holder.pid}" in err and "train.output_dir" in err and "Traceback" not in err
+        # a recipe or strategy mistake is told as itself, busy folder or not (the rules come before the lock)
+        code = main(["launch", "tiny", "train.micro_batch_size=3", f"train.output_dir={out}", "--strategy",
+                     str(ROOT / "strategies" / "tiny-dp2.yaml")])
+        err = " ".join(capsys.readouterr().err.split())
+        assert code == 2 and "micro_batch" in err and "in use by another job" not in err and "Traceback" not in err
     finally:
         holder.kill()
         holder.wait()
+    # once free, the launch holds the folder while msrun runs, and gives it back when it returns (in-process)
+    monkeypatch.setattr(launch_command, "run_msrun",
+                        lambda *a, **k: 0 if folder_locked(out) else pytest.fail("msrun ran without the lock"))
+    assert main(["launch", "tiny", "train.micro_batch_size=8", f"train.output_dir={out}", "--strategy",
+                 str(ROOT / "strategies" / "tiny-dp2.yaml"), "--oversubscribe"]) == 0
+    assert not folder_locked(out)

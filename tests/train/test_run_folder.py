@@ -17,7 +17,7 @@ from naohai.strategy.run_plan import plan_run
 from naohai.train.callbacks import Callback
 from naohai.train.job import start
 from naohai.train.metrics import read_metrics
-from tests.conftest import micro_recipe
+from tests.conftest import folder_locked, micro_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,9 +76,33 @@ def test_a_second_job_on_a_locked_folder_exits_2_naming_the_holder(tmp_path, mic
         err = " ".join(capsys.readouterr().err.split())
         assert f"pid {holder.pid}" in err and "in use by another job" in err and "Traceback" not in err
         assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+        # a recipe or strategy mistake is told as itself, busy folder or not (the rules come before the lock)
+        strategy = tmp_path / "s.yaml"
+        strategy.write_text("name: s\nmesh: {data: 1, model: 1, pipeline: 1}\nglobal_batch: 8\n")
+        assert main(["train", recipe, "--strategy", str(strategy)]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "global_batch 8" in err and "in use by another job" not in err and "Traceback" not in err
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_train_called_in_process_gives_its_folder_back_however_it_ends(tmp_path, micro_data, monkeypatch, capsys):
+    """The CLI's ``main`` in a test or a notebook: the run folder is not kept locked after the command
+    (a pytest worker held ``runs/default`` for its life, and the other worker's tests on it failed)."""
+    from naohai.errors import UserError
+
+    out = tmp_path / "run"
+    recipe = _recipe_file(tmp_path, out, micro_data)
+
+    def fails(*args, **kwargs):
+        assert folder_locked(out)                       # held while the job runs
+        raise UserError("cannot read the corpus", where="corpus.txt")
+
+    monkeypatch.setattr("naohai.train.job.train", fails)
+    assert main(["train", recipe]) == 2
+    assert "cannot read the corpus" in capsys.readouterr().err
+    assert not folder_locked(out)
 
 
 class _Crash(Callback):
