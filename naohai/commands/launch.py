@@ -48,18 +48,29 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import os
+    import contextlib
 
-    from naohai.config import load_recipe
-    from naohai.launch.devices import check_machine, worker_count
-    from naohai.launch.preflight import preflight   # MindSpore: imported here, not for --help
+    from naohai.launch.devices import worker_count
     from naohai.runfiles import holding_folder
+    from naohai.strategy.run_plan import plan_run
 
     workers = worker_count(args.strategy, args.devices_per_node, args.nodes)
-    # validate recipe + strategy and refuse a layout this device cannot run, before the run folder is touched
-    # and any worker starts: a mistake is told as itself, busy folder or not
+    # every recipe and strategy rule first (no MindSpore yet): a mistake is told as itself, busy folder or not
+    output_dir = plan_run(args.recipe, args.strategy, list(args.overrides)).recipe.train.output_dir
+    # the run folder belongs to this launch for its whole life: a second launch (or train) on it exits 2
+    # naming this process; the workers msrun starts are its descendants and share the lock
+    ours = not args.dry_run and args.node_rank == 0
+    with holding_folder(output_dir, "training run", key="train.output_dir") if ours else contextlib.nullcontext():
+        return _launch(args, workers, output_dir)
+
+
+def _launch(args, workers: int, output_dir: str) -> int:
+    import os
+
+    from naohai.launch.devices import check_machine
+    from naohai.launch.preflight import preflight   # MindSpore: imported once the folder is ours, not for --help
+    # the device, and a layout it cannot run refused, before any worker starts
     device = preflight(args.recipe, list(args.overrides), args.strategy, args.device, args.dry_run)
-    output_dir = load_recipe(args.recipe, list(args.overrides)).train.output_dir
     log_dir = args.log_dir or os.path.join(output_dir, "msrun_logs")
     if not args.dry_run:
         check_machine(workers // max(1, args.nodes), device, args.oversubscribe, print)
@@ -69,9 +80,4 @@ def run(args) -> int:
                      bind_core=args.bind_core, node_time_out=args.node_time_out, rank_table_file=args.rank_table,
                      rank_table_mode="processes" if args.rank_table_processes else "msrun",
                      overrides=list(args.overrides), device=device)
-    if args.dry_run or args.node_rank != 0:
-        return run_msrun(plan, dry_run=args.dry_run, verbose=args.verbose)
-    # the run folder belongs to this launch for its whole life: a second launch (or train) on it exits 2
-    # naming this process; the workers msrun starts are its descendants and share the lock
-    with holding_folder(output_dir, "training run", key="train.output_dir"):
-        return run_msrun(plan, dry_run=False, verbose=args.verbose)
+    return run_msrun(plan, dry_run=args.dry_run, verbose=args.verbose)

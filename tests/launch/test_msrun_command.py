@@ -112,13 +112,15 @@ def test_launch_refuses_pipeline_on_cpu_before_any_worker(capsys, tmp_path):
     import sys
     import time
     t0 = time.time()
+    out = tmp_path / "run"        # not the checkout's runs/tiny, which the README's own commands use meanwhile
     res = subprocess.run([sys.executable, "-m", "naohai.cli", "launch", "tiny", "train.micro_batch_size=2",
-                          "--strategy", "strategies/tiny-dp2-mp2-pp2.yaml", "--log-dir", str(tmp_path / "logs")],
+                          f"train.output_dir={out}", "--strategy", "strategies/tiny-dp2-mp2-pp2.yaml",
+                          "--log-dir", str(tmp_path / "logs")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "[WARNING]" not in res.stderr
     assert "cannot execute on CPU" in " ".join(res.stderr.split()) and "tiny-dp2-mp2-pp2.yaml" in res.stderr
-    assert "naohai check tiny train.micro_batch_size=2 strategies/tiny-dp2-mp2-pp2.yaml --compile" \
-        in " ".join(res.stderr.split())
+    assert f"naohai check tiny train.micro_batch_size=2 train.output_dir={out} strategies/tiny-dp2-mp2-pp2.yaml " \
+           "--compile" in " ".join(res.stderr.split())
     assert not (tmp_path / "logs").exists() and "msrun" not in res.stdout   # no worker started
     print(f"refused in {time.time() - t0:.1f} s")
 
