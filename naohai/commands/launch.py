@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from naohai.commands._args import allow_intermixed
-from naohai.launch.msrun import DEFAULT_PORT, MsrunPlan, run_msrun
+from naohai.launch.msrun import DEFAULT_PORT, MsrunPlan, run_msrun, scheduler_port, validate_plan
 
 
 def register(subparsers) -> None:
@@ -23,7 +24,8 @@ def register(subparsers) -> None:
     p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's index, 0-based (default 0)")
     p.add_argument("--master-addr", help="IP or host name of node 0 (required for several nodes)")
-    p.add_argument("--master-port", default=DEFAULT_PORT, help=f"scheduler port (default {DEFAULT_PORT})")
+    p.add_argument("--master-port", help=f"scheduler port (default {DEFAULT_PORT}; on one node a free port "
+                                          "when that one is in use)")
     p.add_argument("--devices-per-node", type=int, help="worker processes per node")
     p.add_argument("--log-dir", help="folder of MindSpore's logs: msrun.log and worker_<rank>.log "
                                      "(default <train.output_dir>/msrun_logs)")
@@ -75,9 +77,15 @@ def _launch(args, workers: int, output_dir: str) -> int:
     if not args.dry_run:
         check_machine(workers // max(1, args.nodes), device, args.oversubscribe, print)
     plan = MsrunPlan(recipe=args.recipe, strategy=args.strategy, workers=workers, nodes=args.nodes,
-                     node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+                     node_rank=args.node_rank, master_addr=args.master_addr,
+                     master_port=DEFAULT_PORT if args.master_port is None else args.master_port,
                      log_dir=log_dir, join=args.join, cluster_time_out=args.cluster_time_out,
                      bind_core=args.bind_core, node_time_out=args.node_time_out, rank_table_file=args.rank_table,
                      rank_table_mode="processes" if args.rank_table_processes else "msrun",
                      overrides=list(args.overrides), device=device)
+    if not args.dry_run and plan.node_rank == 0 and not args.rank_table_processes:
+        checked = validate_plan(plan)
+        plan = dataclasses.replace(plan, master_port=scheduler_port(
+            checked.master_addr, checked.master_port, chosen=args.master_port is not None or checked.nodes > 1,
+            say=print))
     return run_msrun(plan, dry_run=args.dry_run, verbose=args.verbose)

@@ -161,6 +161,62 @@ def _looks_like_host(addr: str) -> bool:
         return bool(_HOST_RE.match(addr))
 
 
+def _listener(port: int) -> Optional[str]:
+    """``pid N (command)`` of the process listening on TCP ``port`` on this machine, from /proc; None
+    when it cannot be seen (another user's process, no /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, "r", encoding="ascii") as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{cols[9]}]")
+    for pid in filter(str.isdigit, os.listdir("/proc") if inodes else ()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                return f"pid {pid} ({command[:120]})"
+        except OSError:
+            continue
+    return None
+
+
+def scheduler_port(addr: str, port: int, *, chosen: bool, say) -> int:
+    """The port node 0's msrun scheduler can listen on at ``addr``: ``port`` when it is free.  When it is
+    taken -- MindSpore's worker processes listen on the first free port from msrun's own default up
+    (2.10 on CPU: 8118 and 8374 for the two workers of a job), so a second job on one machine meets the
+    first one's workers there -- a free port when the port was msrun's default on a one-node job
+    (``chosen`` False; ``say`` tells which), else a :class:`UserError` naming the holder.  An address
+    that is not this machine's is not checked."""
+    import errno
+    import socket
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as a listening server binds
+        try:
+            probe.bind((addr.strip("[]"), port))
+            return port
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return port                      # not an address of this machine: node 0 is elsewhere
+    holder = _listener(port) or "another process"
+    if chosen:
+        raise UserError(f"port {port} on {addr} is in use by {holder}; msrun's scheduler could not listen "
+                        "there. Choose another port, the same on every node", where=WHERE, key="master_port",
+                        rule="a port free on node 0")
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((addr.strip("[]"), 0))
+        free = probe.getsockname()[1]
+    say(f"naohai launch: port {port} is in use by {holder} (MindSpore's workers listen from {DEFAULT_PORT} up); "
+        f"the scheduler takes free port {free}")
+    return free
+
+
 def entry_args(plan: MsrunPlan) -> List[str]:
     """The arguments after ``python``: ``-m naohai.cli train RECIPE [overrides] --strategy FILE --device D``.
 

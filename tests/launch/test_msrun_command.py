@@ -222,3 +222,47 @@ def test_a_launch_on_a_folder_another_job_holds_exits_2_before_any_worker(tmp_pa
     assert main(["launch", "tiny", "train.micro_batch_size=8", f"train.output_dir={out}", "--strategy",
                  str(ROOT / "strategies" / "tiny-dp2.yaml"), "--oversubscribe"]) == 0
     assert not folder_locked(out)
+
+
+def _listening():
+    """A socket listening on a free port of 127.0.0.1 (what a running job's worker or scheduler holds)."""
+    import socket
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def test_a_busy_scheduler_port_is_refused_when_chosen_and_replaced_when_msruns_default():
+    """MindSpore's workers listen from port 8118 up, msrun's default scheduler port: a second job on one
+    machine found it taken and failed in MindSpore's cluster set-up (the README's launch beside a test's)."""
+    import os
+    from naohai.launch.msrun import scheduler_port
+    said = []
+    with _listening() as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(UserError) as info:
+            scheduler_port("127.0.0.1", port, chosen=True, say=said.append)
+        msg = str(info.value)
+        assert info.value.key == "master_port" and f"port {port}" in msg and f"pid {os.getpid()}" in msg
+        other = scheduler_port("127.0.0.1", port, chosen=False, say=said.append)
+        assert other != port and f"port {port} is in use by pid {os.getpid()}" in said[0]
+        assert f"free port {other}" in said[0]
+    assert scheduler_port("127.0.0.1", port, chosen=True, say=said.append) == port    # free again
+    assert scheduler_port("192.0.2.1", port, chosen=True, say=said.append) == port    # not this machine's
+
+
+def test_launch_moves_off_a_busy_default_port_and_refuses_a_busy_given_one(tmp_path, capsys, monkeypatch):
+    import naohai.commands.launch as launch_command
+    ran = []
+    monkeypatch.setattr(launch_command, "run_msrun", lambda plan, **k: ran.append(plan.master_port) or 0)
+    args = ["launch", "tiny", "train.micro_batch_size=8", f"train.output_dir={tmp_path / 'run'}", "--strategy",
+            str(ROOT / "strategies" / "tiny-dp2.yaml"), "--oversubscribe"]
+    with _listening() as busy:
+        port = busy.getsockname()[1]
+        assert main(args + ["--master-port", str(port)]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"port {port} on 127.0.0.1 is in use by pid" in err and "Traceback" not in err and not ran
+        monkeypatch.setattr(launch_command, "DEFAULT_PORT", port)
+        assert main(args) == 0
+        assert ran and ran[0] != port and f"port {port} is in use by pid" in capsys.readouterr().out
