@@ -100,8 +100,8 @@ def test_train_command_runs_with_the_adopted_recipe_and_records_it(tmp_path, mon
         raise SystemExit(0)
 
     monkeypatch.setattr("naohai.train.job.train", fake_train)
-    with pytest.raises(SystemExit):
-        main(["train", r, "--strategy", s])
+    with pytest.raises(SystemExit):      # the run folder in tmp_path, not the checkout's runs/default
+        main(["train", r, "--strategy", s, "--output-dir", str(tmp_path / "run")])
     out = capsys.readouterr().out
     assert "batch from the strategy file: train.global_batch_size: 16 (recipe default) -> 32" in out
     assert seen["recipe"].train.global_batch_size == 32 and seen["resolved"].micro_batch_size == 4
