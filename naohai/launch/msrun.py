@@ -196,10 +196,11 @@ def scheduler_port(addr: str, port: int, *, chosen: bool, say) -> int:
     that is not this machine's is not checked."""
     import errno
     import socket
-    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as probe:
+    family, host = (socket.AF_INET6 if ":" in addr else socket.AF_INET), addr.strip("[]")
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as a listening server binds
         try:
-            probe.bind((addr.strip("[]"), port))
+            probe.bind((host, port))
             return port
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
@@ -209,8 +210,8 @@ def scheduler_port(addr: str, port: int, *, chosen: bool, say) -> int:
         raise UserError(f"port {port} on {addr} is in use by {holder}; msrun's scheduler could not listen "
                         "there. Choose another port, the same on every node", where=WHERE, key="master_port",
                         rule="a port free on node 0")
-    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((addr.strip("[]"), 0))
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
         free = probe.getsockname()[1]
     say(f"naohai launch: port {port} is in use by {holder} (MindSpore's workers listen from {DEFAULT_PORT} up); "
         f"the scheduler takes free port {free}")
