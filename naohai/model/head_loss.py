@@ -33,6 +33,7 @@ from mindspore import nn, ops, Tensor
 from mindspore.ops.operations._grad_ops import LogSoftmaxGrad
 
 from naohai.model.config import ModelConfig
+from naohai.model.layers import repeat
 
 BLOCK_BYTES = 64 * 2 ** 20     # about this many bytes of float32 logits per block
 
@@ -107,7 +108,7 @@ class ChunkedHeadLoss(nn.Cell):
             nlls.append(self.neg(ops.reshape(self.pick(logp, 1, ops.reshape(yb, (-1, 1))), (-1,))))
             seed = self.one_hot(yb, vocab, on, off)          # d loss / d logp: -coef_i at the label
             if coef is not None:
-                seed = seed * ops.broadcast_to(ops.reshape(-coef[start:end], (-1, 1)), seed.shape)
+                seed = seed * repeat(ops.reshape(-coef[start:end], (-1, 1)), seed)
             g = self.log_softmax_grad(logp, seed)
             dxs.append(self.grad_x(g, w))
             if self.weight_grad:
