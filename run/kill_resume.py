@@ -83,8 +83,12 @@ def command(recipe: Path, layout: str, log_dir: Path):
         return [sys.executable, "-m", "naohai.cli", "train", str(recipe)]
     strategy = log_dir.parent / "dp2.yaml"
     strategy.write_text("name: dp2\nmesh: {data: 2}\n")
+    # MindSpore's default node time-out (30 s): MS_NODE_TIMEOUT also bounds each CPU collective's wait, so with
+    # 5 s the host barrier after compiling failed when one rank finished compiling more than 5 s before the
+    # other (a full two-worker test run, 2026-11-29: "Broadcast wait receiving ... failed").  The kills here
+    # end every process of the job, so the time-out does not delay them.
     return [sys.executable, "-m", "naohai.cli", "launch", str(recipe), "--strategy", str(strategy),
-            "--log-dir", str(log_dir), "--master-port", str(_free_port()), "--node-time-out", "5"]
+            "--log-dir", str(log_dir), "--master-port", str(_free_port()), "--node-time-out", "30"]
 
 
 def _free_port() -> int:

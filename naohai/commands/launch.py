@@ -38,7 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--cluster-time-out", type=int, default=600,
                    help="seconds to wait for the cluster to form (default 600)")
     p.add_argument("--node-time-out", type=int,
-                   help="seconds before a silent rank is declared dead (MS_NODE_TIMEOUT; MindSpore default 30)")
+                   help="seconds before a silent rank is declared dead (MS_NODE_TIMEOUT; MindSpore default 30). "
+                        "On CPU it also bounds each collective's wait, so the host barriers (after compiling, "
+                        "at checkpoints) fail when one rank arrives that much before another")
     p.add_argument("--bind-core", action="store_true", help="let msrun bind CPU cores to workers")
     p.add_argument("--rank-table", help="rank table file (passed to msrun; see --rank-table-processes)")
     p.add_argument("--rank-table-processes", action="store_true",

@@ -22,7 +22,10 @@ tests/launch/test_msrun_failure.py):
   ranks by heartbeat after ``MS_NODE_TIMEOUT`` seconds (default 30; measured 32 s
   from death to msrun's exit with cluster_time_out 10 and 30, 6.5 s with
   MS_NODE_TIMEOUT=5), not after ``cluster_time_out``, which only bounds how long
-  the cluster may take to form.  ``node_time_out`` sets MS_NODE_TIMEOUT.
+  the cluster may take to form.  ``node_time_out`` sets MS_NODE_TIMEOUT.  On CPU MindSpore
+  also takes MS_NODE_TIMEOUT as the wait of every collective (``collective_ops_impl``: "Broadcast
+  wait receiving ... failed"), so a host barrier that one rank reaches more than that many
+  seconds before another fails: with 5 s, the barrier after compiling failed under load.
 
 Rank-table fallback: some sites still start jobs the pre-msrun way, one process
 per device with ``RANK_TABLE_FILE``, ``RANK_ID``, ``DEVICE_ID`` and ``RANK_SIZE``
