@@ -12,7 +12,7 @@ setup(
                 "PanGu-alpha / PengCheng-Mind LLMs on MindSpore",
     packages=find_packages(include=["naohai", "naohai.*"]),
     package_data={"naohai.downstream": ["shipped/*.yaml", "shipped/*.jsonl", "shipped/*.py"],
-                  "naohai.data": ["builtin/*.jsonl"]},
+                  "naohai.data": ["builtin/*.jsonl"], "naohai.model": ["cpu_kernels.cc"]},
     python_requires=">=3.9,<3.12",
     install_requires=[
         "mindspore==2.10.0",

@@ -30,7 +30,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from naohai.model.config import ModelConfig
-from naohai.model import spec
+from naohai.model import cpu_kernels, spec
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -140,8 +140,7 @@ class _Repeat(nn.Cell):
         return repeat(b, like)
 
     def bprop(self, b, like, out, dout):
-        axes = _repeated_axes(like.shape, _ranked(b.shape, like.shape))
-        return ops.reshape(self.reduce(dout, axes), b.shape), ops.zeros_like(like)
+        return _summed_to(dout, b, self.reduce), ops.zeros_like(like)
 
 
 def repeat(b, like):
@@ -172,14 +171,177 @@ _TILE = ops.Tile()
 _RESHAPE = ops.Reshape()
 
 
+# ------------------------------------------------------------------------------ broadcasting Add / Sub / Mul on CPU
+def add_full(op, x, b, on: bool):
+    """``op(x, b)`` (an ``Add``, the strategy's op) with ``b`` broadcast to ``x``'s shape: as it is when not
+    ``on``; on the CPU backend (``on``) by naohai's compiled kernel (:mod:`naohai.model.cpu_kernels`), or
+    with ``b`` repeated by :func:`full` when the kernels are not built or the operands are not float32.
+    Every form gives the same numbers bit for bit, forward and backward."""
+    if not on:
+        return op(x, b)
+    if _KERNELS_ON and x.dtype == ms.float32 and b.dtype == ms.float32:
+        return _BROADCAST_ADD(x, b)
+    return op(x, full(b, x, True))
+
+
+def sub_full(op, x, b, on: bool):
+    """``op(x, b)`` (a ``Sub``) with ``b`` broadcast: :func:`add_full`'s forms."""
+    if not on:
+        return op(x, b)
+    if _KERNELS_ON and x.dtype == ms.float32 and b.dtype == ms.float32:
+        return _BROADCAST_SUB(x, b)
+    return op(x, full(b, x, True))
+
+
+def mul_full(op, x, b, on: bool):
+    """``op(x, b)`` (a ``Mul``) with ``b`` broadcast: :func:`add_full`'s forms."""
+    if not on:
+        return op(x, b)
+    if _KERNELS_ON and x.dtype == ms.float32 and b.dtype == ms.float32:
+        return _BROADCAST_MUL(x, b)
+    return op(x, full(b, x, True))
+
+
+def _summed_to(d, b, reduce):
+    """``d`` (x's shape) summed over the axes along which ``b`` was broadcast, in ``b``'s shape: the one
+    ``ReduceSum`` MindSpore derives for ``BroadcastTo`` (as :class:`_Repeat`)."""
+    axes = _repeated_axes(d.shape, _ranked(b.shape, d.shape))
+    if not axes:
+        return _RESHAPE(d, b.shape)
+    return _RESHAPE(reduce(d, axes), b.shape)
+
+
+class _BroadcastAdd(nn.Cell):
+    """``x + b`` by the compiled kernel; backward: ``dout``, and ``dout`` summed to ``b``."""
+
+    def __init__(self, prim):
+        super().__init__()
+        self.op = prim
+        self.reduce = ops.ReduceSum(keep_dims=True)
+
+    def construct(self, x, b):
+        return self.op(x, b)
+
+    def bprop(self, x, b, out, dout):
+        return dout, _summed_to(dout, b, self.reduce)
+
+
+class _BroadcastSub(nn.Cell):
+    """``x - b`` by the compiled kernel; backward: ``dout``, and ``-dout`` summed to ``b`` (``Sub``'s
+    derived backward negates before the sum)."""
+
+    def __init__(self, prim):
+        super().__init__()
+        self.op = prim
+        self.neg = ops.Neg()
+        self.reduce = ops.ReduceSum(keep_dims=True)
+
+    def construct(self, x, b):
+        return self.op(x, b)
+
+    def bprop(self, x, b, out, dout):
+        return dout, _summed_to(self.neg(dout), b, self.reduce)
+
+
+class _BroadcastMul(nn.Cell):
+    """``x * b`` by the compiled kernel; backward: ``dout * b`` (the kernel again: ``b`` is never repeated
+    into memory, forward or backward) and ``dout * x`` summed to ``b``."""
+
+    def __init__(self, prim):
+        super().__init__()
+        self.op = prim
+        self.mul = ops.Mul()
+        self.reduce = ops.ReduceSum(keep_dims=True)
+
+    def construct(self, x, b):
+        return self.op(x, b)
+
+    def bprop(self, x, b, out, dout):
+        return self.op(dout, b), _summed_to(self.mul(dout, x), b, self.reduce)
+
+
+class _SwapAxes12(nn.Cell):
+    """[a, b, c, d] -> [a, c, b, d] by the compiled copy; its backward is the same swap of ``dout``."""
+
+    def __init__(self, prim):
+        super().__init__()
+        self.op = prim
+
+    def construct(self, x):
+        return self.op(x)
+
+    def bprop(self, x, out, dout):
+        return (self.op(dout),)
+
+
+class _SwiGLU(nn.Cell):
+    """``(g * s) * u`` (``s = sigmoid(g)``, computed outside by the strategy's op) in one pass, without keeping
+    ``g * s``; backward: the gradients MindSpore derives for the two products, in one pass (``ds`` goes on to
+    Sigmoid's own backward, and ``g``'s two gradients are added by MindSpore as before)."""
+
+    def __init__(self, prim, grad):
+        super().__init__()
+        self.op = prim
+        self.grad = grad
+
+    def construct(self, g, s, u):
+        return self.op(g, s, u)
+
+    def bprop(self, g, s, u, out, dout):
+        dg, ds, du = self.grad(dout, g, s, u)
+        return dg, ds, du
+
+
+def swiglu_product(mul, act_mul, gate, sig, up, on: bool):
+    """``mul(act_mul(gate, sig), up)``, SwiGLU's products (the strategy's two ``Mul``); on the CPU backend with
+    the compiled kernels (float32) one kernel forward and one backward, the same numbers."""
+    if on and _KERNELS_ON and gate.dtype == ms.float32 and sig.dtype == ms.float32 and up.dtype == ms.float32:
+        return _SWIGLU(gate, sig, up)
+    return mul(act_mul(gate, sig), up)
+
+
+def sub_mul_rows(sub, mul, yd, y, m):
+    """``yd - y * m`` with ``m`` one value per row (``[..., 1]``), for code that is not differentiated: the
+    compiled kernel when built (float32), else ``sub`` and ``mul`` on :func:`repeat`'s copy of ``m``."""
+    if _KERNELS_ON and yd.dtype == ms.float32 and y.dtype == ms.float32 and m.dtype == ms.float32:
+        return _SUB_MUL_ROWS(yd, y, m)
+    return sub(yd, mul(y, repeat(m, y)))
+
+
+_KERNELS_ON = False
+_BROADCAST_ADD = _BROADCAST_SUB = _BROADCAST_MUL = _SWAP_AXES_1_2 = _SWIGLU = _SUB_MUL_ROWS = None
+
+
+def prepare_broadcast() -> bool:
+    """Build (once) the compiled CPU kernels :func:`add_full` and its siblings use, when on the CPU
+    backend; returns whether the cells take the CPU forms (:func:`cpu_backend`)."""
+    global _KERNELS_ON, _BROADCAST_ADD, _BROADCAST_SUB, _BROADCAST_MUL, _SWAP_AXES_1_2, _SWIGLU, _SUB_MUL_ROWS
+    if not cpu_backend():
+        return False
+    if not _KERNELS_ON:
+        prims = cpu_kernels.primitives()
+        if prims is not None:
+            _BROADCAST_ADD = _BroadcastAdd(prims["add"])
+            _BROADCAST_SUB = _BroadcastSub(prims["sub"])
+            _BROADCAST_MUL = _BroadcastMul(prims["mul"])
+            _SWAP_AXES_1_2 = _SwapAxes12(prims["swap_axes_1_2"])
+            _SWIGLU = _SwiGLU(prims["swiglu"], prims["swiglu_grad"])
+            _SUB_MUL_ROWS = prims["sub_mul_rows"]
+            _KERNELS_ON = True
+    return True
+
+
 def swap_axes_1_2(x, transpose, on: bool):
     """``x`` [a, b, c, d] -> [a, c, b, d] (the attention's heads in or out): ``transpose`` (the op strategies
     address), or when ``on`` (the CPU backend, as :func:`full`) a split over the smaller of axes 1 and 2, each
     piece reshaped (the moved axis has size 1: its elements keep their order) and concatenated.  MindSpore 2.10's
     CPU ``Transpose`` kernel keeps about 2.5x its output in index state for as long as the graph lives (0.8 GB of
-    the 27M bench model's train step); split and concat are plain copies, the same numbers."""
+    the 27M bench model's train step); split and concat are plain copies, the same numbers.  With naohai's compiled
+CPU kernels (float32) the copy is one kernel, forward and backward (:mod:`naohai.model.cpu_kernels`)."""
     if not on:
         return transpose(x, (0, 2, 1, 3))
+    if _KERNELS_ON and x.dtype == ms.float32:
+        return _SWAP_AXES_1_2(x)
     a, b, c, d = x.shape
     if c <= b:
         return ops.concat([ops.reshape(p, (a, 1, b, d)) for p in ops.split(x, 1, axis=2)], 1)
@@ -221,7 +383,7 @@ class Norm(nn.Cell):
                 self.gamma = Tensor(np.ones(h, np.float32))
                 self.beta = Tensor(np.zeros(h, np.float32))
         self.composite = self.norm is not None and cpu_backend()
-        self.full = cpu_backend()
+        self.full = prepare_broadcast()
         if self.composite:
             self.reshape = ops.Reshape()
             self.row_mean = ops.MatMul()
@@ -247,15 +409,15 @@ class Norm(nn.Cell):
             shape = x.shape
             x2 = self.reshape(x, (-1, self.h))
             average = self.cast(self.average, x2.dtype)
-            c = self.center(x2, full(self.row_mean(x2, average), x2, self.full))
+            c = sub_full(self.center, x2, self.row_mean(x2, average), self.full)
             var = self.row_mean_sq(self.square(c, c), average)
-            y = self.mul(c, full(self.rsqrt(self.add_eps(var, self.eps)), c, self.full))
-            y = self.add_beta(self.mul_gamma(y, full(gamma, y, self.full)), full(beta, y, self.full))
+            y = mul_full(self.mul, c, self.rsqrt(self.add_eps(var, self.eps)), self.full)
+            y = add_full(self.add_beta, mul_full(self.mul_gamma, y, gamma, self.full), beta, self.full)
             y = self.reshape(y, shape)
         elif self.norm is None:
             var = self.mean(self.square(x), -1)
-            y = self.mul(x, full(self.rsqrt(self.add_eps(var, self.eps)), x, self.full))
-            y = self.mul_gamma(y, full(gamma, y, self.full))
+            y = mul_full(self.mul, x, self.rsqrt(self.add_eps(var, self.eps)), self.full)
+            y = mul_full(self.mul_gamma, y, gamma, self.full)
         else:
             y, _, _ = self.norm(x, gamma, beta)
         return self.cast(y, dtype)
@@ -274,7 +436,6 @@ class RowSumSoftmax(nn.Cell):
         super().__init__()
         self.op = op
         self.mul = ops.Mul()
-        self.mul_out = ops.Mul()
         self.sub = ops.Sub()
         self.row_sum = ops.MatMul()
         self.reshape = ops.Reshape()
@@ -286,7 +447,7 @@ class RowSumSoftmax(nn.Cell):
         width = out.shape[-1]
         yd = self.mul(out, dout)
         sums = self.row_sum(self.reshape(yd, (-1, width)), ops.ones((width, 1), yd.dtype))
-        return (self.sub(yd, self.mul_out(out, repeat(self.reshape(sums, out.shape[:-1] + (1,)), out))),)
+        return (sub_mul_rows(self.sub, self.mul, yd, out, self.reshape(sums, out.shape[:-1] + (1,))),)
 
 
 # ------------------------------------------------------------------------------ positions
@@ -423,7 +584,7 @@ class Attention(nn.Cell):
             self.bias_table = Tensor(attention_bias(cfg))
         self.softmax = ops.Softmax(axis=-1)
         self.probs = RowSumSoftmax(self.softmax) if cpu_backend() else self.softmax
-        self.full = cpu_backend()
+        self.full = prepare_broadcast()
         self.prob_dropout = Dropout(cfg.dropout)
         self.context = ops.BatchMatMul()
         self.out = ops.MatMul(transpose_b=True)
@@ -451,7 +612,7 @@ class Attention(nn.Cell):
     def _proj(self, mm, add, x, w, b):
         y = mm(self.cast(x, self.dtype), self.cast(w, self.dtype))
         if b is not None:
-            y = add(y, full(self.cast(b, self.dtype), y, self.full))
+            y = add_full(add, y, self.cast(b, self.dtype), self.full)
         return y
 
     def _heads(self, y, n, s):
@@ -472,8 +633,8 @@ class Attention(nn.Cell):
         b, n, s = x.shape[0], x.shape[1], x.shape[2]
         flat = self.reshape(x, (-1, self.hd))
         rot = self.reshape(self.rot_mm(flat, self.cast(self.rot, x.dtype)), (b, n, s, self.hd))
-        return self.rope_add(self.rope_mul_cos(x, full(self.cast(cos, x.dtype), x, self.full)),
-                             self.rope_mul_sin(rot, full(self.cast(sin, x.dtype), rot, self.full)))
+        return self.rope_add(mul_full(self.rope_mul_cos, x, self.cast(cos, x.dtype), self.full),
+                             mul_full(self.rope_mul_sin, rot, self.cast(sin, x.dtype), self.full))
 
     def _expand_kv(self, x):
         """[b, nkv, t, d] -> [b, nh, t, d] by repeating each kv head for its query group."""
@@ -538,7 +699,7 @@ class Attention(nn.Cell):
         scores = self.scores(q, k)                                             # [b, nh, s, t]
         scores = self.cast(scores, self.softmax_dtype)
         scores = self.scale(scores, self.cast(self.scale_value, self.softmax_dtype))
-        scores = self.mask(scores, full(self.cast(bias, self.softmax_dtype), scores, self.full))
+        scores = add_full(self.mask, scores, self.cast(bias, self.softmax_dtype), self.full)
         probs = self.prob_dropout(self.cast(self.probs(scores), self.dtype))
         ctx = self.context(probs, v)                                           # [b, nh, s, d]
         ctx = self.reshape(swap_axes_1_2(ctx, self.transpose, self.full), (-1, self.nh * self.hd))
@@ -639,7 +800,7 @@ class MLP(nn.Cell):
             # exact GeLU x * Phi(x) = x * (1 + erf(x / sqrt 2)) / 2; ops.GeLU on CPU in 2.10 is the
             # tanh approximation (measured up to 4.7e-4 off on [-4, 4])
             self.act = ops.Erf()
-        self.full = cpu_backend()
+        self.full = prepare_broadcast()
         self.exact_gelu = cfg.activation == "gelu"
         self.tanh_gelu = cfg.activation == "gelu_tanh"
         self.dropout = Dropout(cfg.dropout)
@@ -653,17 +814,17 @@ class MLP(nn.Cell):
         x = self.cast(x, self.dtype)
         up = self.up(x, self._weight(self.up_weight, layer))
         if self.use_bias:
-            up = self.up_add(up, full(self._weight(self.up_bias, layer), up, self.full))
+            up = add_full(self.up_add, up, self._weight(self.up_bias, layer), self.full)
         if self.swiglu:
             gate = self.gate(x, self._weight(self.gate_weight, layer))
             if self.use_bias:
-                gate = self.gate_add(gate, full(self._weight(self.gate_bias, layer), gate, self.full))
-            hidden = self.mul(self.act_mul(gate, self.act(gate)), up)
+                gate = add_full(self.gate_add, gate, self._weight(self.gate_bias, layer), self.full)
+            hidden = swiglu_product(self.mul, self.act_mul, gate, self.act(gate), up, self.full)
         else:
             hidden = self.activation(up)
         out = self.down(hidden, self._weight(self.down_weight, layer))
         if self.use_bias:
-            out = self.down_add(out, full(self._weight(self.down_bias, layer), out, self.full))
+            out = add_full(self.down_add, out, self._weight(self.down_bias, layer), self.full)
         return self.cast(self.dropout(out), ms.float32)
 
     def activation(self, x):

@@ -17,6 +17,8 @@ import platform
 import time
 from typing import Optional, Tuple
 
+from naohai.cache import cache_dir
+
 
 _MEASURED: dict = {}
 
@@ -122,18 +124,6 @@ def measured_cpu_peak_tflops(n: int = PEAK_MATMUL_N, repeats: int = PEAK_REPEATS
     if key not in _MEASURED:
         _MEASURED[key] = max(v for v in cpu_peak_sources(n, repeats).values() if v)
     return _MEASURED[key]
-
-
-#: environment variable naming the folder of naohai's per-machine cache (default ~/.cache/naohai)
-CACHE_DIR_VAR = "NAOHAI_CACHE_DIR"
-
-
-def cache_dir() -> str:
-    """``$NAOHAI_CACHE_DIR``, else ``$XDG_CACHE_HOME/naohai``, else ``~/.cache/naohai``."""
-    if os.environ.get(CACHE_DIR_VAR):
-        return os.environ[CACHE_DIR_VAR]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "naohai")
 
 
 def _cpu_model() -> str:

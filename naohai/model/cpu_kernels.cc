@@ -1,0 +1,218 @@
+// Float32 kernels for MindSpore's CPU backend (see cpu_kernels.py): broadcasting Add / Sub / Mul, the
+// attention's head transpose, SwiGLU's products forward and backward, and the softmax backward's tail.
+//
+// Each output element comes from the same IEEE operations on the same values, in the same order, as the
+// MindSpore ops they replace compute it, so the results are theirs bit for bit (built with
+// -ffp-contract=off: no fused multiply-add; no reductions, no reassociation).  What they save is memory
+// traffic (one pass instead of several, no tiled copy of a broadcast operand) and MindSpore's per-kernel
+// state (2.10's CPU arithmetic kernel keeps 16 bytes of index per output element for a broadcast operand).
+//
+// Broadcasting: out = x OP b, b's shape right-aligned against x's, each of its axes equal to x's or 1.
+// The entry points follow MindSpore's AOT custom-op interface (ops.Custom, func_type "aot"): params = the
+// inputs then the outputs, shapes[i] / ndims[i] their shapes.  They return 0, or 1 for operands they do
+// not take (the Python side never passes such).
+
+#include <algorithm>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int64_t kElementsPerThread = 1 << 16;
+
+// x's shape collapsed to groups of adjacent axes along which b either varies (stride > 0) or repeats
+// (stride 0); axes of size 1 dropped.
+struct Layout {
+  int n = 0;
+  int64_t size[kMaxDims];
+  int64_t bstride[kMaxDims];
+};
+
+bool MakeLayout(int xd, const int64_t *xs, int bd, const int64_t *bs, Layout *out) {
+  if (xd > kMaxDims || bd > xd) return false;
+  int64_t sizes[kMaxDims];
+  bool varies[kMaxDims];
+  int n = 0;
+  for (int i = 0; i < xd; ++i) {
+    int j = i - (xd - bd);
+    int64_t bsize = j >= 0 ? bs[j] : 1;
+    if (bsize != xs[i] && bsize != 1) return false;
+    if (xs[i] == 1) continue;
+    bool v = bsize == xs[i];
+    if (n > 0 && varies[n - 1] == v) {
+      sizes[n - 1] *= xs[i];
+    } else {
+      sizes[n] = xs[i];
+      varies[n] = v;
+      ++n;
+    }
+  }
+  int64_t stride = 1;
+  for (int g = n - 1; g >= 0; --g) {
+    out->size[g] = sizes[g];
+    out->bstride[g] = varies[g] ? stride : 0;
+    if (varies[g]) stride *= sizes[g];
+  }
+  out->n = n;
+  return true;
+}
+
+struct Add { static float Apply(float a, float b) { return a + b; } };
+struct Sub { static float Apply(float a, float b) { return a - b; } };
+struct Mul { static float Apply(float a, float b) { return a * b; } };
+
+// Rows [r0, r1) of the layout seen as [outer, inner], inner being its last group.
+template <typename Op>
+void Rows(const Layout &l, const float *x, const float *b, float *out, int64_t r0, int64_t r1) {
+  const int last = l.n - 1;
+  const int64_t inner = l.size[last];
+  const bool scalar = l.bstride[last] == 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t rest = r, boff = 0;
+    for (int g = last - 1; g >= 0; --g) {
+      boff += (rest % l.size[g]) * l.bstride[g];
+      rest /= l.size[g];
+    }
+    const float *xr = x + r * inner;
+    float *o = out + r * inner;
+    if (scalar) {
+      const float v = b[boff];
+      for (int64_t k = 0; k < inner; ++k) o[k] = Op::Apply(xr[k], v);
+    } else {
+      const float *br = b + boff;
+      for (int64_t k = 0; k < inner; ++k) o[k] = Op::Apply(xr[k], br[k]);
+    }
+  }
+}
+
+template <typename Fn>
+void Parallel(int64_t rows, int64_t elements, Fn fn);
+
+template <typename Op>
+int Broadcast(int nparam, void **params, int *ndims, int64_t **shapes) {
+  if (nparam != 3) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  const float *b = static_cast<const float *>(params[1]);
+  float *out = static_cast<float *>(params[2]);
+  Layout l;
+  if (!MakeLayout(ndims[0], shapes[0], ndims[1], shapes[1], &l)) return 1;
+  if (l.n == 0) {  // every axis of size 1
+    out[0] = Op::Apply(x[0], b[0]);
+    return 0;
+  }
+  int64_t inner = l.size[l.n - 1], rows = 1;
+  for (int g = 0; g < l.n - 1; ++g) rows *= l.size[g];
+  Parallel(rows, rows * inner, [&l, x, b, out](int64_t r0, int64_t r1) { Rows<Op>(l, x, b, out, r0, r1); });
+  return 0;
+}
+
+// Runs fn(r0, r1) over [0, rows) split between threads, about kElementsPerThread elements of work each.
+template <typename Fn>
+void Parallel(int64_t rows, int64_t elements, Fn fn) {
+  int64_t threads = std::min<int64_t>({static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())),
+                                       rows, elements / kElementsPerThread, 16});
+  if (threads <= 1) {
+    fn(0, rows);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(fn, rows * t / threads, rows * (t + 1) / threads);
+  fn(0, rows / threads);
+  for (auto &th : pool) th.join();
+}
+
+int64_t Count(int nd, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < nd; ++i) n *= shape[i];
+  return n;
+}
+
+}  // namespace
+
+extern "C" {
+// x [a, b, c, d] -> out [a, c, b, d]: a copy.
+int NaohaiSwapAxes12(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 2 || ndims[0] != 4) return 1;
+  const float *x = static_cast<const float *>(params[0]);
+  float *out = static_cast<float *>(params[1]);
+  const int64_t a = shapes[0][0], b = shapes[0][1], c = shapes[0][2], d = shapes[0][3];
+  Parallel(a * c, a * b * c * d, [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {          // r = (i, k): out[i, k, :, :] gathers x[i, :, k, :]
+      const int64_t i = r / c, k = r % c;
+      float *o = out + r * b * d;
+      for (int64_t j = 0; j < b; ++j) std::copy_n(x + ((i * b + j) * c + k) * d, d, o + j * d);
+    }
+  });
+  return 0;
+}
+
+// SwiGLU's products: out = (g * s) * u, s = sigmoid(g) given (MindSpore's Sigmoid).
+int NaohaiSwiGLU(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 4) return 1;
+  const float *g = static_cast<const float *>(params[0]);
+  const float *s = static_cast<const float *>(params[1]);
+  const float *u = static_cast<const float *>(params[2]);
+  float *out = static_cast<float *>(params[3]);
+  const int64_t n = Count(ndims[0], shapes[0]);
+  Parallel(n / 1024 + 1, n, [=](int64_t r0, int64_t r1) {
+    const int64_t e1 = std::min<int64_t>(r1 * 1024, n);
+    for (int64_t k = r0 * 1024; k < e1; ++k) out[k] = (g[k] * s[k]) * u[k];
+  });
+  return 0;
+}
+
+// Its backward, as MindSpore derives it for the two Muls: du = dy * (g * s), dg = (dy * u) * s (the product's
+// own term), ds = (dy * u) * g (to Sigmoid's backward).
+int NaohaiSwiGLUGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 7) return 1;
+  const float *dy = static_cast<const float *>(params[0]);
+  const float *g = static_cast<const float *>(params[1]);
+  const float *s = static_cast<const float *>(params[2]);
+  const float *u = static_cast<const float *>(params[3]);
+  float *dg = static_cast<float *>(params[4]);
+  float *ds = static_cast<float *>(params[5]);
+  float *du = static_cast<float *>(params[6]);
+  const int64_t n = Count(ndims[0], shapes[0]);
+  Parallel(n / 1024 + 1, n, [=](int64_t r0, int64_t r1) {
+    const int64_t e1 = std::min<int64_t>(r1 * 1024, n);
+    for (int64_t k = r0 * 1024; k < e1; ++k) {
+      const float dyu = dy[k] * u[k];
+      du[k] = dy[k] * (g[k] * s[k]);
+      dg[k] = dyu * s[k];
+      ds[k] = dyu * g[k];
+    }
+  });
+  return 0;
+}
+
+// Softmax's backward tail: out = yd - y * m, m [..., 1] one value per row (the row sums).
+int NaohaiSubMulRows(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 4) return 1;
+  const float *yd = static_cast<const float *>(params[0]);
+  const float *y = static_cast<const float *>(params[1]);
+  const float *m = static_cast<const float *>(params[2]);
+  float *out = static_cast<float *>(params[3]);
+  const int64_t n = Count(ndims[0], shapes[0]);
+  const int64_t width = shapes[0][ndims[0] - 1];
+  if (Count(ndims[2], shapes[2]) * width != n) return 1;
+  Parallel(n / width, n, [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float v = m[r];
+      for (int64_t k = r * width; k < (r + 1) * width; ++k) out[k] = yd[k] - y[k] * v;
+    }
+  });
+  return 0;
+}
+
+int NaohaiBroadcastAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  return Broadcast<Add>(nparam, params, ndims, shapes);
+}
+int NaohaiBroadcastSub(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  return Broadcast<Sub>(nparam, params, ndims, shapes);
+}
+int NaohaiBroadcastMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  return Broadcast<Mul>(nparam, params, ndims, shapes);
+}
+}
