@@ -6,6 +6,8 @@
 // -ffp-contract=off: no fused multiply-add; no reductions, no reassociation).  What they save is memory
 // traffic (one pass instead of several, no tiled copy of a broadcast operand) and MindSpore's per-kernel
 // state (2.10's CPU arithmetic kernel keeps 16 bytes of index per output element for a broadcast operand).
+// They run on the calling thread: on the 2-core machine they were written on, a second thread per call
+// made the tiny bench model's step slower (median 0.213 against 0.201 s, one process, rounds rotating).
 //
 // Broadcasting: out = x OP b, b's shape right-aligned against x's, each of its axes equal to x's or 1.
 // The entry points follow MindSpore's AOT custom-op interface (ops.Custom, func_type "aot"): params = the
@@ -14,13 +16,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <thread>
-#include <vector>
 
 namespace {
 
 constexpr int kMaxDims = 8;
-constexpr int64_t kElementsPerThread = 1 << 16;
 
 // x's shape collapsed to groups of adjacent axes along which b either varies (stride > 0) or repeats
 // (stride 0); axes of size 1 dropped.
@@ -87,9 +86,6 @@ void Rows(const Layout &l, const float *x, const float *b, float *out, int64_t r
   }
 }
 
-template <typename Fn>
-void Parallel(int64_t rows, int64_t elements, Fn fn);
-
 template <typename Op>
 int Broadcast(int nparam, void **params, int *ndims, int64_t **shapes) {
   if (nparam != 3) return 1;
@@ -102,25 +98,10 @@ int Broadcast(int nparam, void **params, int *ndims, int64_t **shapes) {
     out[0] = Op::Apply(x[0], b[0]);
     return 0;
   }
-  int64_t inner = l.size[l.n - 1], rows = 1;
+  int64_t rows = 1;
   for (int g = 0; g < l.n - 1; ++g) rows *= l.size[g];
-  Parallel(rows, rows * inner, [&l, x, b, out](int64_t r0, int64_t r1) { Rows<Op>(l, x, b, out, r0, r1); });
+  Rows<Op>(l, x, b, out, 0, rows);
   return 0;
-}
-
-// Runs fn(r0, r1) over [0, rows) split between threads, about kElementsPerThread elements of work each.
-template <typename Fn>
-void Parallel(int64_t rows, int64_t elements, Fn fn) {
-  int64_t threads = std::min<int64_t>({static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())),
-                                       rows, elements / kElementsPerThread, 16});
-  if (threads <= 1) {
-    fn(0, rows);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(fn, rows * t / threads, rows * (t + 1) / threads);
-  fn(0, rows / threads);
-  for (auto &th : pool) th.join();
 }
 
 int64_t Count(int nd, const int64_t *shape) {
@@ -138,13 +119,11 @@ int NaohaiSwapAxes12(int nparam, void **params, int *ndims, int64_t **shapes, co
   const float *x = static_cast<const float *>(params[0]);
   float *out = static_cast<float *>(params[1]);
   const int64_t a = shapes[0][0], b = shapes[0][1], c = shapes[0][2], d = shapes[0][3];
-  Parallel(a * c, a * b * c * d, [=](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {          // r = (i, k): out[i, k, :, :] gathers x[i, :, k, :]
-      const int64_t i = r / c, k = r % c;
-      float *o = out + r * b * d;
-      for (int64_t j = 0; j < b; ++j) std::copy_n(x + ((i * b + j) * c + k) * d, d, o + j * d);
-    }
-  });
+  for (int64_t r = 0; r < a * c; ++r) {          // r = (i, k): out[i, k, :, :] gathers x[i, :, k, :]
+    const int64_t i = r / c, k = r % c;
+    float *o = out + r * b * d;
+    for (int64_t j = 0; j < b; ++j) std::copy_n(x + ((i * b + j) * c + k) * d, d, o + j * d);
+  }
   return 0;
 }
 
@@ -156,10 +135,7 @@ int NaohaiSwiGLU(int nparam, void **params, int *ndims, int64_t **shapes, const 
   const float *u = static_cast<const float *>(params[2]);
   float *out = static_cast<float *>(params[3]);
   const int64_t n = Count(ndims[0], shapes[0]);
-  Parallel(n / 1024 + 1, n, [=](int64_t r0, int64_t r1) {
-    const int64_t e1 = std::min<int64_t>(r1 * 1024, n);
-    for (int64_t k = r0 * 1024; k < e1; ++k) out[k] = (g[k] * s[k]) * u[k];
-  });
+  for (int64_t k = 0; k < n; ++k) out[k] = (g[k] * s[k]) * u[k];
   return 0;
 }
 
@@ -175,15 +151,12 @@ int NaohaiSwiGLUGrad(int nparam, void **params, int *ndims, int64_t **shapes, co
   float *ds = static_cast<float *>(params[5]);
   float *du = static_cast<float *>(params[6]);
   const int64_t n = Count(ndims[0], shapes[0]);
-  Parallel(n / 1024 + 1, n, [=](int64_t r0, int64_t r1) {
-    const int64_t e1 = std::min<int64_t>(r1 * 1024, n);
-    for (int64_t k = r0 * 1024; k < e1; ++k) {
-      const float dyu = dy[k] * u[k];
-      du[k] = dy[k] * (g[k] * s[k]);
-      dg[k] = dyu * s[k];
-      ds[k] = dyu * g[k];
-    }
-  });
+  for (int64_t k = 0; k < n; ++k) {
+    const float dyu = dy[k] * u[k];
+    du[k] = dy[k] * (g[k] * s[k]);
+    dg[k] = dyu * s[k];
+    ds[k] = dyu * g[k];
+  }
   return 0;
 }
 
@@ -197,12 +170,10 @@ int NaohaiSubMulRows(int nparam, void **params, int *ndims, int64_t **shapes, co
   const int64_t n = Count(ndims[0], shapes[0]);
   const int64_t width = shapes[0][ndims[0] - 1];
   if (Count(ndims[2], shapes[2]) * width != n) return 1;
-  Parallel(n / width, n, [=](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float v = m[r];
-      for (int64_t k = r * width; k < (r + 1) * width; ++k) out[k] = yd[k] - y[k] * v;
-    }
-  });
+  for (int64_t r = 0; r < n / width; ++r) {
+    const float v = m[r];
+    for (int64_t k = r * width; k < (r + 1) * width; ++k) out[k] = yd[k] - y[k] * v;
+  }
   return 0;
 }
 

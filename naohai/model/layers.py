@@ -16,8 +16,11 @@ and independent of MindSpore's RNG.
 On MindSpore's CPU backend two blocks compute the same math in another form,
 because 2.10's CPU kernels for them are slow (:func:`cpu_backend`): LayerNorm
 from elementwise ops with MatMul row means, and attention's softmax backward with
-MatMul row sums (:class:`RowSumSoftmax`).  The strategy's primitives are the same
-on every backend; CPU runs are one-device runs.
+MatMul row sums (:class:`RowSumSoftmax`).  There too, broadcasting arithmetic
+(:func:`add_full` and its siblings), the heads' transposes (:func:`swap_axes_1_2`),
+SwiGLU's products and the softmax backward's tail run as naohai's compiled kernels
+(:mod:`naohai.model.cpu_kernels`), MindSpore's numbers bit for bit.  The strategy's
+primitives are the same on every backend; CPU runs are one-device runs.
 """
 from __future__ import annotations
 
