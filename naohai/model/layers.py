@@ -107,8 +107,9 @@ def cpu_backend() -> bool:
 def full(b, like, on: bool):
     """``b`` repeated to ``like``'s shape when ``on``, else ``b`` as it is.
 
-    The cells set ``on`` on the CPU backend, for the second operand of an elementwise ``Add`` / ``Sub`` /
-    ``Mul`` whose shapes differ (a bias, a norm's row statistics or gamma, RoPE's tables, the attention
+    The CPU backend's form of :func:`add_full` and its siblings when naohai's compiled kernels are not built
+    (or the operands are not float32): for the second operand of an elementwise ``Add`` / ``Sub`` / ``Mul``
+    whose shapes differ (a bias, a norm's row statistics or gamma, RoPE's tables, the attention
     bias).  MindSpore 2.10's CPU arithmetic kernel keeps, for every such kernel of a compiled graph, two
     index vectors of one ``size_t`` per output element (16 bytes: 4x an fp32 output;
     ``arithmetic_cpu_kernel.cc`` ``InitBroadCast``), for as long as the graph lives: 3.5 GB of the 27M
