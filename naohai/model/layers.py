@@ -340,8 +340,8 @@ def swap_axes_1_2(x, transpose, on: bool):
     address), or when ``on`` (the CPU backend, as :func:`full`) a split over the smaller of axes 1 and 2, each
     piece reshaped (the moved axis has size 1: its elements keep their order) and concatenated.  MindSpore 2.10's
     CPU ``Transpose`` kernel keeps about 2.5x its output in index state for as long as the graph lives (0.8 GB of
-    the 27M bench model's train step); split and concat are plain copies, the same numbers.  With naohai's compiled
-CPU kernels (float32) the copy is one kernel, forward and backward (:mod:`naohai.model.cpu_kernels`)."""
+    the 27M bench model's train step); split and concat are plain copies, the same numbers.  With naohai's
+    compiled CPU kernels (float32) the copy is one kernel, forward and backward (:mod:`naohai.model.cpu_kernels`)."""
     if not on:
         return transpose(x, (0, 2, 1, 3))
     if _KERNELS_ON and x.dtype == ms.float32:
