@@ -62,13 +62,13 @@ struct Add { static float Apply(float a, float b) { return a + b; } };
 struct Sub { static float Apply(float a, float b) { return a - b; } };
 struct Mul { static float Apply(float a, float b) { return a * b; } };
 
-// Rows [r0, r1) of the layout seen as [outer, inner], inner being its last group.
+// The layout seen as [rows, inner], inner being its last group.
 template <typename Op>
-void Rows(const Layout &l, const float *x, const float *b, float *out, int64_t r0, int64_t r1) {
+void Rows(const Layout &l, const float *x, const float *b, float *out, int64_t rows) {
   const int last = l.n - 1;
   const int64_t inner = l.size[last];
   const bool scalar = l.bstride[last] == 0;
-  for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {
     int64_t rest = r, boff = 0;
     for (int g = last - 1; g >= 0; --g) {
       boff += (rest % l.size[g]) * l.bstride[g];
@@ -100,7 +100,7 @@ int Broadcast(int nparam, void **params, int *ndims, int64_t **shapes) {
   }
   int64_t rows = 1;
   for (int g = 0; g < l.n - 1; ++g) rows *= l.size[g];
-  Rows<Op>(l, x, b, out, 0, rows);
+  Rows<Op>(l, x, b, out, rows);
   return 0;
 }
 

@@ -47,7 +47,7 @@ _STATE: Dict[str, object] = {}
 
 
 def enabled() -> bool:
-    """``NAOHAI_CPU_KERNELS``: unset or 1 builds and uses the kernels, 0 keeps the ``Tile`` form."""
+    """``NAOHAI_CPU_KERNELS``: unset or 1 builds and uses the kernels, 0 keeps MindSpore's ops."""
     raw = os.environ.get("NAOHAI_CPU_KERNELS", "").strip()
     if raw in ("", "1"):
         return True
@@ -120,8 +120,8 @@ def why_not() -> Optional[str]:
 
 
 def primitives():
-    """``{"add", "sub", "mul"}`` -> ``ops.Custom`` primitive computing ``x OP b`` (b broadcast to x), built
-    on first call; None when disabled or not buildable."""
+    """:data:`ENTRY`'s names -> their ``ops.Custom`` primitives, built on first call; None when disabled or not
+    buildable."""
     if "prims" in _STATE:
         return _STATE["prims"]
     prims = None

@@ -181,28 +181,24 @@ def add_full(op, x, b, on: bool):
     ``on``; on the CPU backend (``on``) by naohai's compiled kernel (:mod:`naohai.model.cpu_kernels`), or
     with ``b`` repeated by :func:`full` when the kernels are not built or the operands are not float32.
     Every form gives the same numbers bit for bit, forward and backward."""
-    if not on:
-        return op(x, b)
-    if _KERNELS_ON and x.dtype == ms.float32 and b.dtype == ms.float32:
-        return _BROADCAST_ADD(x, b)
-    return op(x, full(b, x, True))
+    return _broadcast_op(op, _BROADCAST_ADD, x, b, on)
 
 
 def sub_full(op, x, b, on: bool):
     """``op(x, b)`` (a ``Sub``) with ``b`` broadcast: :func:`add_full`'s forms."""
-    if not on:
-        return op(x, b)
-    if _KERNELS_ON and x.dtype == ms.float32 and b.dtype == ms.float32:
-        return _BROADCAST_SUB(x, b)
-    return op(x, full(b, x, True))
+    return _broadcast_op(op, _BROADCAST_SUB, x, b, on)
 
 
 def mul_full(op, x, b, on: bool):
     """``op(x, b)`` (a ``Mul``) with ``b`` broadcast: :func:`add_full`'s forms."""
+    return _broadcast_op(op, _BROADCAST_MUL, x, b, on)
+
+
+def _broadcast_op(op, kernel, x, b, on: bool):
     if not on:
         return op(x, b)
     if _KERNELS_ON and x.dtype == ms.float32 and b.dtype == ms.float32:
-        return _BROADCAST_MUL(x, b)
+        return kernel(x, b)
     return op(x, full(b, x, True))
 
 
