@@ -1,5 +1,6 @@
 // Float32 kernels for MindSpore's CPU backend (see cpu_kernels.py): broadcasting Add / Sub / Mul, the
-// attention's head transpose, SwiGLU's products forward and backward, and the softmax backward's tail.
+// attention's head transpose, SwiGLU's products forward and backward, the softmax backward's tail, and the
+// generation cache's column write.
 //
 // Each output element comes from the same IEEE operations on the same values, in the same order, as the
 // MindSpore ops they replace compute it, so the results are theirs bit for bit (built with
@@ -173,6 +174,28 @@ int NaohaiSubMulRows(int nparam, void **params, int *ndims, int64_t **shapes, co
   for (int64_t r = 0; r < n / width; ++r) {
     const float v = m[r];
     for (int64_t k = r * width; k < (r + 1) * width; ++k) out[k] = yd[k] - y[k] * v;
+  }
+  return 0;
+}
+
+// The generation cache's write: out = past with column s replaced by new's one column wherever slot[s] is true
+// (ops.select over broadcast operands, as a copy).  past [b, n, S, d], new [b, n, 1, d], slot [1, 1, S, 1] bool.
+int NaohaiWriteColumn(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 4 || ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
+  const int64_t *ps = shapes[0], *ns = shapes[1], *ss = shapes[2];
+  if (ns[0] != ps[0] || ns[1] != ps[1] || ns[2] != 1 || ns[3] != ps[3] || ss[0] != 1 || ss[1] != 1 ||
+      ss[2] != ps[2] || ss[3] != 1)
+    return 1;
+  const float *past = static_cast<const float *>(params[0]);
+  const float *col = static_cast<const float *>(params[1]);
+  const bool *slot = static_cast<const bool *>(params[2]);
+  float *out = static_cast<float *>(params[3]);
+  const int64_t rows = ps[0] * ps[1], width = ps[2], d = ps[3];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < width; ++c) {
+      const float *src = slot[c] ? col + r * d : past + (r * width + c) * d;
+      std::copy_n(src, d, out + (r * width + c) * d);
+    }
   }
   return 0;
 }

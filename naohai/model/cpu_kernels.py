@@ -3,7 +3,8 @@
 MindSpore 2.10's CPU kernels are slow or memory-hungry for the elementwise work around the matmuls: a
 broadcast operand (a bias, a norm's row statistics or gamma, RoPE's tables, the attention bias; see
 :func:`naohai.model.layers.full`), the attention's head transposes (:func:`naohai.model.layers.swap_axes_1_2`),
-and chains of products that each write a full tensor (SwiGLU, the softmax backward).  These kernels do
+chains of products that each write a full tensor (SwiGLU, the softmax backward), and the generation cache's
+write of a new key or value (:func:`naohai.model.layers.write_column`).  These kernels do
 the same IEEE operations on the same values, in the same order for each element, so every result is
 MindSpore's bit for bit (checked against MindSpore's ops in ``tests/model/test_cpu_kernels.py``); they write
 and keep less memory (on the bench models the peak resident set falls by 10-18%), one thread per call.
@@ -39,7 +40,8 @@ ENTRY = {"add": ("NaohaiBroadcastAdd", lambda x, b: x),
          "swap_axes_1_2": ("NaohaiSwapAxes12", lambda x: x),
          "swiglu": ("NaohaiSwiGLU", lambda g, s, u: g),
          "swiglu_grad": ("NaohaiSwiGLUGrad", lambda dy, g, s, u: (g, g, g)),
-         "sub_mul_rows": ("NaohaiSubMulRows", lambda yd, y, m: yd)}
+         "sub_mul_rows": ("NaohaiSubMulRows", lambda yd, y, m: yd),
+         "write_column": ("NaohaiWriteColumn", lambda past, new, slot: past)}
 _SHAPES = {"swap_axes_1_2": lambda x: [x[0], x[2], x[1], x[3]]}
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-shared", "-fPIC"]
 

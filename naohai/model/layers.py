@@ -18,7 +18,8 @@ because 2.10's CPU kernels for them are slow (:func:`cpu_backend`): LayerNorm
 from elementwise ops with MatMul row means, and attention's softmax backward with
 MatMul row sums (:class:`RowSumSoftmax`).  There too, broadcasting arithmetic
 (:func:`add_full` and its siblings), the heads' transposes (:func:`swap_axes_1_2`),
-SwiGLU's products and the softmax backward's tail run as naohai's compiled kernels
+SwiGLU's products, the softmax backward's tail and the generation cache's write
+(:func:`write_column`) run as naohai's compiled kernels
 (:mod:`naohai.model.cpu_kernels`), MindSpore's numbers bit for bit.  The strategy's
 primitives are the same on every backend; CPU runs are one-device runs.
 """
@@ -308,14 +309,24 @@ def sub_mul_rows(sub, mul, yd, y, m):
     return sub(yd, mul(y, repeat(m, y)))
 
 
+def write_column(past, new, slot, on: bool):
+    """The fixed-size generation cache ``past`` [b, n, S, d] with its columns where ``slot`` [1, 1, S, 1] is true
+    replaced by ``new`` [b, n, 1, d]: ``ops.select`` over the broadcast operands, or when ``on`` (the CPU
+    backend, as :func:`full`) with the compiled kernels (float32) one copy, the same numbers."""
+    if on and _KERNELS_ON and past.dtype == ms.float32 and new.dtype == ms.float32:
+        return _WRITE_COLUMN(past, new, slot)
+    return ops.select(ops.broadcast_to(slot, past.shape), ops.broadcast_to(new, past.shape), past)
+
+
 _KERNELS_ON = False
-_BROADCAST_ADD = _BROADCAST_SUB = _BROADCAST_MUL = _SWAP_AXES_1_2 = _SWIGLU = _SUB_MUL_ROWS = None
+_BROADCAST_ADD = _BROADCAST_SUB = _BROADCAST_MUL = _SWAP_AXES_1_2 = _SWIGLU = _SUB_MUL_ROWS = _WRITE_COLUMN = None
 
 
 def prepare_broadcast() -> bool:
     """Build (once) the compiled CPU kernels :func:`add_full` and its siblings use, when on the CPU
     backend; returns whether the cells take the CPU forms (:func:`cpu_backend`)."""
-    global _KERNELS_ON, _BROADCAST_ADD, _BROADCAST_SUB, _BROADCAST_MUL, _SWAP_AXES_1_2, _SWIGLU, _SUB_MUL_ROWS
+    global _KERNELS_ON, _BROADCAST_ADD, _BROADCAST_SUB, _BROADCAST_MUL, _SWAP_AXES_1_2, _SWIGLU, _SUB_MUL_ROWS, \
+        _WRITE_COLUMN
     if not cpu_backend():
         return False
     if not _KERNELS_ON:
@@ -327,6 +338,7 @@ def prepare_broadcast() -> bool:
             _SWAP_AXES_1_2 = _SwapAxes12(prims["swap_axes_1_2"])
             _SWIGLU = _SwiGLU(prims["swiglu"], prims["swiglu_grad"])
             _SUB_MUL_ROWS = prims["sub_mul_rows"]
+            _WRITE_COLUMN = prims["write_column"]
             _KERNELS_ON = True
     return True
 
@@ -747,8 +759,8 @@ class Attention(nn.Cell):
         t = positions.shape[1]
         q, k, v = self.project_qkv(x, self.query_source(x, positions, positions.shape[0]), t, positions)
         if slot is not None:
-            k = ops.select(ops.broadcast_to(slot, past_k.shape), ops.broadcast_to(k, past_k.shape), past_k)
-            v = ops.select(ops.broadcast_to(slot, past_v.shape), ops.broadcast_to(v, past_v.shape), past_v)
+            k = write_column(past_k, k, slot, self.full)
+            v = write_column(past_v, v, slot, self.full)
         elif past_k is not None:
             k = ops.concat((past_k, k), 2)
             v = ops.concat((past_v, v), 2)

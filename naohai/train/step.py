@@ -7,7 +7,8 @@ called as ``step(input_ids, labels) -> (loss, grad_norm, applied, loss_scale)``:
    micro`` (``micro`` = micro-batches summed inside ``network`` by a pipeline or an
    in-graph accumulation wrapper, else 1);
 2. ``collect(grads, 1 / loss_scale)`` returns unscaled gradients reduced over data
-   parallel as the layout needs (the collectors live in ``naohai/strategy/gradients.py``);
+   parallel as the layout needs (the collectors live in ``naohai/strategy/gradients.py``;
+   on one device with a static loss scale, which is 1, there is nothing to do);
 3. the global gradient norm in fp32 (see :func:`global_norm`), identical on every
    rank and every pipeline stage;
 4. the update is applied only when the norm is finite and, when the spike guard is
@@ -165,6 +166,10 @@ class TrainStep(_Finish):
         self.network = network
         self._init_finish(optimizer, guard, grad_clip)
         self.micro = float(micro)
+        # a static loss scale is 1: on one device there is nothing to unscale (x * 1 is x)
+        self.static_one = not guard.dynamic and collect is None and \
+            ms.get_auto_parallel_context("parallel_mode") == ms.ParallelMode.STAND_ALONE
+        self.one = Tensor(1.0, ms.float32)
         self.collect = collect if collect is not None else Unscale()
         self.reduce_loss = reduce_loss
         self.grad = C.GradOperation(get_by_list=True, sens_param=True)
@@ -172,7 +177,7 @@ class TrainStep(_Finish):
         self.token_weight = token_weight
 
     def construct(self, input_ids, labels):
-        scale = self.guard.loss_scale.value()
+        scale = self.one if self.static_one else self.guard.loss_scale.value()
         loss = self.network(input_ids, labels)
         sens = F.ones_like(loss) * F.cast(scale / self.micro, F.dtype(loss))
         if self.weighted:
@@ -180,7 +185,8 @@ class TrainStep(_Finish):
             loss = loss * weight
             sens = sens * weight
         grads = self.grad(self.network, self.weights)(input_ids, labels, sens)
-        grads = self.collect(grads, 1.0 / scale)
+        if not self.static_one:
+            grads = self.collect(grads, 1.0 / scale)
         norm, applied = self._finish(grads)
         if self.reduce_loss is not None:
             loss = self.reduce_loss(loss)

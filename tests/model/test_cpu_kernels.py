@@ -233,3 +233,29 @@ def test_other_values_of_the_switch_are_refused(monkeypatch, value):
     with pytest.raises(UserError) as e:
         cpu_kernels.enabled()
     assert "NAOHAI_CPU_KERNELS" in str(e.value) and "is not 0 or 1" in str(e.value)
+
+
+class _WriteColumn(nn.Cell):
+    def __init__(self, on):
+        super().__init__()
+        self.on = on
+
+    def construct(self, past, new, slot):
+        return layers.write_column(past, new, slot, self.on)
+
+
+@pytest.mark.parametrize("columns", [[5], [0], [15], [], [2, 9]])
+def test_cache_column_write_equals_mindspores_select(prims, columns):
+    """The generation cache's write: the kernel's copy against ops.select over the broadcast operands (the
+    form without kernels) and NumPy's indexing, bit for bit; a slot with no or two true columns included."""
+    rng = np.random.RandomState(8)
+    past = rng.standard_normal((2, 3, 16, 8)).astype(np.float32)
+    past[0, 0, 1, 0] = np.nan                           # copied bits, not arithmetic
+    new = rng.standard_normal((2, 3, 1, 8)).astype(np.float32)
+    slot = np.zeros((1, 1, 16, 1), np.bool_)
+    slot[0, 0, columns, 0] = True
+    args = Tensor(past), Tensor(new), Tensor(slot)
+    kernel, select = _WriteColumn(True)(*args).asnumpy(), _WriteColumn(False)(*args).asnumpy()
+    expected = past.copy()
+    expected[:, :, columns, :] = new
+    assert kernel.tobytes() == select.tobytes() == expected.tobytes()
