@@ -259,3 +259,13 @@ def test_cache_column_write_equals_mindspores_select(prims, columns):
     expected = past.copy()
     expected[:, :, columns, :] = new
     assert kernel.tobytes() == select.tobytes() == expected.tobytes()
+
+
+def test_operands_a_kernel_does_not_take_fail_the_launch(prims):
+    """A kernel given operands it does not take (never passed by the cells) returns 1, and MindSpore stops with an
+    error naming it instead of going on with an unwritten output."""
+    past = Tensor(np.zeros((2, 3, 16, 8), np.float32))
+    wrong = Tensor(np.zeros((2, 3, 2, 8), np.float32))                   # two columns, not one
+    slot = Tensor(np.zeros((1, 1, 16, 1), np.bool_))
+    with pytest.raises(RuntimeError, match="NaohaiWriteColumn"):
+        prims["write_column"](past, wrong, slot).asnumpy()
