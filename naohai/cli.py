@@ -95,6 +95,8 @@ def main(argv=None) -> int:
         if not getattr(args, "command", None):
             parser.print_help()
             return 2
+        from naohai.model import cpu_kernels     # no MindSpore: only the switch's value
+        cpu_kernels.enabled()                     # a wrong NAOHAI_CPU_KERNELS stops here, before any work
         return int(args.run(args) or 0)
     except UserError as err:
         # one paragraph, wrapped at 100 columns on a terminal; one line elsewhere (logs, pipes), so that

@@ -55,3 +55,15 @@ def test_a_user_error_is_wrapped_on_a_terminal_only(capsys, monkeypatch, tmp_pat
         assert len(lines) > 1 and all(len(line) <= 100 for line in lines), lines
     else:
         assert len(lines) == 1 and f"{missing}: no such recipe file" in lines[0], lines
+
+
+def test_a_wrong_kernel_switch_stops_the_command_before_it_starts(capsys, monkeypatch, tmp_path):
+    """NAOHAI_CPU_KERNELS is read when the cells are built, after a command's first work (data preparation);
+    a wrong value is refused first: exit 2, the variable named, not the recipe's own error."""
+    monkeypatch.setenv("NAOHAI_CPU_KERNELS", "yes")
+    assert main(["train", str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "NAOHAI_CPU_KERNELS" in err and "no such recipe file" not in err and "Traceback" not in err
+    monkeypatch.setenv("NAOHAI_CPU_KERNELS", "0")
+    assert main(["train", str(tmp_path / "nope.yaml")]) == 2
+    assert "no such recipe file" in capsys.readouterr().err
