@@ -83,20 +83,27 @@ def _stopped(code: int, as_program: bool) -> int:
     return code
 
 
+def _check_switches() -> None:
+    """A wrong ``NAOHAI_CPU_KERNELS`` stops a command here, before any work (the cells read it when they are
+    built, after data preparation); no MindSpore is imported."""
+    from naohai.model import cpu_kernels
+    cpu_kernels.enabled()
+
+
 def main(argv=None) -> int:
     as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["lm-eval"]:          # every later word is lm-eval's own (argparse cannot pass "--x" on)
             from naohai.commands import harness
+            _check_switches()
             return int(harness.run(argparse.Namespace(args=argv[1:])) or 0)
         parser = build_parser()
         args = parser.parse_args(argv)
         if not getattr(args, "command", None):
             parser.print_help()
             return 2
-        from naohai.model import cpu_kernels     # no MindSpore: only the switch's value
-        cpu_kernels.enabled()                     # a wrong NAOHAI_CPU_KERNELS stops here, before any work
+        _check_switches()
         return int(args.run(args) or 0)
     except UserError as err:
         # one paragraph, wrapped at 100 columns on a terminal; one line elsewhere (logs, pipes), so that

@@ -59,11 +59,14 @@ def test_a_user_error_is_wrapped_on_a_terminal_only(capsys, monkeypatch, tmp_pat
 
 def test_a_wrong_kernel_switch_stops_the_command_before_it_starts(capsys, monkeypatch, tmp_path):
     """NAOHAI_CPU_KERNELS is read when the cells are built, after a command's first work (data preparation);
-    a wrong value is refused first: exit 2, the variable named, not the recipe's own error."""
+    a wrong value is refused first, `naohai lm-eval` included: exit 2, the variable named, not the recipe's own
+    error."""
     monkeypatch.setenv("NAOHAI_CPU_KERNELS", "yes")
     assert main(["train", str(tmp_path / "nope.yaml")]) == 2
     err = capsys.readouterr().err
     assert "NAOHAI_CPU_KERNELS" in err and "no such recipe file" not in err and "Traceback" not in err
+    assert main(["lm-eval", "--model", "naohai", "--model_args", f"path={tmp_path / 'no-run'}"]) == 2
+    assert "NAOHAI_CPU_KERNELS" in capsys.readouterr().err
     monkeypatch.setenv("NAOHAI_CPU_KERNELS", "0")
     assert main(["train", str(tmp_path / "nope.yaml")]) == 2
     assert "no such recipe file" in capsys.readouterr().err
