@@ -30,6 +30,7 @@ import traceback
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from naohai.cache import cache_dir
 from naohai.data.rundir import atomic_write_text
 from naohai.errors import UserError
 
@@ -134,7 +135,7 @@ class ClassArchive:
     driver ends that JVM after the run and waits for it (about 6 s more, once), then renames the file into place
     with its size beside it.  Later runs use it (``-XX:SharedArchiveFile``) when its size is the recorded one: a
     truncated archive makes Java 17 crash (SIGBUS), a stale one (other jars) is ignored by the JVM.  Archives live
-    in ``$XDG_CACHE_HOME/naohai/spark-cds`` (``~/.cache``), about 70 MB each, named after a hash of the Java
+    in ``spark-cds`` of naohai's per-machine cache (:func:`naohai.cache.cache_dir`), about 70 MB each, named after a hash of the Java
     release file, Spark's jars (names, sizes, times) and the JVM options.  No archive is used or written when
     ``--spark-conf spark.driver.extraJavaOptions=...`` is given, when the cache folder cannot be written, or when
     the Java release is unknown."""
@@ -155,8 +156,7 @@ class ClassArchive:
             import pyspark
             jars = os.path.join(os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__), "jars")
             listing = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(jars))
-            folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "naohai",
-                                  "spark-cds")
+            folder = os.path.join(cache_dir(), "spark-cds")
             os.makedirs(folder, exist_ok=True)
             for e in os.scandir(folder):    # what JVMs killed while writing an archive left (after an hour)
                 if e.name.endswith(".tmp") and time.time() - e.stat().st_mtime > 3600:

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from naohai.cache import cache_dir
 from naohai.errors import UserError
 
 #: bump when the generated C changes, so caches are rebuilt
@@ -269,8 +270,8 @@ def _cache_key(plugin: Path, version: str) -> str:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "naohai" / "simstubs"
+    """``simstubs`` in naohai's per-machine cache (:func:`naohai.cache.cache_dir`: ``$NAOHAI_CACHE_DIR`` first)."""
+    return Path(cache_dir()) / "simstubs"
 
 
 def _stub_env(root: Path) -> StubEnv:
@@ -317,17 +318,17 @@ def _build(root: Path, plugin: Path, version: str) -> None:
     (root / "MINDSPORE_VERSION").write_text(version)
 
 
-def ensure_stubs(cache_dir: Optional[os.PathLike] = None) -> StubEnv:
+def ensure_stubs(folder: Optional[os.PathLike] = None) -> StubEnv:
     """Build (once) and return the stub libraries for the installed MindSpore.
 
-    The result is cached under ``cache_dir`` (default ``~/.cache/naohai/simstubs``) in a
+    The result is cached under ``folder`` (default :func:`default_cache_dir`) in a
     folder keyed by the MindSpore version, the plugin files and :data:`GENERATOR_VERSION`;
     later calls only check that folder.  Builds are atomic (temp dir + rename), so
     concurrent callers are safe.
     """
     plugin = mindspore_plugin_dir()
     version = mindspore_version()
-    base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    base = Path(folder) if folder is not None else default_cache_dir()
     root = base / _cache_key(plugin, version)
     if (root / "SYMBOL_COUNT").exists():
         return _stub_env(root)

@@ -436,7 +436,7 @@ def test_class_archive_written_by_the_first_jvm_and_used_by_the_next(tmp_path):
         "    sc = spark_context('local[2]')\n"
         "    print(sc.getConf().get('spark.driver.extraJavaOptions'), sc.parallelize(range(10), 2).sum(), flush=True)\n"
         "    stop_context(sc)\n")
-    env = dict(os.environ, PYTHONPATH=REPO, XDG_CACHE_HOME=str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=REPO, NAOHAI_CACHE_DIR=str(tmp_path / "naohai"))
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     first, second = res.stdout.strip().splitlines()[-2:]
@@ -453,7 +453,7 @@ def test_class_archive_of_another_size_is_written_again(tmp_path, monkeypatch):
     """A truncated archive would crash the JVM (SIGBUS in Java 17): one whose size is not the recorded one is not
     used; it is written again instead."""
     from naohai.data.spark_driver import ClassArchive
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("NAOHAI_CACHE_DIR", str(tmp_path))
     archive = ClassArchive.of_this_spark("-XX:TieredStopAtLevel=1")
     assert archive.dumping and archive.options()[0].startswith("-XX:ArchiveClassesAtExit=")
     with open(archive.path, "wb") as fh:

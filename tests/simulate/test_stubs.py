@@ -88,3 +88,12 @@ def test_env_points_at_stubs(built):
     assert e["LD_LIBRARY_PATH"].split(os.pathsep) == [str(env.lib_dir), "/x"]
     assert e["LD_PRELOAD"].endswith("libnccl.so.2")
     assert "MS_DEV_PRECOMPILE_ONLY" not in env.env(4, precompile_only=False, base={})
+
+
+def test_stub_cache_follows_naohai_cache_dir(tmp_path, monkeypatch):
+    """The stubs live in naohai's per-machine cache: ``$NAOHAI_CACHE_DIR`` first, then ``$XDG_CACHE_HOME/naohai``."""
+    monkeypatch.setenv("NAOHAI_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert stubs.default_cache_dir() == tmp_path / "mine" / "simstubs"
+    monkeypatch.delenv("NAOHAI_CACHE_DIR")
+    assert stubs.default_cache_dir() == tmp_path / "xdg" / "naohai" / "simstubs"
