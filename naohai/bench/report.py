@@ -56,6 +56,38 @@ def throughput_rows(results: Dict[str, Any]) -> List[List[str]]:
     return rows
 
 
+def fmt_sec(x: Optional[float]) -> str:
+    return DASH if x is None else f"{x:.3f}"
+
+
+def floor_rows(results: Dict[str, Any]) -> List[List[str]]:
+    """Per model with a measured matmul floor: median seconds of each step and of its side's matmuls alone,
+    and the difference (the step's time outside its matmuls)."""
+    rows = []
+    for m in results.get("models", []):
+        f = m.get("matmul_floor")
+        if not f:
+            continue
+        med, out = f["median_s"], f["outside_s"]
+        rows.append([m["name"], f"{f['count']} ({f['gflop']:.1f}); {f.get('helpers', 0)}", fmt_sec(med.get("naohai")),
+                     fmt_sec(med.get("mindspore products")), fmt_sec(out.get("naohai")), fmt_sec(med.get("eager")),
+                     fmt_sec(med.get("torch products")), fmt_sec(out.get("eager")), fmt_sec(med.get("compile")),
+                     fmt_sec(out.get("compile"))])
+    return rows
+
+
+FLOOR_NOTE = ("The matmuls are the model's products in naohai's compiled train step, read from the kernel graph "
+              "MindSpore compiled (`MatMul` and `BatchMatMul`, their shapes and transposes: the layers' projections "
+              "and attention forward and backward, the head), run back to back and nothing else, each side in a "
+              "worker of its own in the same alternating rounds: one compiled MindSpore graph, and `torch.matmul` on "
+              "the same shapes (`naohai/bench/matmul_floor.py`). *Helpers* are the step's other products (a constant "
+              "operand or a size of 1: the norms' row means, the softmax's row sums, broadcasts back, RoPE's "
+              "rotation), which PyTorch's step does not have; they count in naohai's *outside*. Seconds are medians "
+              "of every timed step over the rounds; *outside* is a step's median less its side's matmuls' median: "
+              "the time the step spends on everything else (elementwise ops, reductions, the optimizer, the host "
+              "loop).")
+
+
 def rss_rows(results: Dict[str, Any]) -> List[List[str]]:
     rows = []
     for m in results.get("models", []):
@@ -138,6 +170,13 @@ def render_markdown(results: Dict[str, Any]) -> str:
             "guard, learning-rate read, console and metrics-file logging); PyTorch trains the same architecture "
             "(`run/bench/torch_peer.py`) on the same batches: fp32, AdamW with the same decay groups, clip 1.0, "
             "tied head, dropout 0.", ""]
+    floors = floor_rows(results)
+    if floors:
+        out += ["## Where a step's time goes: its matmuls alone (seconds a step)", ""]
+        out += _table(["model", "matmuls (GFLOP); helpers", "naohai step", "MindSpore, matmuls alone", "naohai outside",
+                       "PyTorch eager step", "PyTorch, matmuls alone", "eager outside", "torch.compile step",
+                       "compile outside"], floors)
+        out += ["", FLOOR_NOTE, ""]
     if any(m["throughput"]["naohai"].get("peak_rss") for m in results.get("models", [])):
         out += ["## Peak resident memory of each row", ""]
         out += _table(["model", "naohai", "PyTorch eager", "torch.compile", "naohai / eager", "naohai / compile"],

@@ -23,6 +23,7 @@ import os
 import platform
 import tempfile
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from naohai.bench import arith
@@ -42,6 +43,7 @@ class Options:
     lm_eval: bool = True                            # the downstream scoring row (naohai.bench.lm_eval_rate)
     inference: bool = True                          # data score and generation rows (naohai.bench.inference_rates)
     finetune: bool = True                           # full SFT against LoRA on the first model (naohai.bench.finetune)
+    matmul_floor: bool = True                       # the train step's matmuls alone, both sides (naohai.bench.matmul_floor)
     torch_threads: Optional[int] = None
     peak_n: int = 2048
     peak_repeats: int = 5
@@ -91,16 +93,35 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
                                      train_windows=max(64, 8 * bm.batch))
     log(f"{bm.name}: starting the rows ({count_params(bm.model) / 1e6:.2f}M parameters, batch {bm.batch} x {bm.seq})")
     keys = ["naohai"] + (["eager"] + (["compile"] if opts.torch_compile else []) if with_torch else [])
+    products = None
+    if opts.matmul_floor:
+        from naohai.bench import matmul_floor
+        log(f"{bm.name}: reading the train step's matmuls from its compiled graph ...")
+        products = matmul_floor.extract_in_child(bm.name, workdir)
+        log(f"{bm.name}: {len(products['products'])} matmuls, {products['gflop']:.1f} GFLOP a step")
+        keys[1:1] = ["mindspore products"]
+        if with_torch:
+            keys.insert(keys.index("eager") + 1, "torch products")
     workers: Dict[str, Any] = {}
     per_round: Dict[str, List[float]] = {k: [] for k in keys}
+    seconds: Dict[str, List[float]] = {k: [] for k in keys}
     first: Dict[str, Optional[float]] = {}
     rss: Dict[str, Optional[int]] = {}
     try:
         for key in keys:
-            workers[key] = Worker(key, bm.name, prepared, workdir, peak)
+            if key.endswith(" products"):
+                workers[key] = matmul_floor.FloorWorker(key.split()[0], products["path"], workdir, bm.name)
+            else:
+                workers[key] = Worker(key, bm.name, prepared, workdir, peak)
         for r in range(opts.rounds):
             for key in keys:
-                ans = workers[key].request(cmd="round", steps=steps + 1)
+                floor = key.endswith(" products")
+                ans = workers[key].request(cmd="round", steps=steps if floor else steps + 1)
+                seconds[key] += ans["times"]
+                if floor:
+                    log(f"{bm.name} round {r + 1}/{opts.rounds}: {key} median {median(ans['times']):.3f} s "
+                        f"(load {_load()})")
+                    continue
                 per_round[key].append(arith.tokens_per_second(bm.tokens_per_step, ans["times"]))
                 first[key] = ans["first_step_s"]
                 rss[key] = ans.get("peak_rss")
@@ -123,6 +144,7 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
     memory["model"] = bm.name
     return {"name": bm.name, "params": count_params(bm.model), "batch": bm.batch, "seq": bm.seq,
             "flops_per_token": fpt, "steps_per_round": steps, "throughput": throughput,
+            "matmul_floor": None if products is None else matmul_floor.summary(products, seconds),
             "ratios": {"naohai_over_eager": arith.ratio(nao, throughput["eager"]["tokens_per_s"]),
                        "naohai_over_compile": arith.ratio(nao, throughput["compile"]["tokens_per_s"]),
                        "rss_naohai_over_eager": arith.ratio(throughput["naohai"]["peak_rss"],

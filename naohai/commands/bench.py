@@ -2,7 +2,7 @@
 
   naohai bench [--out DIR] [--quick] [--models tiny,27m,42m] [--rounds 3] [--steps N]
                [--compile-layers 4,16,64] [--compile-forms loop,shared,separate] [--no-torch-compile]
-               [--torch-threads N] [--no-lm-eval] [--no-inference] [--no-finetune]
+               [--torch-threads N] [--no-lm-eval] [--no-inference] [--no-finetune] [--no-matmul-floor]
 
 Writes DIR/bench.md, DIR/bench.json and PNG charts (see :mod:`naohai.bench`).  PyTorch is
 an optional extra (``pip install -e ".[bench]"``); without it only naohai's rows are measured.
@@ -13,7 +13,9 @@ one tiny LLaMA-layout model, :mod:`naohai.bench.lm_eval_rate`) needs ``.[eval,te
 skips it.  The inference rows (``naohai data score`` documents/s and KV-cache generation tokens/s against
 transformers on the same model, :mod:`naohai.bench.inference_rates`) need ``.[test]``; ``--no-inference``
 skips them.  The fine-tuning rows (full SFT against the sft-tiny recipe's LoRA on the first model,
-:mod:`naohai.bench.finetune`) run unless ``--no-finetune``.
+:mod:`naohai.bench.finetune`) run unless ``--no-finetune``.  Beside each model's rows, the train step's
+matmuls alone on MindSpore and on PyTorch (:mod:`naohai.bench.matmul_floor`), unless ``--quick`` or
+``--no-matmul-floor``.
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ def register(sub) -> None:
                                                                 "and generation tokens/s, naohai against transformers)")
     p.add_argument("--no-finetune", action="store_true", help="skip the fine-tuning rows (full SFT against LoRA "
                                                               "on the first model: tokens/s, optimizer state, peak RSS)")
+    p.add_argument("--no-matmul-floor", action="store_true", help="skip the train steps' matmuls alone "
+                                                                  "(MindSpore's and PyTorch's, beside each model's rows)")
     p.add_argument("--torch-threads", type=cli_int(1, 4096), help="torch.set_num_threads (default: PyTorch's)")
     p.set_defaults(run=run)
 
@@ -94,7 +98,7 @@ def options(args):
                    compile_layers=layers, compile_forms=parse_forms(args.compile_forms, quick),
                    torch_compile=not (quick or args.no_torch_compile), torch_threads=args.torch_threads,
                    lm_eval=not args.no_lm_eval, inference=not args.no_inference,
-                   finetune=not args.no_finetune)
+                   finetune=not args.no_finetune, matmul_floor=not (quick or args.no_matmul_floor))
 
 
 def run(args) -> int:

@@ -48,3 +48,5 @@ def test_flags_become_options():
     assert o.compile_forms == ("shared", "loop")
     assert o.finetune
     assert not options(build_parser().parse_args(["bench", "--no-finetune"])).finetune
+    assert o.matmul_floor and not options(build_parser().parse_args(["bench", "--quick"])).matmul_floor
+    assert not options(build_parser().parse_args(["bench", "--no-matmul-floor"])).matmul_floor

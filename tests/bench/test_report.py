@@ -62,6 +62,22 @@ def test_markdown_tables_hold_the_figures():
     assert "| tiny | 4.0 MiB | 4.0 MiB | 8.0 MiB | 8.0 MiB | 4.0 MiB | 1.0 MiB | 1.0 MiB | 10.0 MiB |" in md
 
 
+def test_matmul_floor_table():
+    """The floor's row: medians of each step and of its side's matmuls alone, and the differences; no table
+    without a floor (the run above has none)."""
+    from naohai.bench.matmul_floor import Product, summary
+    res = _results()
+    assert "matmuls alone" not in render_markdown(res)
+    products = {"products": [Product(False, (4, 6), (5, 6), False, True)] * 3, "gflop": 358.84, "count": 3,
+                "helpers": 100}
+    seconds = {"naohai": [2.9, 2.5, 2.7], "mindspore products": [1.7, 1.6, 1.8], "eager": [2.0, 1.9, 1.95],
+               "torch products": [1.69, 1.65, 1.7], "compile": [1.9, 1.95, 1.8]}
+    res["models"][0]["matmul_floor"] = summary(products, seconds)
+    md = render_markdown(res)
+    assert "| tiny | 3 (358.8); 100 | 2.700 | 1.700 | 1.000 | 1.950 | 1.690 | 0.260 | 1.900 | 0.210 |" in md
+    assert res["models"][0]["matmul_floor"]["fastest_s"]["naohai"] == 2.5
+
+
 def test_write_report_round_trips_json(tmp_path):
     res = _results()
     paths = write_report(res, str(tmp_path / "out"))
