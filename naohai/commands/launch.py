@@ -60,21 +60,23 @@ def run(args) -> int:
 
     workers = worker_count(args.strategy, args.devices_per_node, args.nodes)
     # every recipe and strategy rule first (no MindSpore yet): a mistake is told as itself, busy folder or not
-    output_dir = plan_run(args.recipe, args.strategy, list(args.overrides)).recipe.train.output_dir
+    planned = plan_run(args.recipe, args.strategy, list(args.overrides))
+    output_dir = planned.recipe.train.output_dir
     # the run folder belongs to this launch for its whole life: a second launch (or train) on it exits 2
     # naming this process; the workers msrun starts are its descendants and share the lock
     ours = not args.dry_run and args.node_rank == 0
     with holding_folder(output_dir, "training run", key="train.output_dir") if ours else contextlib.nullcontext():
-        return _launch(args, workers, output_dir)
+        return _launch(args, workers, planned)
 
 
-def _launch(args, workers: int, output_dir: str) -> int:
+def _launch(args, workers: int, planned) -> int:
     import os
 
     from naohai.launch.devices import check_machine
     from naohai.launch.preflight import preflight   # MindSpore: imported once the folder is ours, not for --help
+    output_dir = planned.recipe.train.output_dir
     # the device, and a layout it cannot run refused, before any worker starts
-    device = preflight(args.recipe, list(args.overrides), args.strategy, args.device, args.dry_run)
+    device = preflight(planned, " ".join([args.recipe, *args.overrides]), args.device, args.dry_run)
     log_dir = args.log_dir or os.path.join(output_dir, "msrun_logs")
     if not args.dry_run:
         check_machine(workers // max(1, args.nodes), device, args.oversubscribe, print)

@@ -8,20 +8,21 @@ says what to run instead.  The resolved device is what the workers are told to u
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 from naohai.devices import resolve_device
-from naohai.strategy.run_plan import plan_run
+from naohai.strategy.run_plan import Run
 from naohai.strategy.runtime import check_runnable
 
 
-def preflight(recipe_path: str, overrides: Sequence[str], strategy_path: Optional[str],
-              device: Optional[str], dry_run: bool = False) -> str:
-    """Validate recipe + strategy for this device; return the device the workers must use.
+def preflight(run: Run, command: str, device: Optional[str], dry_run: bool = False) -> str:
+    """Tell what the run plan adjusted and check its layout for this device; return the device the workers must
+    use.  ``run``: the launch's :func:`naohai.strategy.run_plan.plan_run` of the recipe, its overrides and the
+    strategy file (made once, before the run folder is taken); ``command``: the recipe path and overrides, for
+    the message.
 
     A dry run (printing the command for another machine) takes an explicit device as given
     instead of asking whether this machine has it."""
-    run = plan_run(recipe_path, strategy_path, overrides)
     run.tell()
     recipe = run.recipe
     where, key = ("command line", "--device") if device else (recipe.source, "train.device")
@@ -30,5 +31,5 @@ def preflight(recipe_path: str, overrides: Sequence[str], strategy_path: Optiona
         chosen = wanted
     else:
         chosen = resolve_device(wanted, where=where, key=key)
-    check_runnable(run.strategy, chosen, " ".join([recipe_path, *overrides]))
+    check_runnable(run.strategy, chosen, command)
     return chosen

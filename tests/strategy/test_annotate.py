@@ -242,3 +242,36 @@ def test_shared_layer_graphs_train_exactly_like_separate_ones(preset):
     assert out[True][0] == out[False][0]
     for name, value in out[False][1].items():
         np.testing.assert_array_equal(out[True][1][name], value, err_msg=name)
+
+
+def test_fold_micro_batches_marks_each_pipelined_model_once_as_lazy_inline_does():
+    """Each model a ``Pipeline`` runs per micro-batch gets the key MindSpore's own ``@lazy_inline`` writes (its
+    prefix and the class name), once however many networks hold it; a model outside a pipeline is left alone."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.parallel.nn import Pipeline
+    from naohai.strategy.annotate import fold_micro_batches
+
+    class Model(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(4, 4)
+
+        def construct(self, x):
+            return self.dense(x)
+
+    class Decorated(nn.Cell):
+        @ms.lazy_inline
+        def __init__(self):
+            super().__init__()
+
+        def construct(self, x):
+            return x
+
+    piped, alone = Model(), Model()
+    train, evaluate = Pipeline(piped, 2), nn.SequentialCell([Pipeline(piped, 2)])
+    assert fold_micro_batches([train, evaluate, alone]) == 1
+    prefix = getattr(Decorated(), "cell_init_args")[:len("lazy_inline_")]
+    assert piped.cell_init_args == prefix + "Model"
+    assert not str(getattr(alone, "cell_init_args", "") or "").startswith(prefix)
+    assert fold_micro_batches([alone]) == 0

@@ -119,10 +119,11 @@ def test_train_refuses_a_conflict_with_exit_2(tmp_path, capsys):
 def test_launch_preflight_and_check_agree_with_train(tmp_path, capsys):
     from naohai.launch.preflight import preflight
     r, s = _files(tmp_path)
-    assert preflight(r, [], s, "CPU", dry_run=True) == "CPU"
+    assert preflight(plan_run(r, s), r, "CPU", dry_run=True) == "CPU"
     assert "-> 32 (global_batch in" in capsys.readouterr().out
     with pytest.raises(UserError):
-        preflight(r, ["train.global_batch_size=64"], s, "CPU", dry_run=True)
+        plan_run(r, s, ["train.global_batch_size=64"])
+    assert main(["launch", r, "--strategy", s, "--dry-run", "--device", "CPU", "train.global_batch_size=64"]) == 2
     assert main(["check", r, s]) == 0
     out = capsys.readouterr().out
     assert "-> 4 (micro_batch_size in" in out and "micro-batch size 4 per data-parallel rank" in out
@@ -136,3 +137,14 @@ def test_the_run_plan_holds_the_recipe_the_job_needs(tmp_path):
     assert sum("batch from the strategy file" in note for note in run.notes) == 2
     assert "train.global_batch_size" not in load_recipe(r).stated and "train.global_batch_size" in \
         load_recipe(r, ["train.global_batch_size=32"]).stated
+
+
+def test_launch_plans_the_run_once(tmp_path, monkeypatch, capsys):
+    """`naohai launch` reads and checks the recipe and strategy once (the folder lock and the preflight share it)."""
+    import naohai.strategy.run_plan as rp
+    r, s = _files(tmp_path)
+    calls = []
+    real = rp.plan_run
+    monkeypatch.setattr(rp, "plan_run", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert main(["launch", r, "--strategy", s, "--dry-run", "--device", "CPU"]) == 0
+    assert len(calls) == 1 and "-> 32 (global_batch in" in capsys.readouterr().out
