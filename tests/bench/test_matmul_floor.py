@@ -109,3 +109,27 @@ def test_helpers_are_products_with_a_size_of_one():
     got = mf.matmuls_of_ir(text)
     assert [p.mnk() for p in got] == [(2048, 1, 512), (2048, 512, 1), (2048, 512, 512)]
     assert [p.helper for p in got] == [True, True, False]
+
+
+@pytest.mark.slow
+def test_tiny_rows_products_are_the_models_flops_and_run_in_a_worker(tmp_path):
+    """The bench row tiny's compiled step, read back: its model products hold the PaLM count of training FLOPs
+    (6 x the matrix parameters + 12 L h s per token; the flops module's count less the norms' and biases'
+    vectors, which multiply nothing), and the floor worker runs them in rounds."""
+    from naohai.bench.models import bench_models
+    from naohai.model.flops import LOOKUP_ONLY, flops_per_token
+    from naohai.model.params import param_shapes
+    bm = bench_models()["tiny"]
+    got = mf.extract_in_child("tiny", str(tmp_path))
+    model = [p for p in got["products"] if not p.helper]
+    vectors = sum(p.size for p in param_shapes(bm.model) if len(p.shape) == 1 and not p.name.endswith(LOOKUP_ONLY))
+    tokens = bm.batch * bm.seq
+    assert sum(p.flops() for p in model) == (flops_per_token(bm.model) - 6 * vectors) * tokens
+    assert got["count"] == len(model) and got["helpers"] == len(got["products"]) - len(model) > 0
+    worker = mf.FloorWorker("mindspore", got["path"], str(tmp_path), "tiny")
+    try:
+        assert worker.ready["products"] == len(model)
+        ans = worker.request(cmd="round", steps=2)
+        assert len(ans["times"]) == 2 and all(t > 0 for t in ans["times"]) and ans["peak_rss"] > 0
+    finally:
+        worker.close()
