@@ -230,7 +230,8 @@ def main(argv) -> int:
     if argv[:1] == ["extract"] and len(argv) == 3:
         products = extract(argv[1])
         save_products(products, argv[2])
-        print(f"{len(products)} products, {sum(p.flops() for p in products) / 1e9:.1f} GFLOP -> {argv[2]}")
+        helpers = sum(p.helper for p in products)
+        print(f"{len(products) - helpers} products of the model, {helpers} helpers -> {argv[2]}")
         return 0
     if argv[:1] == ["worker"] and len(argv) == 3 and argv[1] in ("mindspore", "torch"):
         from naohai.bench.worker import peak_rss_bytes

@@ -5,7 +5,8 @@ downstream scoring, inference (data score, generation).
 worker process (:mod:`naohai.bench.worker`), each compile probe in a fresh one -- and returns the results dict that :mod:`naohai.bench.report` and
 :mod:`naohai.bench.charts` write.  Rounds alternate naohai, PyTorch eager and
 ``torch.compile`` so that load from other processes falls on all rows alike; each row
-keeps its best round.  Each side runs at its own defaults: nothing here sets PyTorch's threads or the
+keeps its best round.  Beside each model's rows, the train step's model matmuls alone on MindSpore and on PyTorch
+(:mod:`naohai.bench.matmul_floor`), in the same rounds.  Each side runs at its own defaults: nothing here sets PyTorch's threads or the
 OpenMP wait policy (``--torch-threads`` does, when asked), and the workers get the environment the user
 started ``naohai bench`` with.  The load average before and after and the CPU share other processes
 used are recorded, and the report warns when the machine was not quiet (:mod:`naohai.bench.quiet`).
@@ -98,7 +99,8 @@ def bench_model(bm: BenchModel, opts: Options, peak: float, workdir: str, with_t
         from naohai.bench import matmul_floor
         log(f"{bm.name}: reading the train step's matmuls from its compiled graph ...")
         products = matmul_floor.extract_in_child(bm.name, workdir)
-        log(f"{bm.name}: {len(products['products'])} matmuls, {products['gflop']:.1f} GFLOP a step")
+        log(f"{bm.name}: {products['count']} matmuls of the model ({products['gflop']:.1f} GFLOP a step) and "
+            f"{products['helpers']} helper products")
         keys[1:1] = ["mindspore products"]
         if with_torch:
             keys.insert(keys.index("eager") + 1, "torch products")
