@@ -33,7 +33,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
-from naohai.bench.process import PREFIX, WorkerProcess, worker_env
+from naohai.bench.process import WorkerProcess, worker_env
 
 
 class Product(NamedTuple):
@@ -138,9 +138,9 @@ def extract_in_child(model: str, workdir: str) -> Dict[str, Any]:
     if rc != 0:
         raise RuntimeError(f"reading {model}'s matmuls failed (exit {rc}; log: {log_path})")
     products = load_products(path)
-    model = [p for p in products if not p.helper]
-    return {"path": path, "products": products, "gflop": sum(p.flops() for p in model) / 1e9,
-            "count": len(model), "helpers": len(products) - len(model)}
+    own = [p for p in products if not p.helper]
+    return {"path": path, "products": products, "gflop": sum(p.flops() for p in own) / 1e9,
+            "count": len(own), "helpers": len(products) - len(own)}
 
 
 class FloorWorker(WorkerProcess):
@@ -172,13 +172,13 @@ def _operands(products: Sequence[Product]) -> Tuple[List[Tuple], Dict[Tuple, int
 
 
 def mindspore_products(products: Sequence[Product]):
-    """A callable running the products in order as one compiled MindSpore graph; each product waits for the one
-    before (``ops.depend``), as in the train step, where MindSpore's CPU runtime runs kernels one at a time, and
-    equal products on equal operands stay distinct kernels."""
+    """A callable running the products in order as one compiled MindSpore graph (``jit``: in either mode, the
+    context left as it is); each product waits for the one before (``ops.depend``), as in the train step, where
+    MindSpore's CPU runtime runs kernels one at a time, and equal products on equal operands stay distinct
+    kernels."""
     import mindspore as ms
     from mindspore import Tensor, nn, ops
 
-    ms.set_context(mode=ms.GRAPH_MODE)
     pairs, index = _operands(products)
     args = [Tensor(x) for pair in pairs for x in pair]
     kernels = [(ops.BatchMatMul if p.batched else ops.MatMul)(transpose_a=p.transpose_a, transpose_b=p.transpose_b)
@@ -191,6 +191,7 @@ def mindspore_products(products: Sequence[Product]):
             self.kernels = kernels
             self.slots = slots
 
+        @ms.jit
         def construct(self, *xs):
             out = xs[0]
             for j in range(len(self.slots)):
@@ -221,11 +222,6 @@ def torch_products(products: Sequence[Product]):
     return run
 
 
-def _say(obj) -> None:
-    sys.stdout.write(PREFIX + json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
 def main(argv) -> int:
     if argv[:1] == ["extract"] and len(argv) == 3:
         products = extract(argv[1])
@@ -234,22 +230,25 @@ def main(argv) -> int:
         print(f"{len(products) - helpers} products of the model, {helpers} helpers -> {argv[2]}")
         return 0
     if argv[:1] == ["worker"] and len(argv) == 3 and argv[1] in ("mindspore", "torch"):
-        from naohai.bench.worker import peak_rss_bytes
+        from naohai.bench.worker import peak_rss_bytes, say
+        if argv[1] == "mindspore":
+            import mindspore as ms
+            ms.set_context(mode=ms.GRAPH_MODE)  # the train step's mode
         products = [p for p in load_products(argv[2]) if not p.helper]
         run = (mindspore_products if argv[1] == "mindspore" else torch_products)(products)
         run()                                   # the compile (MindSpore), first touches (both)
-        _say({"ready": True, "products": len(products)})
+        say({"ready": True, "products": len(products)})
         for line in sys.stdin:
             cmd = json.loads(line)
             if cmd["cmd"] != "round":
-                _say({"bye": True})
+                say({"bye": True})
                 break
             times = []
             for _ in range(int(cmd["steps"])):
                 t0 = time.perf_counter()
                 run()
                 times.append(time.perf_counter() - t0)
-            _say({"times": times, "first_step_s": None, "peak_rss": peak_rss_bytes()})
+            say({"times": times, "first_step_s": None, "peak_rss": peak_rss_bytes()})
         return 0
     sys.stderr.write("usage: python -m naohai.bench.matmul_floor extract MODEL OUT.json | "
                      "worker mindspore|torch PRODUCTS.json\n")

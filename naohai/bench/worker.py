@@ -29,7 +29,8 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _say(obj: Dict[str, Any]) -> None:
+def say(obj: Dict[str, Any]) -> None:
+    """One answer to the parent: a stdout line, ``PREFIX`` + JSON (also :mod:`naohai.bench.matmul_floor`'s)."""
     sys.stdout.write(PREFIX + json.dumps(obj) + "\n")
     sys.stdout.flush()
 
@@ -59,16 +60,16 @@ def main(argv) -> int:
     if row in ("eager", "compile"):
         import torch
         info.update(torch=torch.__version__, threads=torch.get_num_threads())
-    _say(info)
+    say(info)
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "round":
             times = runner.round(int(cmd["steps"]))
-            _say({"times": times, "first_step_s": runner.first_step_s, "peak_rss": peak_rss_bytes()})
+            say({"times": times, "first_step_s": runner.first_step_s, "peak_rss": peak_rss_bytes()})
         elif cmd["cmd"] == "allocated":
-            _say(runner.allocated())
+            say(runner.allocated())
         else:
-            _say({"bye": True})
+            say({"bye": True})
             break
     return 0
 

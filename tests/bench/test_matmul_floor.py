@@ -86,7 +86,10 @@ def test_both_sides_compute_the_same_products(last):
     p = products[-1]
     a, b = pairs[index[(p.a, p.b)]]
     want = np.matmul(np.swapaxes(a, -1, -2) if p.transpose_a else a, np.swapaxes(b, -1, -2) if p.transpose_b else b)
+    import mindspore as ms
+    mode = ms.get_context("mode")
     got_ms = mf.mindspore_products(products)()
+    assert ms.get_context("mode") == mode          # compiled with jit; the test process's context is left alone
     got_torch = mf.torch_products(products)().numpy()
     np.testing.assert_allclose(got_ms, want, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(got_torch, want, rtol=1e-5, atol=1e-9)
