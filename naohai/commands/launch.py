@@ -24,8 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's index, 0-based (default 0)")
     p.add_argument("--master-addr", help="IP or host name of node 0 (required for several nodes)")
-    p.add_argument("--master-port", help=f"scheduler port (default {DEFAULT_PORT}; on one node a free port "
-                                          "when that one is in use)")
+    p.add_argument("--master-port", help="node 0's scheduler port (default: on one node a free port, not "
+                                          f"{DEFAULT_PORT} where MindSpore's workers listen; on several, "
+                                          f"{DEFAULT_PORT}, msrun's default); a port in use is refused")
     p.add_argument("--devices-per-node", type=int, help="worker processes per node")
     p.add_argument("--log-dir", help="folder of MindSpore's logs: msrun.log and worker_<rank>.log "
                                      "(default <train.output_dir>/msrun_logs)")
@@ -87,9 +88,12 @@ def _launch(args, workers: int, planned) -> int:
                      bind_core=args.bind_core, node_time_out=args.node_time_out, rank_table_file=args.rank_table,
                      rank_table_mode="processes" if args.rank_table_processes else "msrun",
                      overrides=list(args.overrides), device=device)
-    if not args.dry_run and plan.node_rank == 0 and not args.rank_table_processes:
+    if plan.node_rank == 0 and not args.rank_table_processes:
+        # node 0's scheduler: a free port on one node unless one is given; a given one checked (a dry run
+        # checks nothing, but shows the kind of port a run takes)
         checked = validate_plan(plan)
-        plan = dataclasses.replace(plan, master_port=scheduler_port(
-            checked.master_addr, checked.master_port, chosen=args.master_port is not None or checked.nodes > 1,
-            say=print))
+        given = None if args.master_port is None else checked.master_port
+        if not args.dry_run or (given is None and checked.nodes == 1):
+            plan = dataclasses.replace(plan, master_port=scheduler_port(checked.master_addr, given,
+                                                                        nodes=checked.nodes))
     return run_msrun(plan, dry_run=args.dry_run, verbose=args.verbose)

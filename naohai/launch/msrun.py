@@ -190,16 +190,27 @@ def _listener(port: int) -> Optional[str]:
     return None
 
 
-def scheduler_port(addr: str, port: int, *, chosen: bool, say) -> int:
-    """The port node 0's msrun scheduler can listen on at ``addr``: ``port`` when it is free.  When it is
-    taken -- MindSpore's worker processes listen on the first free port from msrun's own default up
-    (2.10 on CPU: 8118 and 8374 for the two workers of a job), so a second job on one machine meets the
-    first one's workers there -- a free port when the port was msrun's default on a one-node job
-    (``chosen`` False; ``say`` tells which), else a :class:`UserError` naming the holder.  An address
-    that is not this machine's is not checked."""
+def scheduler_port(addr: str, port: Optional[int], *, nodes: int) -> int:
+    """The port node 0's msrun scheduler listens on at ``addr``.
+
+    ``port`` None on one node: a free port the kernel hands out (its ephemeral range, 32768 up on Linux),
+    not msrun's default 8118 -- MindSpore's worker processes listen from 8118 up whatever the scheduler's
+    port (2.10 on CPU, measured: 8118 and 8374 with the scheduler on 40123), so a scheduler there races
+    the workers of any other job starting on the machine; when one of them took 8118 between a check and
+    msrun's bind, the workers met that worker instead of their scheduler and MindSpore's cluster set-up
+    failed ten minutes later (CI, the README's launch beside a test's simulated compile).
+
+    A port given (or 8118 for several nodes, which must agree on it) is checked: in use on this machine
+    -> a :class:`UserError` naming the holder, before any worker starts.  An address that is not this
+    machine's is not checked (node 0 is elsewhere)."""
     import errno
     import socket
     family, host = (socket.AF_INET6 if ":" in addr else socket.AF_INET), addr.strip("[]")
+    if port is None and nodes == 1:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            return probe.getsockname()[1]
+    port = DEFAULT_PORT if port is None else port
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as a listening server binds
         try:
@@ -209,16 +220,10 @@ def scheduler_port(addr: str, port: int, *, chosen: bool, say) -> int:
             if exc.errno != errno.EADDRINUSE:
                 return port                      # not an address of this machine: node 0 is elsewhere
     holder = _listener(port) or "another process"
-    if chosen:
-        raise UserError(f"port {port} on {addr} is in use by {holder}; msrun's scheduler could not listen "
-                        "there. Choose another port, the same on every node", where=WHERE, key="master_port",
-                        rule="a port free on node 0")
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        free = probe.getsockname()[1]
-    say(f"naohai launch: port {port} is in use by {holder} (MindSpore's workers listen from {DEFAULT_PORT} up); "
-        f"the scheduler takes free port {free}")
-    return free
+    raise UserError(f"port {port} on {addr} is in use by {holder}; msrun's scheduler could not listen there "
+                    f"(MindSpore's workers listen from {DEFAULT_PORT} up, so another job's may hold it). "
+                    "Choose another port, the same on every node", where=WHERE, key="master_port",
+                    rule="a port free on node 0")
 
 
 def entry_args(plan: MsrunPlan) -> List[str]:
@@ -351,12 +356,21 @@ def _describe_code(code: int) -> str:
     return f"exited with code {code}"
 
 
+SCHEDULER_LOG = "scheduler.log"   # msrun's scheduler (MindSpore's meta server node) logs here
+#: MindSpore's line when the scheduler's port is taken: ``Failed to call bind, url: 127.0.0.1:8118 Address ...``
+_SCHED_BIND_RE = re.compile(r"Failed to call bind, url: (\S+) Address already in use")
+
+
 def failure_report(log_dir: str, msrun_output: str, code: int, log_name: str = LOG_NAME,
                    dead: Optional[List[Tuple[int, str, str]]] = None) -> str:
     """The paragraph printed after a failed job: dead ranks, why, and their log tails."""
     if dead is None:
         dead = diagnose(log_dir, msrun_output, log_name)
     head = f"naohai launch: msrun exited with code {code}."
+    busy = _SCHED_BIND_RE.search(_read(os.path.join(log_dir, SCHEDULER_LOG)))
+    if busy:
+        head += (f" msrun's scheduler could not listen on {busy.group(1)}: another process took the port "
+                 "first, so the workers waited for a scheduler that never came (see --master-port).")
     if not dead:
         return head + f" No failing rank could be identified; see the logs in {log_dir}."
     parts = [head + " Dead rank(s): " + ", ".join(str(r) for r, _, _ in dead) + "."]

@@ -51,3 +51,20 @@ def test_dead_rank_is_reported(tmp_path, monkeypatch, how, reason):
     assert f"rank 1 {reason}" in report
     assert "rank 1 is about to die" in report  # the tail of worker_1.log
     assert out.getvalue().startswith("MS_NODE_TIMEOUT=5 msrun --worker_num 2")
+
+
+@pytest.mark.slow
+def test_a_scheduler_port_taken_before_msrun_binds_it_is_named(tmp_path):
+    """The CI failure: another process took the scheduler's port between naohai's check and msrun's bind; the
+    workers then wait out the cluster time-out.  The report says why, from MindSpore's scheduler.log."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        plan = MsrunPlan(recipe="", strategy=None, workers=2, master_port=port, log_dir=str(tmp_path / "logs"),
+                         cluster_time_out=15, entry=[os.path.join(HERE, "dying_worker.py")])
+        err = io.StringIO()
+        code = run_msrun(plan, out=io.StringIO(), err=err)
+    report = err.getvalue()
+    assert code != 0
+    assert f"msrun's scheduler could not listen on 127.0.0.1:{port}: another process took the port" in report
