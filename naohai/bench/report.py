@@ -105,6 +105,11 @@ def peak_lines(peak: Dict[str, Any]) -> List[str]:
     out = [f"Measured fp32 matmul peak ({peak['n']}^3, best of {peak['repeats']} calls each): "
            f"**{peak['tflops']:.3f} TFLOP/s**, the best of " + (", ".join(parts) if parts else DASH)
            + " TFLOP/s -- the MFU denominator; model FLOPs per token from `naohai/model/flops.py` for every row."]
+    if peak.get("before"):
+        out[0] += (f" Measured before the training rows ({peak['before']:.3f}) and after them "
+                   f"({peak['after']:.3f})" if peak.get("after") else
+                   f" Measured before the training rows ({peak['before']:.3f}; after them it failed)") + \
+            ": the best of the two, since this machine's matmul rate drifts between minutes."
     if peak.get("blas_env_cleared"):
         out[0] += f" Cleared for NumPy: {', '.join(peak['blas_env_cleared'])}."
     th = peak.get("theoretical")

@@ -62,6 +62,17 @@ def test_markdown_tables_hold_the_figures():
     assert "| tiny | 4.0 MiB | 4.0 MiB | 8.0 MiB | 8.0 MiB | 4.0 MiB | 1.0 MiB | 1.0 MiB | 10.0 MiB |" in md
 
 
+def test_peak_measured_before_and_after_the_rows_is_told():
+    res = _results()
+    assert "Measured before the training rows" not in render_markdown(res)
+    res["peak"].update(before=0.12, after=0.16)
+    md = " ".join(render_markdown(res).split())
+    assert ("**0.160 TFLOP/s**" in md and "Measured before the training rows (0.120) and after them (0.160): the "
+            "best of the two" in md)
+    res["peak"]["after"] = None
+    assert "(0.120; after them it failed)" in " ".join(render_markdown(res).split())
+
+
 def test_matmul_floor_table():
     """The floor's row: medians of each step and of its side's matmuls alone, and the differences; no table
     without a floor (the run above has none)."""
