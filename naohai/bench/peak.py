@@ -88,9 +88,11 @@ def theoretical_peak(cpuinfo_text: str, cores: int, max_freq_khz: Optional[str] 
     fpc = flops_per_cycle(fields)
     clk = clock_ghz(fields, max_freq_khz)
     tflops = cores * clk["ghz"] * fpc["flops_per_cycle"] / 1e3 if clk["ghz"] else None
+    ghz = "?" if clk["ghz"] is None else f"{clk['ghz']:.3g}"
     return {"tflops": tflops, "cores": int(cores), "ghz": clk["ghz"], "flops_per_cycle": fpc["flops_per_cycle"],
             "cpu": fields.get("model name", "unknown"),
-            "assumptions": f"{cores} cores x {clk['ghz'] or '?'} GHz ({clk['source']}) x {fpc['flops_per_cycle']} "
+            "assumptions": f"{cores} cores x {ghz} GHz "
+                           f"({clk['source']}) x {fpc['flops_per_cycle']} "
                            f"fp32 FLOPs/cycle ({fpc['rule']})"}
 
 

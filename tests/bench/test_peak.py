@@ -27,6 +27,7 @@ def test_avx2_zen3_and_zen4_are_32_flops_per_cycle():
     zen3 = peak.theoretical_peak(_cpuinfo("avx avx2 fma", "AuthenticAMD", "25", "2445.404"), cores=2)
     assert zen3["flops_per_cycle"] == 32
     assert zen3["tflops"] == pytest.approx(2 * 2.445404 * 32 / 1000)
+    assert zen3["assumptions"].startswith("2 cores x 2.45 GHz (")     # the clock to 3 digits, not float noise
     zen4 = peak.flops_per_cycle(peak.cpuinfo_fields(_cpuinfo("avx2 fma avx512f", "AuthenticAMD", "25")))
     assert zen4["lanes"] == 8 and zen4["flops_per_cycle"] == 32 and "Zen 4" in zen4["rule"]
     old = peak.flops_per_cycle(peak.cpuinfo_fields(_cpuinfo("avx")))
