@@ -196,9 +196,10 @@ def scheduler_port(addr: str, port: Optional[int], *, nodes: int) -> int:
     ``port`` None on one node: a free port the kernel hands out (its ephemeral range, 32768 up on Linux),
     not msrun's default 8118 -- MindSpore's worker processes listen from 8118 up whatever the scheduler's
     port (2.10 on CPU, measured: 8118 and 8374 with the scheduler on 40123), so a scheduler there races
-    the workers of any other job starting on the machine; when one of them took 8118 between a check and
-    msrun's bind, the workers met that worker instead of their scheduler and MindSpore's cluster set-up
-    failed ten minutes later (CI, the README's launch beside a test's simulated compile).
+    the workers of any other job starting on the machine.  When another process takes the port between a
+    check and msrun's bind, the scheduler cannot listen and the workers wait out the cluster time-out
+    (``Failed to initialize distributed job cluster``: seen in CI, the README's launch beside other tests'
+    msrun jobs, and reproduced by holding the port; :func:`failure_report` names it).
 
     A port given (or 8118 for several nodes, which must agree on it) is checked: in use on this machine
     -> a :class:`UserError` naming the holder, before any worker starts.  An address that is not this
