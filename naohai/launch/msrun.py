@@ -360,6 +360,8 @@ def _describe_code(code: int) -> str:
 SCHEDULER_LOG = "scheduler.log"   # msrun's scheduler (MindSpore's meta server node) logs here
 #: MindSpore's line when the scheduler's port is taken: ``Failed to call bind, url: 127.0.0.1:8118 Address ...``
 _SCHED_BIND_RE = re.compile(r"Failed to call bind, url: (\S+) Address already in use")
+#: MindSpore's error in every worker when the cluster does not form within msrun's --cluster_time_out
+_NO_CLUSTER = "Failed to initialize distributed job cluster"
 
 
 def failure_report(log_dir: str, msrun_output: str, code: int, log_name: str = LOG_NAME,
@@ -372,6 +374,10 @@ def failure_report(log_dir: str, msrun_output: str, code: int, log_name: str = L
     if busy:
         head += (f" msrun's scheduler could not listen on {busy.group(1)}: another process took the port "
                  "first, so the workers waited for a scheduler that never came (see --master-port).")
+    elif any(_NO_CLUSTER in text for _, _, text in dead):
+        head += (" The cluster did not form within --cluster-time-out: a worker that never started or died "
+                 "first (see msrun.log), a scheduler another node could not reach, or nodes given different "
+                 "--master-addr / --master-port / --nodes.")
     if not dead:
         return head + f" No failing rank could be identified; see the logs in {log_dir}."
     parts = [head + " Dead rank(s): " + ", ".join(str(r) for r, _, _ in dead) + "."]

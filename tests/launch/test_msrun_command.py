@@ -280,3 +280,23 @@ def test_launch_takes_a_free_port_on_one_node_and_refuses_a_busy_given_one(tmp_p
         assert f"port {port} on 127.0.0.1 is in use by pid" in err and "Traceback" not in err and not ran
     assert main(args) == 0 and len(ran) == 1 and ran[0] != 8118
     assert main(args + ["--master-port", str(port)]) == 0 and ran[1] == port
+
+
+def test_failure_report_says_why_the_cluster_did_not_form(tmp_path):
+    """MindSpore's own lines (from a run with the scheduler's port held): the workers' error gets the causes to
+    look at; with the scheduler's bind failure in scheduler.log, that one cause is named instead."""
+    from naohai.launch.msrun import failure_report
+    (tmp_path / "worker_0.log").write_text(
+        "[WARNING] DISTRIBUTED(4215,7fac63095e40,python):2026-11-29-13:40:57.388.706 [mindspore/ccsrc/cluster/rpc/"
+        "tcp/tcp_comm.cc:485] Connect] Connection 11 source: 127.0.0.1:60548, destination: 127.0.0.1:8118\n"
+        "Traceback (most recent call last):\n  File \"w.py\", line 4, in <module>\n    init()\n"
+        "RuntimeError: Failed to initialize distributed job cluster because some processes in the cluster are not "
+        "successfully spawned.\n")
+    report = failure_report(str(tmp_path), "", 1)
+    assert "Dead rank(s): 0." in report and "The cluster did not form within --cluster-time-out" in report
+    (tmp_path / "scheduler.log").write_text(
+        "[WARNING] DISTRIBUTED(4214,7fc71a818e40,python):2026-11-29-13:40:57.304.210 [mindspore/ccsrc/cluster/rpc/"
+        "tcp/socket_operation.cc:454] Listen] Failed to call bind, url: 127.0.0.1:8118 Address already in use\n")
+    report = failure_report(str(tmp_path), "", 1)
+    assert "msrun's scheduler could not listen on 127.0.0.1:8118" in report
+    assert "did not form" not in report
