@@ -172,13 +172,13 @@ def best_sources(*measured: Dict[str, Optional[float]]) -> Dict[str, Optional[fl
     out: Dict[str, Optional[float]] = {}
     for found in measured:
         for name, value in found.items():
-            out[name] = max(value, out.get(name) or 0.0) if value else out.get(name)
+            out[name] = arith.best([out.get(name), value])
     return out
 
 
 def restate_peak(results: Dict[str, Any], sources: Dict[str, Optional[float]]) -> float:
     """Set ``results``' peak to the best of ``sources`` and every training row's MFU against it; returns it."""
-    peak = max(v for v in sources.values() if v)
+    peak = arith.best(list(sources.values()))
     results["peak"].update(tflops=peak, sources=sources)
     for m in results["models"]:
         for row in m["throughput"].values():
@@ -216,7 +216,7 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
         return found
 
     sources = measure_peak("before the rows")
-    peak = max(v for v in sources.values() if v)
+    peak = arith.best(list(sources.values()))
     theory = this_machine_theoretical_peak()
     log(f"peak {peak:.3f} TFLOP/s (" + ", ".join(f"{k} {v:.3f}" if v else f"{k} failed" for k, v in sources.items())
         + f"); theoretical {theory['tflops'] or 0:.3f}: {theory['assumptions']}")
@@ -243,7 +243,7 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
         # this VM's matmul rate drifts by 10-20% between minutes: a peak taken once, before the rows, was
         # below what a row then reached (an MFU over 100%), so the peak is the best of before and after
         after = measure_peak("after the training rows")
-        results["peak"].update(before=peak, after=max((v for v in after.values() if v), default=None))
+        results["peak"].update(before=peak, after=arith.best(list(after.values())))
         peak = restate_peak(results, best_sources(sources, after))
         log(f"peak {peak:.3f} TFLOP/s, the best of before ({results['peak']['before']:.3f}) and after "
             f"({results['peak']['after'] or 0:.3f}); every row's MFU is against it")

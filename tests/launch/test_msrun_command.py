@@ -105,7 +105,7 @@ def test_cli_dry_run_prints_command(tmp_path, capsys):
     # one node, no --master-port: a free port from the kernel's ephemeral range, not 8118 where MindSpore's
     # workers listen; train.device auto is decided here (this machine: CPU) and passed to every worker
     port = int(re.search(r"--master_port (\d+) ", out).group(1))
-    low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    low, high = _ephemeral_ports()
     assert low <= port <= high
     assert out == ("MS_NODE_TIMEOUT=7 msrun --worker_num 2 --local_worker_num 2 --master_addr 127.0.0.1 "
                    f"--master_port {port} --node_rank 0 --log_dir L --join True --cluster_time_out 600 "
@@ -230,9 +230,15 @@ def test_a_launch_on_a_folder_another_job_holds_exits_2_before_any_worker(tmp_pa
     assert not folder_locked(out)
 
 
+def _ephemeral_ports():
+    """The kernel's range for ports it hands out (``bind`` to port 0)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+        low, high = map(int, fh.read().split())
+    return low, high
+
+
 def _listening():
     """A socket listening on a free port of 127.0.0.1 (what a running job's worker or scheduler holds)."""
-    import socket
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
@@ -241,12 +247,12 @@ def _listening():
 
 def test_scheduler_port_is_free_and_off_the_workers_ports_on_one_node_and_checked_when_given():
     """MindSpore's workers listen from 8118 up whatever the scheduler's port: a one-node job's scheduler takes
-    a free port from the kernel instead (CI: the README's launch on 8118 met a simulated compile's worker
-    there and MindSpore's cluster set-up failed after 600 s).  A port given, or several nodes' 8118, is
+    a free port from the kernel instead (CI: the README's launch on 8118 failed in MindSpore's cluster set-up
+    after 600 s with the message a taken scheduler port gives).  A port given, or several nodes' 8118, is
     refused when in use, naming the holder."""
     import os
     from naohai.launch.msrun import DEFAULT_PORT, scheduler_port
-    low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    low, high = _ephemeral_ports()
     with _listening() as busy:
         port = busy.getsockname()[1]
         with pytest.raises(UserError) as info:
