@@ -87,6 +87,9 @@ def test_both_sides_compute_the_same_products(last):
     a, b = pairs[index[(p.a, p.b)]]
     want = np.matmul(np.swapaxes(a, -1, -2) if p.transpose_a else a, np.swapaxes(b, -1, -2) if p.transpose_b else b)
     import mindspore as ms
+    # the device before this process's first kernel, as naohai's commands set it: a later test module's
+    # set_device("CPU") in the same pytest worker is then still allowed (MindSpore refuses it once kernels ran)
+    ms.set_device("CPU")
     mode = ms.get_context("mode")
     got_ms = mf.mindspore_products(products)()
     assert ms.get_context("mode") == mode          # compiled with jit; the test process's context is left alone
