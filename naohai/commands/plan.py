@@ -2,7 +2,7 @@
 
   naohai plan RECIPE STRATEGY            full report (RECIPE: file, recipes/ name or preset)
   naohai plan STRATEGY                   the recipe is the preset named by the file's `model:` key
-  naohai plan RECIPE --devices N --search [--top K] [--write FILE]
+  naohai plan RECIPE --devices N --search [--top K] [--write FILE] [--schedulers 1f1b,interleaved]
   naohai plan --import-mindformers FILE --out strategy.yaml [--model PRESET]
 Common: --profile NAME|FILE, --json, --micro-batch-size N, --global-batch N.
 """
@@ -24,7 +24,11 @@ def register(subparsers) -> None:
                    help="device count (checked against the mesh; required for --search)")
     p.add_argument("--search", action="store_true", help="propose the fastest layouts that fit")
     p.add_argument("--top", type=cli_int(1, 1000), default=5, help="rows in the --search table")
-    p.add_argument("--write", metavar="FILE", help="with --search: write the best layout as a strategy file")
+    p.add_argument("--write", metavar="FILE", help="with --search: write the best layout naohai can train as a "
+                                                  "strategy file")
+    p.add_argument("--schedulers", default="1f1b", metavar="LIST",
+                   help="with --search: pipeline schedulers to plan, comma-separated: 1f1b (default; compiles and "
+                        "trains), interleaved (planning only with MindSpore 2.10)")
     p.add_argument("--profile", default="ascend-910a-32g", help="ascend-910a-32g | ascend-910b-64g | a YAML file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--micro-batch-size", type=cli_int(1), help="sequences per data-parallel rank per micro-batch "
@@ -109,7 +113,7 @@ def _search_progress():
 
 def _run_search(args, recipe, cfg, model_name) -> int:
     from naohai.strategy.profiles import load_profile
-    from naohai.strategy.search import render_table, search, write_strategy
+    from naohai.strategy.search import best_runnable, render_table, search, write_strategy
     if args.devices is None:
         raise UserError("--search needs --devices N", where="command line", key="--devices", rule="devices given")
     profile = load_profile(args.profile)
@@ -120,11 +124,13 @@ def _run_search(args, recipe, cfg, model_name) -> int:
     if gb % mbs:
         raise UserError(f"global batch {gb} is not a multiple of the micro-batch size {mbs}", where="command line",
                         key="--global-batch", rule="global_batch % micro_batch_size == 0")
-    cands = search(cfg, args.devices, gb, mbs, profile, args.top, model_name, progress=_search_progress())
+    schedulers = _schedulers(args.schedulers)
+    cands = search(cfg, args.devices, gb, mbs, profile, args.top, model_name, progress=_search_progress(),
+                   schedulers=schedulers)
     if args.json:
         print(json.dumps([{"strategy": c.raw, "step_seconds": c.plan.step_seconds, "mfu": c.plan.mfu,
                            "tokens_per_second_per_device": c.plan.tokens_per_second_per_device,
-                           "peak_bytes": c.peak_bytes} for c in cands], indent=1))
+                           "peak_bytes": c.peak_bytes, "runnable": c.runnable} for c in cands], indent=1))
     else:
         print(f"search: {model_name} on {args.devices} devices, global batch {gb}, micro-batch size {mbs}, "
               f"profile {profile.name}")
@@ -132,10 +138,27 @@ def _run_search(args, recipe, cfg, model_name) -> int:
     if args.write:
         if not cands:
             raise UserError("nothing to write: no layout fits", where="command line", key="--write")
-        write_strategy(cands[0], args.write, model_name if recipe is None else None, args.devices)
+        best = best_runnable(cands)
+        if best is None:
+            raise UserError(f"nothing to write: every row found ({len(cands)}) is planning-only (MindSpore 2.10 "
+                            "cannot compile it as naohai applies it); search with --schedulers 1f1b, or a larger "
+                            "--top", where="command line", key="--write")
+        write_strategy(cands[best], args.write, model_name if recipe is None else None, args.devices)
         if not args.json:
-            print(f"wrote {args.write} (row 1)")
+            note = "" if best == 0 else f"; rows 1-{best} are planning-only"
+            print(f"wrote {args.write} (row {best + 1}{note})")
     return 0
+
+
+def _schedulers(text: str):
+    """``--schedulers`` as a tuple of :data:`naohai.strategy.search.SCHEDULERS`; anything else is a UserError."""
+    from naohai.strategy.search import SCHEDULERS
+    names = [n.strip() for n in str(text).split(",")]
+    bad = [n for n in names if n not in SCHEDULERS]
+    if bad or len(set(names)) != len(names):
+        raise UserError(f"'{text}' is not a comma-separated list of distinct schedulers from "
+                        f"{', '.join(SCHEDULERS)}", where="command line", key="--schedulers")
+    return tuple(names)
 
 
 def run(args) -> int:

@@ -4,9 +4,13 @@ Meshes: every data x model x pipeline factorisation of the device count with the
 model axis a power of two inside one node, whose model states could fit at all
 (float32 weights / (model x pipeline) under the usable memory); one micro-batch
 count per mesh (global batch / (data * micro-batch size), no accumulation when
-pipelined; for one stage, accumulation fills the batch); 1F1B, plus interleaved
-with 2 chunks when the layers allow it; sequence parallel off and on (model > 1);
-optimizer parallel off, level1 and level2 (data > 1).
+pipelined; for one stage, accumulation fills the batch); 1F1B, plus, when asked
+(``schedulers``), interleaved with 2 chunks where the layers allow it; sequence
+parallel off and on (model > 1); optimizer parallel off, level1 and level2 (data > 1).
+Interleaved layouts are planning-only (MindSpore 2.10 cannot compile naohai's,
+:mod:`naohai.strategy.compat`): they are left out unless asked for, and each row
+carries whether `naohai check` accepts it (``Candidate.runnable``, marked in the
+table); `naohai plan --write` saves the first row that it accepts (:func:`best_runnable`).
 
 Recompute is chosen per stage, as published plans do: each stage takes the
 fastest of "a base mode (none or selective, the Korthikanti attention chain) on
@@ -35,7 +39,8 @@ from naohai.strategy.memory import (ATTENTION_CHAIN, layer_activation_bytes, los
                                     place_params, stage_states)
 from naohai.strategy.plan import GB, LayerCosts, Plan, build_plan
 from naohai.strategy.profiles import DeviceProfile
-from naohai.strategy.resolve import OptimizerParallel, RecomputeSpec, ResolvedStrategy, resolve
+from naohai.strategy.compat import check_compat
+from naohai.strategy.resolve import OptimizerParallel, RecomputeSpec, ResolvedStrategy, check_strategy, resolve
 from naohai.strategy.schema import parse_strategy
 
 NONE = RecomputeSpec("none")
@@ -49,6 +54,7 @@ OPTIMIZER_CHOICES = (None, "level1", "level2")
 class Candidate:
     raw: Dict[str, Any]            # the strategy as a YAML-ready mapping
     plan: Plan
+    runnable: bool = True          # naohai can compile and train it with MindSpore 2.10 (naohai.strategy.compat)
 
     @property
     def peak_bytes(self) -> float:
@@ -80,9 +86,15 @@ def _entry(spec: RecomputeSpec) -> Any:
     return "none"
 
 
+#: the schedulers the search can plan; only the first compiles and trains with MindSpore 2.10
+SCHEDULERS = ("1f1b", "interleaved")
+RUNNABLE_SCHEDULERS = ("1f1b",)
+
+
 def meshes(cfg: ModelConfig, devices: int, global_batch: int, micro_batch_size: int,
-           profile: DeviceProfile) -> List[Tuple[int, int, int, int, str, int]]:
-    """(data, model, pipeline, micro_batches, scheduler, chunks) worth planning."""
+           profile: DeviceProfile, schedulers=RUNNABLE_SCHEDULERS) -> List[Tuple[int, int, int, int, str, int]]:
+    """(data, model, pipeline, micro_batches, scheduler, chunks) worth planning, for the ``schedulers`` asked
+    (:data:`SCHEDULERS`)."""
     usable = (profile.memory_gb - profile.reserve_gb) * GB
     n_params = count_params(cfg)
     out = []
@@ -101,8 +113,9 @@ def meshes(cfg: ModelConfig, devices: int, global_batch: int, micro_batch_size: 
             m = global_batch // unit if pp > 1 else 1
             if m < pp:
                 continue
-            out.append((dp, mp, pp, m, "1f1b", 1))
-            if pp > 1 and cfg.num_layers >= 2 * pp and m % pp == 0:
+            if "1f1b" in schedulers:
+                out.append((dp, mp, pp, m, "1f1b", 1))
+            if "interleaved" in schedulers and pp > 1 and cfg.num_layers >= 2 * pp and m % pp == 0:
                 out.append((dp, mp, pp, m, "interleaved", 2))
     return out
 
@@ -189,12 +202,12 @@ def _screen(cfg: ModelConfig, r0: ResolvedStrategy, profile: DeviceProfile, raw0
 
 
 def search(cfg: ModelConfig, devices: int, global_batch: int, micro_batch_size: int, profile: DeviceProfile,
-           top: int = 5, model_name: str = "", progress: Optional[Callable[[int, int], None]] = None
-           ) -> List[Candidate]:
+           top: int = 5, model_name: str = "", progress: Optional[Callable[[int, int], None]] = None,
+           schedulers=RUNNABLE_SCHEDULERS) -> List[Candidate]:
     """Fitting layouts, fastest first (at most ``top``), each planned exactly from its mapping.
-    ``progress(done, total)`` is called after each mesh is screened."""
+    ``progress(done, total)`` is called after each mesh is screened; ``schedulers``: see :func:`meshes`."""
     screened: List[Tuple[float, Dict[str, Any]]] = []
-    grid = list(meshes(cfg, devices, global_batch, micro_batch_size, profile))
+    grid = list(meshes(cfg, devices, global_batch, micro_batch_size, profile, schedulers))
     for done, (dp, mp, pp, m, sched, v) in enumerate(grid, 1):
         if progress is not None:
             progress(done - 1, len(grid))
@@ -213,35 +226,56 @@ def search(cfg: ModelConfig, devices: int, global_batch: int, micro_batch_size: 
     out: List[Candidate] = []
     for _, raw in screened[:max(3 * top, 10)]:
         raw = {**raw, "global_batch": global_batch, "micro_batch_size": micro_batch_size}
-        plan = plan_mapping(cfg, raw, profile, model_name)
+        resolved = _resolved(cfg, raw)
+        plan = build_plan(cfg, resolved, profile, model_name)
         if plan.fits:
-            out.append(Candidate(raw, plan))
+            out.append(Candidate(raw, plan, _compiles(resolved)))
     out.sort(key=lambda c: (c.plan.step_seconds, c.peak_bytes))
     return out[:top]
 
 
 def plan_mapping(cfg: ModelConfig, raw: Dict[str, Any], profile: DeviceProfile, model_name: str = "") -> Plan:
     """The exact plan of a strategy mapping carrying its own batch keys (what a written file gives)."""
-    from naohai.strategy.resolve import check_strategy
-    resolved = check_strategy(parse_strategy(raw, where=f"search candidate {raw['name']}"), cfg)
-    return build_plan(cfg, resolved, profile, model_name)
+    return build_plan(cfg, _resolved(cfg, raw), profile, model_name)
+
+
+def _resolved(cfg: ModelConfig, raw: Dict[str, Any]) -> ResolvedStrategy:
+    return check_strategy(parse_strategy(raw, where=f"search candidate {raw['name']}"), cfg)
+
+
+def _compiles(resolved: ResolvedStrategy) -> bool:
+    """Whether MindSpore 2.10 can compile the layout as naohai applies it (the rules `naohai check` applies)."""
+    try:
+        check_compat(resolved)
+    except UserError:
+        return False
+    return True
+
+
+def best_runnable(cands: List[Candidate]) -> Optional[int]:
+    """The index of the fastest row naohai can compile and train (``Candidate.runnable``), or None."""
+    return next((i for i, c in enumerate(cands) if c.runnable), None)
 
 
 def render_table(cands: List[Candidate]) -> str:
     if not cands:
         return "no layout fits (try more devices, a smaller micro-batch or a larger device profile)"
-    lines = [" #  data model pipe    m  sched        recompute n/s/f  opt     sp   peak GB  bubble  step s  "
+    lines = [" #  data model pipe    m  sched         recompute n/s/f  opt     sp   peak GB  bubble  step s  "
              "tok/s/dev   MFU"]
     for i, c in enumerate(cands, 1):
         r, p = c.raw, c.plan
         opt = r["optimizer_parallel"]
         lines.append(f"{i:>2}  {r['mesh']['data']:>4} {r['mesh']['model']:>5} {r['mesh']['pipeline']:>4} "
-                     f"{r['micro_batches']:>4}  {r['pipeline']['scheduler']:<11}  {c.recompute_summary():<15}  "
+                     f"{r['micro_batches']:>4}  {r['pipeline']['scheduler'] + ('' if c.runnable else '*'):<12}  "
+                     f"{c.recompute_summary():<15}  "
                      f"{opt['level'] if opt['enabled'] else 'off':<6}  {'on ' if r['sequence_parallel'] else 'off'} "
                      f"{c.peak_bytes / GB:>8.2f}  {p.bubble_fraction:>5.1%}  {p.step_seconds:>6.3f}  "
                      f"{p.tokens_per_second_per_device:>9.0f}  {p.mfu:>5.1%}")
     lines.append("recompute n/s/f: layers with none / selective (attention chain) / full recompute "
                  "(cN: N of them also recompute the model-parallel communication)")
+    if not all(c.runnable for c in cands):
+        lines.append("*: planning only: MindSpore 2.10 cannot compile this layout as naohai applies it "
+                     "(naohai check / train / launch refuse it; naohai check FILE says why)")
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
 """`plan --search`: recompute chosen per stage, sequence parallel both ways, files that reproduce their row."""
+import os
 from functools import lru_cache
 
 import pytest
@@ -14,6 +15,8 @@ from naohai.strategy.search import search
 
 P7 = preset_recipe("pengcheng-mind-7b").model
 PROFILE = PROFILES["ascend-910a-32g"]
+RECIPE_13B = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "recipes",
+                          "pangu-alpha-13b.yaml")
 CHAIN = ["attention.scores", "attention.scale", "attention.mask", "attention.softmax"]
 
 
@@ -88,3 +91,71 @@ def test_pengcheng_mind_200b_on_3456_finds_fitting_per_stage_plans():
     # recompute chosen per stage: the best layout mixes recompute kinds across its layers
     r = check_strategy(parse_strategy(dict(rows[0].raw)), cfg)
     assert len({(s.mode, s.ops, s.comm) for s in r.recompute}) > 1
+
+
+# ------------------------------------------------------------------------------ layouts naohai can run
+def _check(recipe, path, capsys):
+    """`naohai check RECIPE FILE` (our rules and MindSpore 2.10's compatibility rules, no compile): exit code and
+    what it printed."""
+    code = main(["check", recipe, str(path)])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_search_proposes_only_layouts_that_check_accepts_and_writes_one(capsys, tmp_path):
+    """PanGu-alpha 13B on 64 cards: planned with interleaved pipelines, the nine fastest rows are interleaved,
+    which `naohai check` refuses (MindSpore 2.10 cannot compile naohai's); by default the search proposes 1F1B
+    layouts only, and the file `--write` saves passes `naohai check`."""
+    out = tmp_path / "best.yaml"
+    assert main(["plan", RECIPE_13B, "--devices", "64", "--search", "--write", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote" in printed and "(row 1)" in printed and "*" not in printed
+    rows = [ln.split() for ln in printed.splitlines() if ln[:2].strip().isdigit()]
+    assert len(rows) == 5 and {r[5] for r in rows} == {"1f1b"}
+    code, said = _check(RECIPE_13B, out, capsys)
+    assert code == 0, said
+
+
+def test_planning_only_rows_are_marked_and_never_written(capsys, tmp_path):
+    """With `--schedulers 1f1b,interleaved` the interleaved rows are planned and ranked (faster: a smaller
+    bubble), marked '*' with a footnote, and `naohai check` refuses each of them; `--write` saves the fastest
+    row check accepts and says which."""
+    recipe = RECIPE_13B
+    cfg = preset_recipe("pangu-alpha-13b").model
+    both = search(cfg, 64, 512, 2, PROFILE, top=12, schedulers=("1f1b", "interleaved"))
+    marked = [c for c in both if not c.runnable]
+    assert marked and {c.raw["pipeline"]["scheduler"] for c in marked} == {"interleaved"}
+    first_runnable = next(i for i, c in enumerate(both) if c.runnable)
+    assert first_runnable > 0 and both[0].plan.step_seconds < both[first_runnable].plan.step_seconds
+    for c in (marked[0], both[first_runnable]):
+        path = tmp_path / "row.yaml"
+        path.write_text(yaml.safe_dump({**c.raw, "devices": 64}, sort_keys=False))
+        code, said = _check(recipe, path, capsys)
+        assert (code == 0) == c.runnable, said
+        if not c.runnable:
+            assert "pipeline.scheduler" in said and "planning-only" in said
+    out = tmp_path / "written.yaml"
+    assert main(["plan", recipe, "--devices", "64", "--search", "--top", "12", "--schedulers", "1f1b,interleaved",
+                 "--write", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"(row {first_runnable + 1}; rows 1-{first_runnable} are planning-only)" in printed
+    assert "*: planning only" in printed and printed.count("interleaved*") == first_runnable
+    written = yaml.safe_load(out.read_text())
+    assert written["mesh"] == both[first_runnable].raw["mesh"] and written["pipeline"]["scheduler"] == "1f1b"
+    assert _check(recipe, out, capsys)[0] == 0
+
+
+def test_write_with_only_planning_only_rows_exits_2(capsys, tmp_path):
+    out = tmp_path / "never.yaml"
+    code = main(["plan", RECIPE_13B, "--devices", "64", "--search", "--top", "2",
+                 "--schedulers", "interleaved", "--write", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--write" in err and "planning-only" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["gpipe", "1f1b,1f1b", "", "1f1b,,interleaved", "1F1B"])
+def test_unknown_schedulers_exit_2_naming_the_flag(capsys, value):
+    code = main(["plan", "pengcheng-mind-7b", "--devices", "8", "--search", "--schedulers", value])
+    err = capsys.readouterr().err
+    assert code == 2 and "--schedulers" in err and "Traceback" not in err
