@@ -642,8 +642,7 @@ def load_recipe_or_preset(name: str, overrides: Sequence[str] = ()) -> Recipe:
     if os.path.exists(path):
         return load_recipe(path, overrides)
     if name in MODEL_PRESETS:
-        raw = merge_trees({"name": name, "model": {"preset": name}}, parse_overrides(overrides))
-        return recipe_from_dict(raw, where=f"preset {name} (no recipe of that name in recipes/)")
+        return preset_recipe(name, overrides, where=f"preset {name} (no recipe of that name in recipes/)")
     names = recipe_names()
     raise UserError(f"'{name}' is no recipe file, no recipe in recipes/ and no model preset."
                     f"{did_you_mean(name, sorted(set(names) | set(MODEL_PRESETS)))} Recipes: {', '.join(names)}; presets: "
@@ -651,6 +650,7 @@ def load_recipe_or_preset(name: str, overrides: Sequence[str] = ()) -> Recipe:
                     rule="recipe file, recipes/ name or preset")
 
 
-def preset_recipe(preset: str) -> Recipe:
-    """A recipe holding only a model preset (for `naohai plan pangu-alpha-200b ...`)."""
-    return recipe_from_dict({"name": preset, "model": {"preset": preset}}, where=f"preset {preset}")
+def preset_recipe(preset: str, overrides: Sequence[str] = (), where: str = "") -> Recipe:
+    """A recipe holding only a model preset (for `naohai plan pangu-alpha-200b ...`), with dotted overrides."""
+    raw = merge_trees({"name": preset, "model": {"preset": preset}}, parse_overrides(overrides))
+    return recipe_from_dict(raw, where=where or f"preset {preset}")

@@ -1,6 +1,7 @@
-"""`naohai check RECIPE STRATEGY [key=value ...] [--compile ...]`: validate, or compile per rank.
+"""`naohai check [RECIPE] STRATEGY [key=value ...] [--compile ...]`: validate, or compile per rank.
 
   naohai check RECIPE STRATEGY                 validation only (our rules + MindSpore 2.10 rules)
+  naohai check STRATEGY                        the recipe is the model preset the file's `model:` key names
   naohai check RECIPE STRATEGY --compile       MindSpore compiles naohai's real train step on N
         [--ranks N] [--scale-down]             simulated GPUs (msrun workers, no accelerator needed)
         [--workdir DIR] [--keep-ir] [--timeout S]
@@ -14,6 +15,7 @@ every rank compiled, 2 on a user error or a failed compile.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -23,8 +25,10 @@ from naohai.errors import UserError
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="validate a strategy; with --compile, compile it per rank with MindSpore")
-    p.add_argument("recipe", help="recipe YAML, a name in recipes/, or a model preset")
-    p.add_argument("strategy", help="strategy YAML file")
+    p.add_argument("recipe", metavar="RECIPE", nargs="?",
+                   help="recipe YAML, a name in recipes/, or a model preset; left out (STRATEGY alone), the preset "
+                        "the strategy's model: key names")
+    p.add_argument("strategy", metavar="STRATEGY", nargs="?", help="strategy YAML file")
     p.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. train.micro_batch_size=2")
     p.add_argument("--compile", action="store_true", help="compile the train step on simulated devices")
     p.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"),
@@ -55,6 +59,44 @@ def _recipe(name: str, overrides):
     """The recipe as ``train`` reads the same name (a preset only where no recipe has its name)."""
     from naohai.config import load_recipe_or_preset
     return load_recipe_or_preset(name, overrides)
+
+
+def _strategy_alone(args) -> bool:
+    """``check STRATEGY [key=value ...]``: the strategy file alone stands for the model preset its ``model:`` key
+    names, with the strategy's batch (as in `naohai plan STRATEGY`); ``args`` is rewritten to the RECIPE STRATEGY
+    form with that preset's name as RECIPE.  Returns whether it was so."""
+    from naohai.config import MODEL_PRESETS
+    from naohai.strategy.schema import is_strategy_file, load_strategy
+    if args.recipe is None:
+        raise UserError("give RECIPE STRATEGY, or a STRATEGY file whose model: key names a preset",
+                        where="command line", key="STRATEGY", rule="check [RECIPE] STRATEGY")
+    alone = args.strategy is None or (_is_override(args.strategy) and not os.path.exists(args.strategy))
+    if not alone:
+        return False
+    if not is_strategy_file(args.recipe):
+        raise UserError(f"'{args.recipe}' is not a strategy file (a YAML mapping with a mesh:); give RECIPE STRATEGY, "
+                        "or a STRATEGY whose model: key names a preset", where="command line", key="STRATEGY",
+                        rule="check [RECIPE] STRATEGY")
+    strategy = load_strategy(args.recipe)
+    if not strategy.model:
+        raise UserError("no recipe given and the strategy has no model: key; give RECIPE STRATEGY, or add model: "
+                        "PRESET to the file", where=args.recipe, key="model", rule="recipe or model key")
+    if strategy.model not in MODEL_PRESETS:
+        raise UserError(f"model: '{strategy.model}' is not a model preset; give RECIPE STRATEGY",
+                        where=args.recipe, key="model", rule="model: names a preset")
+    given = [args.strategy] if args.strategy is not None else []
+    given += list(args.overrides)
+    mbs = strategy.micro_batch_size or 1                # the batch `naohai plan STRATEGY` plans
+    gb = strategy.global_batch or strategy.data * mbs * strategy.micro_batches
+    args.overrides = [f"train.micro_batch_size={mbs}", f"train.global_batch_size={gb}", *given]
+    args.recipe, args.strategy = strategy.model, args.recipe
+    print(f"recipe: the model preset {strategy.model} (the strategy's model: key); batch {gb} sequences, "
+          f"micro-batch size {mbs}, as `naohai plan {args.strategy}` plans it (key=value overrides win)")
+    return True
+
+
+def _is_override(word: str) -> bool:
+    return "=" in word and not word.startswith("=")
 
 
 def summary(resolved) -> str:
@@ -106,7 +148,11 @@ def run(args) -> int:
     from naohai.strategy.run_plan import plan_run
     from naohai.strategy.schema import load_strategy
 
-    recipe = _recipe(args.recipe, list(args.overrides))
+    if _strategy_alone(args):
+        from naohai.config import preset_recipe
+        recipe = preset_recipe(args.recipe, list(args.overrides))
+    else:
+        recipe = _recipe(args.recipe, list(args.overrides))
     strategy_path = args.strategy
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="naohai-check-")).resolve()
     chosen = None if args.scale_down else _chosen_ranks_text(args.ranks)

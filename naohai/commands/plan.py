@@ -56,12 +56,6 @@ def _load_target(name: str):
     return recipe, recipe.model, recipe.name
 
 
-def _is_strategy(path: str) -> bool:
-    from naohai.config import read_yaml
-    from naohai.strategy.schema import is_strategy_mapping
-    return os.path.exists(path) and path.endswith((".yaml", ".yml")) and is_strategy_mapping(read_yaml(path))
-
-
 def _split_targets(args) -> Tuple[Optional[str], Optional[str]]:
     t = list(args.targets)
     if len(t) > 2:
@@ -69,7 +63,8 @@ def _split_targets(args) -> Tuple[Optional[str], Optional[str]]:
     if len(t) == 2:
         return t[0], t[1]
     if len(t) == 1:
-        return (None, t[0]) if _is_strategy(t[0]) else (t[0], None)
+        from naohai.strategy.schema import is_strategy_file
+        return (None, t[0]) if is_strategy_file(t[0]) else (t[0], None)
     return None, None
 
 

@@ -38,6 +38,7 @@ A rule value is a mesh axis name, ``null`` (replicate) or a list of mesh axes
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple, Union
@@ -379,3 +380,14 @@ def load_strategy(path: str) -> Strategy:
 def is_strategy_mapping(raw: Dict[str, Any]) -> bool:
     """True if a YAML mapping looks like a strategy (has a mesh) rather than a recipe."""
     return "mesh" in raw
+
+
+def is_strategy_file(path: str) -> bool:
+    """True if ``path`` is a YAML file holding a strategy (:func:`is_strategy_mapping`); False for a file that
+    does not read as a mapping (whoever loads it next reports why)."""
+    if not (os.path.isfile(path) and path.endswith((".yaml", ".yml"))):
+        return False
+    try:
+        return is_strategy_mapping(read_yaml(path))
+    except UserError:
+        return False

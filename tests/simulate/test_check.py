@@ -25,6 +25,45 @@ def test_validation_only_prints_summary(capsys):
     assert "data 2 x model 1 x pipeline 1 = 2 devices" in out and "valid" in out
 
 
+@pytest.mark.parametrize("path", sorted(S.glob("*.yaml")), ids=lambda p: p.name)
+def test_a_strategy_alone_is_checked_with_the_batch_plan_plans(capsys, path):
+    """`naohai check STRATEGY`: the recipe is the preset the file's model: key names, at the batch
+    `naohai plan STRATEGY` plans (its --json is the reference); every shipped file is valid so."""
+    assert main(["plan", str(path), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    model = read_yaml(str(path))["model"]
+    assert f"recipe: the model preset {model} (the strategy's model: key); batch {planned['global_batch']} " \
+           f"sequences, micro-batch size {planned['micro_batch_size']}" in out
+    assert f"micro-batch size {planned['micro_batch_size']} per data-parallel rank" in out and "valid" in out
+
+
+def test_a_strategy_alone_takes_overrides_after_it(capsys):
+    assert main(["check", str(S / "tiny-dp2.yaml"), "train.micro_batch_size=8", "train.global_batch_size=16"]) == 0
+    assert "micro-batch size 8 per data-parallel rank" in capsys.readouterr().out
+    # the same file given with its recipe reads the recipe as before (recipes/tiny.yaml: global batch 16)
+    assert main(["check", "tiny", str(S / "tiny-dp2.yaml"), "train.micro_batch_size=8"]) == 0
+    assert "recipe: the model preset" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, args, key", [
+    (None, [], "STRATEGY"),                                                         # nothing
+    (None, [str(ROOT / "recipes" / "tiny.yaml")], "STRATEGY"),                      # a recipe alone
+    (None, [str(ROOT / "recipes" / "tiny.yaml"), "train.steps=3"], "STRATEGY"),     # ... with an override
+    ("mesh: {data: 2}\n", [], "model"),                                            # no model: key
+    ("mesh: {data: 2}\nmodel: nopreset\n", [], "model"),                          # not a preset
+])
+def test_a_strategy_alone_needs_a_model_preset(capsys, tmp_path, text, args, key):
+    if text is not None:
+        path = tmp_path / "s.yaml"
+        path.write_text(text)
+        args = [str(path)]
+    assert main(["check", *args]) == 2
+    err = capsys.readouterr().err
+    assert f"key '{key}'" in err and "Traceback" not in err
+
+
 def _with_ops(tmp_path, name, ops):
     """A copy of a shipped strategy with escape-hatch op strategies added."""
     import yaml
