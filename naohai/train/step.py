@@ -170,7 +170,7 @@ class TrainStep(_Finish):
         self.static_one = not guard.dynamic and collect is None and \
             ms.get_auto_parallel_context("parallel_mode") == ms.ParallelMode.STAND_ALONE
         self.one = Tensor(1.0, ms.float32)
-        self.collect = collect if collect is not None else Unscale()
+        self.collect = None if self.static_one else collect if collect is not None else Unscale()
         self.reduce_loss = reduce_loss
         self.grad = C.GradOperation(get_by_list=True, sens_param=True)
         self.weighted = token_weight is not None

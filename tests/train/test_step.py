@@ -11,23 +11,24 @@ from mindspore import Tensor, nn
 
 from naohai.config import GuardConfig, LossScaleConfig, ModelConfig
 from naohai.model.transformer import NaohaiLM
-from naohai.train.step import StepGuard, TrainStep
+from naohai.train.step import StepGuard, TrainStep, Unscale
 
 
-def _step(guard: GuardConfig):
+def _step(guard: GuardConfig, collect=None):
     cfg = ModelConfig(vocab_size=64, vocab_pad_multiple=8, hidden_size=32, num_layers=2, num_heads=4,
                       ffn_hidden_size=48, seq_length=16, position="rope", activation="swiglu", norm="layernorm",
                       bias=True, compute_dtype="float32")
     cfg.validate()
     model = NaohaiLM(cfg, seed=3)
     optimizer = nn.AdamWeightDecay(model.trainable_params(), learning_rate=1e-2, weight_decay=0.1)
-    return model, TrainStep(model, optimizer, StepGuard(guard), grad_clip=0.05)
+    return model, TrainStep(model, optimizer, StepGuard(guard), grad_clip=0.05, collect=collect)
 
 
 def _three_steps(skip: bool):
-    model, step = _step(GuardConfig())
-    assert step.static_one
-    step.static_one = skip
+    """``skip``: the default one-device step; else the same step given the unscaling collector explicitly
+    (a collector given is always applied: the step that multiplies by 1/1)."""
+    model, step = _step(GuardConfig(), collect=None if skip else Unscale())
+    assert step.static_one == skip and (step.collect is None) == skip
     rng = np.random.RandomState(5)
     out = []
     for _ in range(3):
