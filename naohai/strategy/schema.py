@@ -383,11 +383,8 @@ def is_strategy_mapping(raw: Dict[str, Any]) -> bool:
 
 
 def is_strategy_file(path: str) -> bool:
-    """True if ``path`` is a YAML file holding a strategy (:func:`is_strategy_mapping`); False for a file that
-    does not read as a mapping (whoever loads it next reports why)."""
+    """True if ``path`` is a YAML file holding a strategy (:func:`is_strategy_mapping`); a YAML file that does not
+    read as a mapping is a UserError naming it (:func:`naohai.config.read_yaml`)."""
     if not (os.path.isfile(path) and path.endswith((".yaml", ".yml"))):
         return False
-    try:
-        return is_strategy_mapping(read_yaml(path))
-    except UserError:
-        return False
+    return is_strategy_mapping(read_yaml(path))

@@ -378,3 +378,12 @@ def test_sequence_parallel_residual_split_differently_is_refused():
     strat = dict(strat, ops={"layers.1.mlp.residual": [[8, 1], [1, 1]]})
     with pytest.raises(UserError, match="same logical axis, same slices within an op"):
         check_strategy(parse_strategy(strat, "hatch"), recipe)
+
+
+def test_a_strategy_alone_that_is_not_yaml_is_named(capsys, tmp_path):
+    """A file given alone is read to see whether it is a strategy: a broken one is reported against the file."""
+    path = tmp_path / "broken.yaml"
+    path.write_text("mesh: [1\n")
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "not valid YAML" in err and "Traceback" not in err
