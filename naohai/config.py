@@ -511,11 +511,16 @@ def _set_dotted(tree: Dict[str, Any], dotted: str, value: Any, where: str) -> No
     node[parts[-1]] = value
 
 
+def is_override(item: str) -> bool:
+    """Whether a command-line word has the form of a dotted override (``key=value``, the key not empty)."""
+    return "=" in item and not item.startswith("=")
+
+
 def parse_overrides(items: Sequence[str], where: str = "command line") -> Dict[str, Any]:
     """Turn ['train.lr=1e-3', 'model.preset=tiny'] into a nested dict (values parsed as YAML)."""
     tree: Dict[str, Any] = {}
     for item in items:
-        if "=" not in item or item.startswith("="):
+        if not is_override(item):
             raise UserError(f"override '{item}' is not of the form section.key=value", where=where)
         key, raw = item.split("=", 1)
         try:

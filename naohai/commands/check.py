@@ -65,12 +65,12 @@ def _strategy_alone(args) -> bool:
     """``check STRATEGY [key=value ...]``: the strategy file alone stands for the model preset its ``model:`` key
     names, with the strategy's batch (as in `naohai plan STRATEGY`); ``args`` is rewritten to the RECIPE STRATEGY
     form with that preset's name as RECIPE.  Returns whether it was so."""
-    from naohai.config import MODEL_PRESETS
+    from naohai.config import MODEL_PRESETS, is_override
     from naohai.strategy.schema import is_strategy_file, load_strategy
     if args.recipe is None:
         raise UserError("give RECIPE STRATEGY, or a STRATEGY file whose model: key names a preset",
                         where="command line", key="STRATEGY", rule="check [RECIPE] STRATEGY")
-    alone = args.strategy is None or (_is_override(args.strategy) and not os.path.exists(args.strategy))
+    alone = args.strategy is None or (is_override(args.strategy) and not os.path.exists(args.strategy))
     if not alone:
         return False
     if not is_strategy_file(args.recipe):
@@ -93,10 +93,6 @@ def _strategy_alone(args) -> bool:
     print(f"recipe: the model preset {strategy.model} (the strategy's model: key); batch {gb} sequences, "
           f"micro-batch size {mbs}, as `naohai plan {args.strategy}` plans it (key=value overrides win)")
     return True
-
-
-def _is_override(word: str) -> bool:
-    return "=" in word and not word.startswith("=")
 
 
 def summary(resolved) -> str:

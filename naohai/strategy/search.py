@@ -234,12 +234,8 @@ def search(cfg: ModelConfig, devices: int, global_batch: int, micro_batch_size: 
     return out[:top]
 
 
-def plan_mapping(cfg: ModelConfig, raw: Dict[str, Any], profile: DeviceProfile, model_name: str = "") -> Plan:
-    """The exact plan of a strategy mapping carrying its own batch keys (what a written file gives)."""
-    return build_plan(cfg, _resolved(cfg, raw), profile, model_name)
-
-
 def _resolved(cfg: ModelConfig, raw: Dict[str, Any]) -> ResolvedStrategy:
+    """A candidate's mapping (with its own batch keys: what a written file holds) checked and resolved."""
     return check_strategy(parse_strategy(raw, where=f"search candidate {raw['name']}"), cfg)
 
 
