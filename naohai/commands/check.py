@@ -139,6 +139,22 @@ def _write_yaml(path: Path, data) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
 
 
+def _workdir(args) -> Path:
+    """The folder for what a check writes (scaled or fixed copies, compile logs and results): ``--workdir``, or a
+    new temporary folder made the first time one is asked for, so a check that writes nothing leaves nothing
+    behind."""
+    if getattr(args, "made_workdir", None) is None:
+        folder = Path(args.workdir or tempfile.mkdtemp(prefix="naohai-check-")).resolve()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot be made a folder ({exc.strerror or exc}); give --workdir a folder this user can "
+                            f"write, or leave it out for a temporary one", where=str(folder), key="--workdir",
+                            rule="a writable folder") from None
+        args.made_workdir = folder
+    return args.made_workdir
+
+
 def run(args) -> int:
     from naohai.config import read_yaml
     from naohai.strategy.run_plan import plan_run
@@ -150,7 +166,6 @@ def run(args) -> int:
     else:
         recipe = _recipe(args.recipe, list(args.overrides))
     strategy_path = args.strategy
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="naohai-check-")).resolve()
     chosen = None if args.scale_down else _chosen_ranks_text(args.ranks)
     if args.depth is not None and chosen is None:
         raise UserError("--depth applies to a compile of chosen ranks (--ranks first,last,... or stages)",
@@ -160,7 +175,7 @@ def run(args) -> int:
         ranks = _int_ranks(args.ranks) or 8
         load_strategy(strategy_path)  # the original must parse
         recipe_raw, strategy_raw, changes = scale_down(recipe, read_yaml(strategy_path, "strategy file"), ranks)
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = _workdir(args)
         recipe_file, strategy_file = workdir / "scaled-recipe.yaml", workdir / "scaled-strategy.yaml"
         _write_yaml(recipe_file, recipe_raw)
         _write_yaml(strategy_file, strategy_raw)
@@ -176,8 +191,7 @@ def run(args) -> int:
         first = plan_run(recipe_for_check, str(strategy_file), compat=False)
         fixed, notes = compat_fixes(read_yaml(str(strategy_file), "strategy file"), first.strategy, first.recipe)
         if notes:
-            workdir.mkdir(parents=True, exist_ok=True)
-            strategy_file = workdir / "compat-strategy.yaml"
+            strategy_file = _workdir(args) / "compat-strategy.yaml"
             _write_yaml(strategy_file, fixed)
             print(f"MindSpore 2.10 compatibility fixes (copy in {strategy_file}):")
             for n in notes:
@@ -200,12 +214,13 @@ def run(args) -> int:
             raise UserError("--save-slices needs parameter values, which a compile of chosen ranks never makes "
                             "(its parameters are deferred); drop --ranks to compile every rank with slices",
                             where="command line", key="--save-slices", rule="--save-slices without a list of --ranks")
-        return _compile_chosen(args, chosen, recipe_for_check, strategy_file, resolved, workdir)
+        return _compile_chosen(args, chosen, recipe_for_check, strategy_file, resolved, _workdir(args))
     from naohai.train.compile_target import compile_layout, kernel_note
     ranks = _int_ranks(args.ranks) or resolved.device_num
     if ranks != resolved.device_num:
         raise UserError(f"the strategy needs {resolved.device_num} ranks, --ranks is {ranks}; add --scale-down to "
                         f"shrink it", where="command line", key="--ranks", rule="ranks == strategy devices")
+    workdir = _workdir(args)
     print(kernel_note())
     print(f"compiling on {ranks} simulated devices in {workdir} ...", flush=True)
     report = compile_layout(recipe_for_check, str(strategy_file), workdir, stages=resolved.stages,
@@ -302,7 +317,6 @@ def _compile_chosen(args, words, recipe, strategy_file, resolved, workdir) -> in
     deepest = max(resolved.layers_per_stage)
     depth, why = (args.depth, f"--depth {args.depth}") if args.depth is not None else default_depth(resolved)
     compile_recipe, compile_strategy, compiled = recipe, Path(strategy_file), resolved
-    workdir.mkdir(parents=True, exist_ok=True)
     reduced = depth is not None and depth < deepest
     if reduced:
         rec_raw, strat_raw, changes = reduce_depth(recipe, read_yaml(str(strategy_file), "strategy file"), resolved,

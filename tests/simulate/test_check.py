@@ -25,6 +25,32 @@ def test_validation_only_prints_summary(capsys):
     assert "data 2 x model 1 x pipeline 1 = 2 devices" in out and "valid" in out
 
 
+def test_a_check_that_writes_nothing_leaves_no_folder_behind(capsys, tmp_path, monkeypatch):
+    """Validation alone makes no work folder (it made an empty naohai-check-* in the temporary folder per call);
+    a compat fix writes its copy into one, and names it."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["check", "tiny", str(S / "tiny-dp2.yaml"), "train.micro_batch_size=8"]) == 0
+    assert main(["check", str(S / "tiny-dp2.yaml")]) == 0
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "in").mkdir()
+    path = _with_ops(tmp_path / "in", "tiny-dp2-mp2-pp2.yaml", CLASS_SPLIT)
+    assert main(["check", "tiny", str(path), "train.micro_batch_size=2", "--compat-fixes"]) == 0
+    made = [p for p in tmp_path.iterdir() if p.name.startswith("naohai-check-")]
+    assert len(made) == 1 and (made[0] / "compat-strategy.yaml").is_file()
+    assert str(made[0] / "compat-strategy.yaml") in capsys.readouterr().out
+
+
+def test_a_workdir_that_cannot_be_a_folder_is_named(capsys, tmp_path):
+    path = _with_ops(tmp_path, "tiny-dp2-mp2-pp2.yaml", CLASS_SPLIT)
+    (tmp_path / "afile").write_text("x")
+    assert main(["check", "tiny", str(path), "train.micro_batch_size=2", "--compat-fixes",
+                 "--workdir", str(tmp_path / "afile")]) == 2
+    err = capsys.readouterr().err
+    assert "--workdir" in err and str(tmp_path / "afile") in err and "Traceback" not in err
+    assert (tmp_path / "afile").read_text() == "x"
+
+
 @pytest.mark.parametrize("path", sorted(S.glob("*.yaml")), ids=lambda p: p.name)
 def test_a_strategy_alone_is_checked_with_the_batch_plan_plans(capsys, path):
     """`naohai check STRATEGY`: the recipe is the preset the file's model: key names, at the batch
