@@ -15,6 +15,12 @@ from typing import Optional, Tuple
 from naohai.errors import UserError
 from naohai.validate import MAX_DEVICES, cli_int
 
+DEFAULT_TOP = 5
+#: options that belong to one way of running plan: given in another, they would be ignored (a --write that writes
+#: nothing), so they are refused
+SEARCH_ONLY = ("--top", "--write", "--schedulers")
+IMPORT_ONLY = ("--out", "--model")
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="check a strategy file and print memory / time plan; search layouts")
@@ -23,12 +29,12 @@ def register(subparsers) -> None:
     p.add_argument("--devices", type=cli_int(1, MAX_DEVICES),
                    help="device count (checked against the mesh; required for --search)")
     p.add_argument("--search", action="store_true", help="propose the fastest layouts that fit")
-    p.add_argument("--top", type=cli_int(1, 1000), default=5, help="rows in the --search table")
+    p.add_argument("--top", type=cli_int(1, 1000), help=f"rows in the --search table (default {DEFAULT_TOP})")
     p.add_argument("--write", metavar="FILE", help="with --search: write the best layout naohai can train as a "
                                                   "strategy file")
-    p.add_argument("--schedulers", default="1f1b", metavar="LIST",
-                   help="with --search: pipeline schedulers to plan, comma-separated: 1f1b (default; compiles and "
-                        "trains), interleaved (planning only with MindSpore 2.10)")
+    p.add_argument("--schedulers", metavar="LIST",
+                   help="with --search: pipeline schedulers to plan, comma-separated: 1f1b (compiles and trains), "
+                        "interleaved (planning only with MindSpore 2.10); default: those naohai trains")
     p.add_argument("--profile", default="ascend-910a-32g", help="ascend-910a-32g | ascend-910b-64g | a YAML file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--micro-batch-size", type=cli_int(1), help="sequences per data-parallel rank per micro-batch "
@@ -108,7 +114,7 @@ def _search_progress():
 
 def _run_search(args, recipe, cfg, model_name) -> int:
     from naohai.strategy.profiles import load_profile
-    from naohai.strategy.search import best_runnable, render_table, search, write_strategy
+    from naohai.strategy.search import RUNNABLE_SCHEDULERS, best_runnable, render_table, search, write_strategy
     if args.devices is None:
         raise UserError("--search needs --devices N", where="command line", key="--devices", rule="devices given")
     profile = load_profile(args.profile)
@@ -119,8 +125,8 @@ def _run_search(args, recipe, cfg, model_name) -> int:
     if gb % mbs:
         raise UserError(f"global batch {gb} is not a multiple of the micro-batch size {mbs}", where="command line",
                         key="--global-batch", rule="global_batch % micro_batch_size == 0")
-    schedulers = _schedulers(args.schedulers)
-    cands = search(cfg, args.devices, gb, mbs, profile, args.top, model_name, progress=_search_progress(),
+    schedulers = RUNNABLE_SCHEDULERS if args.schedulers is None else _schedulers(args.schedulers)
+    cands = search(cfg, args.devices, gb, mbs, profile, args.top or DEFAULT_TOP, model_name, progress=_search_progress(),
                    schedulers=schedulers)
     if args.json:
         print(json.dumps([{"strategy": c.raw, "step_seconds": c.plan.step_seconds, "mfu": c.plan.mfu,
@@ -156,7 +162,31 @@ def _schedulers(text: str):
     return tuple(names)
 
 
+def _given(args, flags):
+    return [f for f in flags if getattr(args, f[2:].replace("-", "_")) is not None]
+
+
+def _refuse_strays(args) -> None:
+    """Exit 2 for an option the chosen way of running plan would ignore."""
+    if args.import_mindformers:
+        stray = _given(args, SEARCH_ONLY) + (["--search"] if args.search else []) + \
+            (["RECIPE_OR_STRATEGY"] if args.targets else [])
+        mode = "--import-mindformers"
+    else:
+        stray = _given(args, IMPORT_ONLY) + ([] if args.search else _given(args, SEARCH_ONLY))
+        mode = "--search" if args.search else "a plan of RECIPE STRATEGY"
+    if stray:
+        owner = {**{f: "--search" for f in SEARCH_ONLY}, **{f: "--import-mindformers" for f in IMPORT_ONLY},
+                 "--search": "a search (without --import-mindformers)", "RECIPE_OR_STRATEGY": "a plan or a search"}
+        one = len(stray) == 1
+        raise UserError("; ".join(f"{f} is for {owner[f]}" for f in stray) + f": with {mode} {'it' if one else 'they'}"
+                        f" would do nothing (no file written, nothing searched). Drop {'it' if one else 'them'}, or "
+                        f"run what {'it is' if one else 'they are'} for", where="command line", key=stray[0],
+                        rule="options of the chosen plan mode")
+
+
 def run(args) -> int:
+    _refuse_strays(args)
     if args.import_mindformers:
         return _run_import(args)
     recipe_name, strategy_path = _split_targets(args)

@@ -159,3 +159,24 @@ def test_unknown_schedulers_exit_2_naming_the_flag(capsys, value):
     code = main(["plan", "pengcheng-mind-7b", "--devices", "8", "--search", "--schedulers", value])
     err = capsys.readouterr().err
     assert code == 2 and "--schedulers" in err and "Traceback" not in err
+
+
+STRATEGY = os.path.join(os.path.dirname(RECIPE_13B), os.pardir, "strategies", "tiny-dp2.yaml")
+
+
+@pytest.mark.parametrize("args,key", [
+    (["plan", STRATEGY, "--write", "{out}"], "--write"),                 # wrote nothing and exited 0
+    (["plan", STRATEGY, "--top", "3"], "--top"),
+    (["plan", STRATEGY, "--schedulers", "1f1b"], "--schedulers"),
+    (["plan", "tiny", "--devices", "8", "--search", "--out", "{out}"], "--out"),
+    (["plan", STRATEGY, "--model", "tiny"], "--model"),
+    (["plan", "--import-mindformers", "{out}", "--search"], "--search"),
+    (["plan", "--import-mindformers", "{out}", "tiny"], "RECIPE_OR_STRATEGY"),
+])
+def test_an_option_the_chosen_plan_mode_would_ignore_exits_2(capsys, tmp_path, args, key):
+    """Before: `plan STRATEGY --write F` printed the plan, exited 0 and wrote no F."""
+    out = tmp_path / "f.yaml"
+    code = main([a.replace("{out}", str(out)) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2 and f"key '{key}'" in err and "would do nothing" in err and "Traceback" not in err
+    assert not out.exists()
