@@ -206,3 +206,20 @@ def cli_int(minimum: int = 1, maximum: int = INT_MAX):
         return value
     convert.__name__ = "integer"
     return convert
+
+
+def cli_seconds(maximum: float = 30 * 24 * 3600.0):
+    """An argparse ``type=`` for a duration flag: a finite number of seconds above 0 and at most ``maximum``
+    (30 days: a larger one is a typo, and a wait that long would overflow the clocks it is added to)."""
+    def convert(text: str) -> float:
+        rule = f"must be a number of seconds above 0 and at most {maximum:,.0f}"
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{rule}, got {text!r}") from None
+        if not (math.isfinite(value) and 0 < value <= maximum):
+            raise argparse.ArgumentTypeError(f"{rule}, got {text!r}")
+        return value
+    convert.__name__ = "seconds"
+    return convert
+

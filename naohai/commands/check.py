@@ -21,6 +21,10 @@ from pathlib import Path
 
 from naohai.commands._args import allow_intermixed
 from naohai.errors import UserError
+from naohai.validate import cli_seconds
+
+DEFAULT_TIMEOUT = 900.0
+DEFAULT_PROFILE = "ascend-910a-32g"
 
 
 def register(sub) -> None:
@@ -41,14 +45,15 @@ def register(sub) -> None:
     p.add_argument("--depth", type=int, help="with a list of --ranks: layers kept per pipeline stage (default: the "
                                              "real depth where it compiles here in minutes, else 1)")
     p.add_argument("--scale-down", action="store_true", help="shrink a cluster layout to fit --ranks")
-    p.add_argument("--profile", default="ascend-910a-32g",
-                   help="device profile for the per-rank memory verdict of --ranks first,...: ascend-910a-32g | "
-                        "ascend-910b-64g | a YAML file")
+    p.add_argument("--profile",
+                   help="device profile for the per-rank memory verdict of --compile --ranks first,...: "
+                        f"{DEFAULT_PROFILE} (default) | ascend-910b-64g | a YAML file")
     p.add_argument("--workdir", help="where logs, per-rank results and strategy files go")
-    p.add_argument("--keep-ir", action="store_true", help="keep MindSpore's IR files per rank")
+    p.add_argument("--keep-ir", action="store_true", help="with --compile: keep MindSpore's IR files per rank")
     p.add_argument("--save-slices", action="store_true",
-                   help="write each rank's compile-time parameter slices to rank_<r>/slices.ckpt")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds before the job is killed")
+                   help="with --compile: write each rank's compile-time parameter slices to rank_<r>/slices.ckpt")
+    p.add_argument("--timeout", type=cli_seconds(), help=f"with --compile: seconds before the job is killed (default "
+                                                          f"{DEFAULT_TIMEOUT:g})")
     p.add_argument("--compat-fixes", action="store_true",
                    help="fix known MindSpore 2.10 incompatibilities in a copy of the strategy (printed)")
     allow_intermixed(p)
@@ -167,6 +172,14 @@ def run(args) -> int:
         recipe = _recipe(args.recipe, list(args.overrides))
     strategy_path = args.strategy
     chosen = None if args.scale_down else _chosen_ranks_text(args.ranks)
+    if not args.compile:
+        stray = [f for f, given in (("--keep-ir", args.keep_ir), ("--save-slices", args.save_slices),
+                                    ("--timeout", args.timeout is not None), ("--profile", args.profile is not None))
+                 if given]
+        if stray:
+            raise UserError(f"{stray[0]} is for --compile, and without it nothing is compiled; add --compile or "
+                            f"drop {stray[0]}", where="command line", key=stray[0],
+                            rule="compile options with --compile")
     if args.depth is not None and chosen is None:
         raise UserError("--depth applies to a compile of chosen ranks (--ranks first,last,... or stages)",
                         where="command line", key="--depth", rule="--depth with a list of --ranks")
@@ -209,6 +222,11 @@ def run(args) -> int:
         return 0
     if chosen == [str(resolved.device_num)]:
         chosen = None   # as many ranks as the layout has: all of them
+    if args.profile is not None and chosen is None:
+        raise UserError("--profile is the device of the per-rank memory verdict of a compile of chosen ranks "
+                        "(--compile --ranks first,last,... or stages); without one it would be read by nothing. "
+                        "Add them, or drop --profile (naohai plan --profile plans a whole layout's memory)",
+                        where="command line", key="--profile", rule="--profile with --compile --ranks LIST")
     if chosen is not None:
         if args.save_slices:
             raise UserError("--save-slices needs parameter values, which a compile of chosen ranks never makes "
@@ -224,7 +242,8 @@ def run(args) -> int:
     print(kernel_note())
     print(f"compiling on {ranks} simulated devices in {workdir} ...", flush=True)
     report = compile_layout(recipe_for_check, str(strategy_file), workdir, stages=resolved.stages,
-                            timeout=args.timeout, keep_ir=args.keep_ir, save_slices=args.save_slices, ranks=ranks,
+                            timeout=args.timeout or DEFAULT_TIMEOUT, keep_ir=args.keep_ir, save_slices=args.save_slices,
+                            ranks=ranks,
                             recipe_file=str(recipe_file) if recipe_file else None,
                             progress=lambda line: print(line, flush=True))
     print(report.render())
@@ -336,9 +355,10 @@ def _compile_chosen(args, words, recipe, strategy_file, resolved, workdir) -> in
     print(f"compiling ranks {','.join(map(str, ranks))} of {world} at full width, each in its own scheduler + "
           f"worker pair, in {workdir} ...", flush=True)
     report = compile_chosen_ranks(compile_recipe, str(compile_strategy), workdir, world=world, ranks=ranks,
-                                  stages=compiled.stages, timeout=args.timeout, keep_ir=args.keep_ir, progress=print)
+                                  stages=compiled.stages, timeout=args.timeout or DEFAULT_TIMEOUT, keep_ir=args.keep_ir,
+                                  progress=print)
     print(report.render())
-    profile = load_profile(args.profile)
+    profile = load_profile(args.profile or DEFAULT_PROFILE)
     limit = (profile.memory_gb - profile.reserve_gb) * GB
     from naohai.strategy.lora import planned_adapters
     from naohai.strategy.memory import adapter_placements

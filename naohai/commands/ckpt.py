@@ -37,6 +37,7 @@ from pathlib import Path
 from naohai.commands._args import allow_intermixed
 from naohai.convert import FORMATS
 from naohai.errors import UserError
+from naohai.validate import cli_seconds
 
 
 def register(sub) -> None:
@@ -62,7 +63,7 @@ def register(sub) -> None:
     a.add_argument("--out", required=True, help="new checkpoint folder")
     a.add_argument("--compiled", metavar="WORKDIR",
                    help="workdir of a `naohai check --compile` of the destination (skips compiling here)")
-    a.add_argument("--timeout", type=float, default=1800.0, help="seconds for the destination compile")
+    a.add_argument("--timeout", type=cli_seconds(), default=1800.0, help="seconds for the destination compile")
     a.add_argument("--no-verify", action="store_true",
                    help="skip the SHA-256 check of the source's files (sizes are still checked)")
     allow_intermixed(a)

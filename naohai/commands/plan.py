@@ -126,8 +126,8 @@ def _run_search(args, recipe, cfg, model_name) -> int:
         raise UserError(f"global batch {gb} is not a multiple of the micro-batch size {mbs}", where="command line",
                         key="--global-batch", rule="global_batch % micro_batch_size == 0")
     schedulers = RUNNABLE_SCHEDULERS if args.schedulers is None else _schedulers(args.schedulers)
-    cands = search(cfg, args.devices, gb, mbs, profile, args.top or DEFAULT_TOP, model_name, progress=_search_progress(),
-                   schedulers=schedulers)
+    cands = search(cfg, args.devices, gb, mbs, profile, args.top or DEFAULT_TOP, model_name,
+                   progress=_search_progress(), schedulers=schedulers)
     if args.json:
         print(json.dumps([{"strategy": c.raw, "step_seconds": c.plan.step_seconds, "mfu": c.plan.mfu,
                            "tokens_per_second_per_device": c.plan.tokens_per_second_per_device,
@@ -179,8 +179,8 @@ def _refuse_strays(args) -> None:
         owner = {**{f: "--search" for f in SEARCH_ONLY}, **{f: "--import-mindformers" for f in IMPORT_ONLY},
                  "--search": "a search (without --import-mindformers)", "RECIPE_OR_STRATEGY": "a plan or a search"}
         one = len(stray) == 1
-        raise UserError("; ".join(f"{f} is for {owner[f]}" for f in stray) + f": with {mode} {'it' if one else 'they'}"
-                        f" would do nothing (no file written, nothing searched). Drop {'it' if one else 'them'}, or "
+        raise UserError("; ".join(f"{f} is for {owner[f]}" for f in stray) +
+                        f": with {mode} {'it' if one else 'they'} would do nothing (no file written, nothing searched). Drop {'it' if one else 'them'}, or "
                         f"run what {'it is' if one else 'they are'} for", where="command line", key=stray[0],
                         rule="options of the chosen plan mode")
 

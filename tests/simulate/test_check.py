@@ -51,6 +51,30 @@ def test_a_workdir_that_cannot_be_a_folder_is_named(capsys, tmp_path):
     assert (tmp_path / "afile").read_text() == "x"
 
 
+@pytest.mark.parametrize("args,key", [(["--keep-ir"], "--keep-ir"), (["--save-slices"], "--save-slices"),
+                                      (["--timeout", "60"], "--timeout"), (["--profile", "ascend-910b-64g"], "--profile"),
+                                      (["--compile", "--profile", "ascend-910b-64g"], "--profile")])
+def test_a_compile_option_that_nothing_would_read_exits_2(capsys, args, key, tmp_path, monkeypatch):
+    """--keep-ir & co. without --compile (and --profile without a compile of chosen ranks) used to be ignored;
+    nothing is compiled or written."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["check", str(S / "tiny-dp2.yaml"), *args]) == 2
+    err = capsys.readouterr().err
+    assert f"key '{key}'" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "1e400", "1e9", "soon"])
+@pytest.mark.parametrize("command", [["check", str(S / "tiny-dp2.yaml"), "--compile"],
+                                     ["ckpt", "reshard", "CKPT", "--to", str(S / "tiny-dp2.yaml"), "--out", "OUT"]])
+def test_a_timeout_is_a_finite_positive_number_of_seconds(capsys, command, value):
+    """nan compiled with no limit, 0 and -5 timed the compile out at once; each now exits 2 naming --timeout."""
+    assert main([*command, "--timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert "--timeout" in err and "seconds above 0" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("path", sorted(S.glob("*.yaml")), ids=lambda p: p.name)
 def test_a_strategy_alone_is_checked_with_the_batch_plan_plans(capsys, path):
     """`naohai check STRATEGY`: the recipe is the preset the file's model: key names, at the batch
