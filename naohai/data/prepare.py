@@ -19,7 +19,9 @@ permutation drawn from ``numpy.random.default_rng(seed)`` until they hold at lea
 
 Writing is atomic: everything goes to ``<out_dir>.tmp-<pid>`` and is renamed into
 place when complete.  An existing prepared directory made with a different
-tokenizer or seq_length is only replaced with ``overwrite=True``.
+tokenizer or seq_length is only replaced with ``overwrite=True``; a folder that is
+not prepared data (no ``meta.json``, or files naohai does not write there) is
+never replaced (:func:`check_replaceable`).
 """
 from __future__ import annotations
 
@@ -97,12 +99,39 @@ def _batches(documents: Iterable[str], size: int):
         yield batch
 
 
+#: what a prepared folder holds (token windows; SFT data adds the masks): all that --overwrite may replace
+PREPARED_FILES = frozenset({META, "train.npy", "valid.npy", "train.mask.npy", "valid.mask.npy"})
+
+
+def check_replaceable(out_dir: str) -> None:
+    """Refuse to replace ``out_dir`` unless it is missing, empty or a prepared data folder: a ``meta.json`` and
+    only the files naohai writes there.  ``--overwrite`` replaces the whole folder, so without this a run folder
+    or a user's own folder given as the output would be deleted."""
+    if not os.path.isdir(out_dir):
+        if os.path.exists(out_dir):
+            raise UserError("exists and is not a directory", where=out_dir, key="data.prepared_dir")
+        return
+    entries = set(os.listdir(out_dir))
+    if not entries:
+        return
+    foreign = sorted(entries - PREPARED_FILES)
+    if META not in entries or foreign:
+        what = f"it holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}" if foreign else \
+            "it has no meta.json"
+        raise UserError(f"is not a prepared data folder ({what}); --overwrite replaces only a folder naohai "
+                        f"prepared, so nothing was changed. Choose another folder (a new or empty one)",
+                        where=out_dir, key="data.prepared_dir", rule="overwrite only prepared data")
+
+
 def _check_target(out_dir: str, tokenizer: Tokenizer, seq_length: int, overwrite: bool) -> None:
     if not os.path.exists(out_dir):
         return
     if not os.path.isdir(out_dir):
         raise UserError("exists and is not a directory", where=out_dir, key="data.prepared_dir")
-    if overwrite or not os.listdir(out_dir):
+    if not os.listdir(out_dir):
+        return
+    if overwrite:
+        check_replaceable(out_dir)
         return
     meta = read_meta(out_dir)
     if meta is None:
@@ -120,6 +149,7 @@ def _check_target(out_dir: str, tokenizer: Tokenizer, seq_length: int, overwrite
 def publish(tmp: str, out_dir: str, meta: Dict[str, Any]) -> Dict[str, Any]:
     """Write ``meta`` as ``tmp``/meta.json and swap the finished ``tmp`` folder into ``out_dir`` (the old
     one, if any, is moved aside first and removed after); returns ``meta``."""
+    check_replaceable(out_dir)         # checked first by the callers; again here, the one place that replaces
     with open(os.path.join(tmp, META), "w", encoding="utf-8") as fh:
         json.dump(meta, fh, indent=2, ensure_ascii=False)
     old = None

@@ -62,7 +62,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 import numpy as np
 
 from naohai.data.loader import TokenWindowLoader
-from naohai.data.prepare import Prepared, holdout_mask, publish, token_dtype
+from naohai.data.prepare import Prepared, check_replaceable, holdout_mask, publish, token_dtype
 from naohai.errors import UserError
 
 FORMAT = "naohai-sft-v1"
@@ -257,9 +257,10 @@ def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int
     if seq_length <= 0:
         raise UserError(f"must be a positive integer, got {seq_length}", key="model.seq_length")
     out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
         raise UserError("exists and is not empty; refusing to replace it (pass --overwrite or choose another "
                         "directory)", where=out_dir, key="data.prepared_dir")
+    check_replaceable(out_dir)
     convs, malformed = read_conversations(expand_paths(sources))
     lines_read = len(convs) + len(malformed)
     rendered, where = [], []

@@ -71,3 +71,47 @@ def test_cli_prepare_and_errors(tmp_path, capsys):
     assert os.path.exists(tmp_path / "tk.model")
     assert main(["data", "tokenizer", "--corpus", "builtin:pydoc", "--vocab-size", "600",
                  "--out", str(tmp_path / "tk")]) == 2  # refuses to replace without --force
+
+
+def _tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_never_replaces_a_folder_that_is_not_prepared_data(tmp_path, capsys):
+    """`data prepare --out F --overwrite` replaced F whole: a user's folder, or a run folder given by mistake,
+    was deleted (found by a probe: its checkpoints, metrics and tokenizer were gone)."""
+    path = _recipe_file(tmp_path)
+    assert main(["data", "prepare", path, "--no-progress"]) == 0
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_2").mkdir(parents=True)
+    (run / "checkpoints" / "step_2" / "manifest.json").write_text("{}")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "a.jsonl").write_text('{"text": "my own"}\n')
+    stray = tmp_path / "stray"                    # prepared data plus a file naohai never writes there
+    assert main(["data", "prepare", path, "--out", str(stray), "--no-progress"]) == 0
+    (stray / "NOTES.md").write_text("keep")
+    capsys.readouterr()
+    for folder in (run, mine, stray):
+        before = _tree(folder)
+        assert main(["data", "prepare", path, "--out", str(folder), "--overwrite", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert "not a prepared data folder" in err and str(folder) in err and "Traceback" not in err
+        assert _tree(folder) == before
+    (stray / "NOTES.md").unlink()                 # prepared data alone: --overwrite rebuilds it
+    assert main(["data", "prepare", path, "model.seq_length=32", "--out", str(stray), "--overwrite",
+                 "--no-progress"]) == 0
+    assert load_prepared(str(stray)).seq_length == 32
+
+
+def test_sft_overwrite_never_replaces_a_folder_that_is_not_prepared_data(tok, tmp_path):
+    from naohai.data.sft import prepare_sft
+    convs = tmp_path / "c.jsonl"
+    convs.write_text("".join('{"prompt": "say %d", "response": "%d"}\n' % (i, i) for i in range(40)))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="not a prepared data folder"):
+        prepare_sft([str(convs)], tok, str(mine), 32, overwrite=True)
+    assert (mine / "keep.txt").read_text() == "mine" and sorted(os.listdir(mine)) == ["keep.txt"]
