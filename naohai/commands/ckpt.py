@@ -104,6 +104,8 @@ def run(args) -> int:
     if not getattr(args, "action", None):
         raise UserError("give an action: inspect, verify, merge, reshard, import, export or merge-adapter",
                         where="command line", key="ACTION")
+    if getattr(args, "out", None) is not None:
+        _new_out(args.out)
     if args.action == "import":
         return _import(args)
     if args.action == "merge-adapter":
@@ -115,6 +117,23 @@ def run(args) -> int:
     path = store.resolve_checkpoint(args.checkpoint)
     return {"inspect": _inspect, "verify": _verify, "merge": _merge, "reshard": _reshard,
             "export": _export}[args.action](args, path)
+
+
+def _new_out(out: str) -> None:
+    """Every action that writes ``--out`` writes a new file or folder: an empty path, one that exists (a file,
+    a folder, a link) or one under a file exits 2 before anything is read or written."""
+    if not out.strip():
+        raise UserError("is empty; give the new file or folder to write", where="command line", key="--out",
+                        rule="a new path")
+    if os.path.lexists(out):
+        raise UserError("already exists; choose a new path (nothing is overwritten)", where=out, key="--out",
+                        rule="a new path")
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UserError(f"lies under {parent}, which is a file, not a folder", where=out, key="--out",
+                        rule="a new path")
 
 
 def _inspect(args, path) -> int:
@@ -204,8 +223,6 @@ def _reshard(args, path) -> int:
     from naohai.checkpoint import store
     from naohai.checkpoint.reshard import reshard_checkpoint
     from naohai.config import recipe_from_dict
-    if os.path.lexists(args.out):
-        raise UserError("already exists; choose a new folder (nothing is overwritten)", where=args.out, key="--out")
     man = store.read_manifest(path)
     work = Path(tempfile.mkdtemp(prefix="naohai-reshard-"))
     try:
@@ -276,8 +293,6 @@ def _refuse_unmergeable(found, path: str, what: str) -> None:
 def _merge_adapter(args) -> int:
     from naohai.checkpoint.adapters import plain_recipe
     from naohai.convert.model_dir import write_model_dir
-    if os.path.lexists(args.out):
-        raise UserError("already exists; choose a new folder (nothing is overwritten)", where=args.out, key="--out")
     found, factors = _adapters_of(args.checkpoint, not args.no_verify)
     _refuse_unmergeable(found, args.checkpoint, "write")
     tensors = found.tensors()
@@ -319,8 +334,6 @@ def _import_peft(args) -> int:
     if args.recipe or args.strategy or args.overrides:
         raise UserError("--from peft takes its model from --base; drop --recipe / --strategy / overrides",
                         where="command line", key="--recipe")
-    if os.path.lexists(args.out):
-        raise UserError("already exists; choose a new folder (nothing is overwritten)", where=args.out, key="--out")
     try:
         base = find_weights(args.base)
     except UserError as exc:
@@ -382,9 +395,9 @@ def _shard_bytes(text: str) -> int:
     number = raw.rstrip("KMGIB")
     try:
         value = int(float(number) * units[raw[len(number):]])
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, OverflowError):       # OverflowError: inf, 1e400
         value = 0
-    if value <= 0:
+    if not 0 < value <= 2 ** 62:
         raise UserError(f"'{text}' is not a size (e.g. 5GB, 200MB, 1000000)", where="command line", key="--shard-size")
     return value
 
@@ -411,8 +424,6 @@ def _export(args, path) -> int:
     """``path`` is a naohai checkpoint folder, or None for an imported model folder (args.checkpoint)."""
     if args.format == "hf":
         return _export_hf(args, path)
-    if os.path.lexists(args.out):
-        raise UserError("already exists; exporting never overwrites a file", where=args.out, key="--out")
     if args.format == "safetensors":
         if path is None:
             raise UserError("safetensors export reads a trained checkpoint; an imported model folder already "

@@ -1,7 +1,9 @@
 """`naohai ckpt import` -> `naohai eval` -> `naohai ckpt export` -> import again, on reference-format files."""
 import json
+import os
 
 import numpy as np
+import pytest
 import yaml
 
 from naohai.cli import main
@@ -55,4 +57,47 @@ def test_cli_errors_exit_2_with_one_paragraph(tmp_path, capsys):
     short = " ".join(capsys.readouterr().err.split())     # the message is wrapped to the terminal
     assert "has 3 tokens; 9 needed" in short and "seq_length 8 + 1" in short
     assert main(["ckpt", "export", out, "--format", fmt, "--out", src]) == 2   # never overwrites
-    assert "never overwrites" in capsys.readouterr().err
+    assert "nothing is overwritten" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["empty", "folder", "file", "under_a_file"])
+def test_every_ckpt_action_writes_a_new_out_only(tmp_path, capsys, where):
+    """`ckpt import --from pangu-alpha --out DIR` wrote into an existing folder, replacing a recipe.yaml the user
+    had there; an empty --out crashed merge / reshard / export / import with a traceback (found by a probe)."""
+    cfg, fmt, w = setup("pangu")
+    src = write_ckpt(w, str(tmp_path / "ref.ckpt"))
+    model = str(tmp_path / "model")
+    assert main(["ckpt", "import", src, "--from", fmt, "--recipe", _recipe(tmp_path, "pangu"), "--out", model]) == 0
+    target = {"empty": "", "folder": str(tmp_path / "proj"), "file": str(tmp_path / "notes.txt"),
+              "under_a_file": str(tmp_path / "notes.txt" / "sub")}[where]
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "recipe.yaml").write_text("mine: 1\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    for argv in (["ckpt", "import", src, "--from", fmt, "--recipe", _recipe(tmp_path, "pangu")],
+                 ["ckpt", "export", model, "--format", fmt],
+                 ["ckpt", "export", model, "--to", "hf"],
+                 ["ckpt", "merge", model]):
+        assert main([*argv, "--out", target]) == 2, argv
+        err = capsys.readouterr().err
+        assert "key '--out'" in err and "Traceback" not in err, (argv, err)
+    assert (tmp_path / "proj" / "recipe.yaml").read_text() == "mine: 1\n"
+    assert sorted(os.listdir(tmp_path / "proj")) == ["recipe.yaml"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+
+@pytest.mark.parametrize("text", ["inf", "1e400", "nan", "0", "-1", "5XB", "", "1e300GB"])
+def test_a_shard_size_that_is_not_a_size_is_named(text):
+    """inf and 1e400 raised OverflowError (a traceback) before."""
+    from naohai.commands.ckpt import _shard_bytes
+    from naohai.errors import UserError
+    with pytest.raises(UserError) as err:
+        _shard_bytes(text)
+    assert err.value.key == "--shard-size"
+
+
+def test_shard_sizes_read_as_the_units_say():
+    from naohai.commands.ckpt import _shard_bytes
+    assert (_shard_bytes("5GB"), _shard_bytes("200MB"), _shard_bytes("1.5MiB"), _shard_bytes("1000000")) == \
+        (5 * 10 ** 9, 200 * 10 ** 6, 3 * 2 ** 19, 10 ** 6)
