@@ -84,10 +84,14 @@ def _stopped(code: int, as_program: bool) -> int:
 
 
 def _check_switches() -> None:
-    """A wrong ``NAOHAI_CPU_KERNELS`` stops a command here, before any work (the cells read it when they are
-    built, after data preparation); no MindSpore is imported."""
+    """A wrong ``NAOHAI_CPU_KERNELS`` or ``NAOHAI_STOP_GRACE`` stops a command here, before any work (the cells
+    read the first when they are built, after data preparation; the loop reads the second only when a stop
+    signal has come, too late to say it is wrong without losing the steps since the last checkpoint); no
+    MindSpore is imported."""
+    from naohai import interrupt
     from naohai.model import cpu_kernels
     cpu_kernels.enabled()
+    interrupt.grace_seconds()
 
 
 def main(argv=None) -> int:

@@ -72,6 +72,9 @@ class DataConfig:
         if not 0.0 < self.holdout_fraction < 0.5:
             raise UserError(f"must be in (0, 0.5), got {self.holdout_fraction}", where=where,
                             key=f"{prefix}.holdout_fraction")
+        if self.shuffle_seed < 0:
+            raise UserError(f"must be an integer >= 0, got {self.shuffle_seed}", where=where,
+                            key=f"{prefix}.shuffle_seed", rule="shuffle_seed >= 0")
 
 
 # --------------------------------------------------------------------------- train
@@ -285,6 +288,10 @@ class TrainConfig:
             bad("layer_loop", f"'{self.layer_loop}' is not one of {', '.join(LAYER_LOOP)}."
                               f"{did_you_mean(str(self.layer_loop), LAYER_LOOP)}")
         _positive(self, ("steps", "global_batch_size", "micro_batch_size"), bad)
+        if self.seed < 0:
+            bad("seed", f"must be an integer >= 0, got {self.seed}", "seed >= 0")
+        if not str(self.output_dir or "").strip():
+            bad("output_dir", "is empty; give the run's folder", "a non-empty path")
         if self.global_batch_size % self.micro_batch_size:
             bad("global_batch_size", f"{self.global_batch_size} is not a multiple of micro_batch_size "
                                      f"{self.micro_batch_size}", "global_batch_size % micro_batch_size == 0")

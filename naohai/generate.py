@@ -38,8 +38,11 @@ class SamplingConfig:
     def validate(self) -> None:
         if self.max_new_tokens <= 0:
             raise UserError("must be a positive integer", where="command line", key="--max-new-tokens")
-        if self.temperature < 0:
-            raise UserError("must be >= 0 (0 = greedy)", where="command line", key="--temperature")
+        if not (np.isfinite(self.temperature) and self.temperature >= 0):
+            raise UserError(f"must be a finite number >= 0 (0 = greedy), got {self.temperature}", where="command line",
+                            key="--temperature")
+        if self.seed < 0:
+            raise UserError(f"must be an integer >= 0, got {self.seed}", where="command line", key="--seed")
         if self.top_k < 0:
             raise UserError("must be >= 0 (0 = off)", where="command line", key="--top-k")
         if not 0.0 < self.top_p <= 1.0:

@@ -204,6 +204,9 @@ def test_train_keys_stay_flat_and_land_in_their_small_config(tmp_path):
     ("train.device_peak_tflops=-2", "train.device_peak_tflops", "TFLOP/s"),
     ("train.eval_every=0", "train.eval_every", "positive integer"),
     ("train.loss_scale.factor=1", "train.loss_scale", "factor > 1"),
+    ("train.seed=-1", "train.seed", ">= 0"),             # MindSpore's set_seed raised after the run folder was made
+    ("data.shuffle_seed=-1", "data.shuffle_seed", ">= 0"),   # NumPy's default_rng raised (a traceback)
+    ("train.output_dir=", "train.output_dir", "is empty"),
 ])
 def test_each_small_train_config_names_its_flat_key(override, key, words):
     with pytest.raises(UserError) as info:
@@ -215,3 +218,17 @@ def test_an_unknown_train_key_lists_the_flat_keys(tmp_path):
     with pytest.raises(UserError) as info:
         load_recipe(_write(tmp_path, "model: {preset: tiny}\ntrain: {optimizer: {weight_decay: 0.1}}\n"))
     assert info.value.key == "train.optimizer" and "weight_decay" in info.value.message
+
+
+@pytest.mark.parametrize("args,key", [(["--output-dir", ""], "--output-dir"), (["--resume-from", ""], "--resume-from"),
+                                      (["--strategy", " "], "--strategy"), (["--max-steps", "0"], "--max-steps"),
+                                      (["--max-steps", "-1"], "--max-steps")])
+def test_empty_train_paths_and_no_steps_are_refused(capsys, tmp_path, args, key):
+    """--output-dir "" trained into the recipe's runs/tiny, --resume-from "" resumed from the newest checkpoint,
+    --max-steps 0 prepared and compiled, trained nothing and exited 0 (found by a probe)."""
+    from naohai.cli import main
+    assert main(["train", "tiny", "train.output_dir=" + str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err
+    assert f"key '{key}'" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+

@@ -45,8 +45,11 @@ def test_temperature_sharpens_like_numpy_softmax():
 def test_bad_sampling_flags():
     with pytest.raises(UserError, match="--top-p"):
         SamplingConfig(top_p=0).validate()
-    with pytest.raises(UserError, match="--temperature"):
-        SamplingConfig(temperature=-1).validate()
+    for bad in (-1, float("nan"), float("inf")):     # nan raised NumPy's "probabilities contain NaN" (a traceback)
+        with pytest.raises(UserError, match="--temperature"):
+            SamplingConfig(temperature=bad).validate()
+    with pytest.raises(UserError, match="--seed"):           # -1 raised NumPy's ValueError
+        SamplingConfig(seed=-1).validate()
 
 
 def test_generate_from_checkpoint(tmp_path, micro_data, capsys):

@@ -96,3 +96,16 @@ def test_stop_grace_setting_is_checked(monkeypatch, raw):
         grace_seconds()
     monkeypatch.setenv("NAOHAI_STOP_GRACE", "40")
     assert grace_seconds() == 40.0
+
+
+@pytest.mark.parametrize("raw", ["nan", "-1", "1e400"])
+def test_a_wrong_stop_grace_stops_a_command_before_any_work(monkeypatch, tmp_path, capsys, raw):
+    """It was read only when SIGTERM came: a preempted `naohai train` then exited 2 on it instead of saving, and
+    lost its steps since the last checkpoint (found by a probe)."""
+    from naohai.cli import main
+    monkeypatch.setenv("NAOHAI_STOP_GRACE", raw)
+    out = tmp_path / "run"
+    assert main(["train", "tiny", "train.steps=2", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "NAOHAI_STOP_GRACE" in err and "Traceback" not in err
+    assert not out.exists()

@@ -51,8 +51,16 @@ def _run(args) -> int:
     if args.no_resume and args.resume_from:
         raise UserError("--no-resume and --resume-from contradict each other", where="command line",
                         key="--resume-from")
+    for flag, value in (("--output-dir", args.output_dir), ("--resume-from", args.resume_from),
+                        ("--strategy", args.strategy)):
+        if value is not None and not value.strip():     # "" took the recipe's folder, the newest checkpoint, ...
+            raise UserError("is empty; give a path or leave the flag out", where="command line", key=flag,
+                            rule="a non-empty path")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UserError(f"must be a positive integer, got {args.max_steps} (0 prepared the data and compiled, then "
+                        f"trained nothing)", where="command line", key="--max-steps", rule="--max-steps >= 1")
     overrides = list(args.overrides)
-    if args.output_dir:
+    if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
     # every recipe and strategy rule first (no MindSpore yet): a mistake is told whether or not the run
     # folder is busy, and leaves no folder behind
