@@ -1,6 +1,11 @@
 """ModelArts training jobs: the v2 job body and the calls that create, show, list,
 stop and read logs of jobs through the official SDK (``huaweicloudsdkmodelarts``).
 
+Each call is also described as the HTTP request the SDK sends for it (:class:`ApiRequest`:
+method, path under the endpoint, JSON body; the SDK adds the signature headers), built
+without the SDK or the network: ``naohai submit ... --dry-run`` prints these and sends
+nothing.  The bodies :class:`TrainingJobs` sends come from the same functions.
+
 The job runs ``run/modelarts_boot.sh`` from the uploaded code directory once per
 node.  ModelArts hands the boot file its parameters and the local paths of the
 inputs/outputs as ``--name=value`` arguments: ``--recipe``, ``--strategy``,
@@ -14,7 +19,9 @@ secret key never appears in a message.
 """
 from __future__ import annotations
 
+import json
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -113,6 +120,65 @@ def build_job_body(req: JobRequest) -> Dict[str, Any]:
     return {"kind": "job", "metadata": metadata, "algorithm": algorithm, "spec": spec}
 
 
+# ---------------------------------------------------------------------- requests as HTTP
+#: the page sizes the platform accepts (``limit`` of POST .../training-job-searches: 1 to 50)
+LIST_LIMIT_MIN, LIST_LIMIT_MAX = 1, 50
+STOP_BODY = {"action_type": "terminate"}
+
+
+def list_body(limit: int = 20, offset: int = 0) -> Dict[str, Any]:
+    """The JSON body of POST /v2/{project_id}/training-job-searches."""
+    return {"limit": limit, "offset": offset, "sort_by": "create_time", "order": "desc"}
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """One ModelArts call as HTTP: what ``--dry-run`` prints (the SDK sends it signed)."""
+
+    method: str
+    path: str                                  # from /v2/, path parameters quoted as the SDK quotes them
+    body: Optional[Dict[str, Any]] = None
+
+    def url(self, endpoint: str) -> str:
+        return endpoint.rstrip("/") + self.path
+
+    def render(self, endpoint: str, indent: Optional[int] = None) -> str:
+        """``METHOD URL`` and, on the next line, the JSON body (if any)."""
+        text = f"{self.method} {self.url(endpoint)}"
+        if self.body is not None:
+            text += "\n" + json.dumps(self.body, indent=indent, ensure_ascii=False)
+        return text
+
+
+def path_param(value: str) -> str:
+    """A path parameter as the SDK puts it in the path (``quote(str(v), safe='')``)."""
+    return urllib.parse.quote(str(value), safe="")
+
+
+def _jobs(project_id: str) -> str:
+    return f"/v2/{path_param(project_id)}/training-jobs"
+
+
+def create_request(project_id: str, body: Dict[str, Any]) -> ApiRequest:
+    return ApiRequest("POST", _jobs(project_id), body)
+
+
+def show_request(project_id: str, job_id: str) -> ApiRequest:
+    return ApiRequest("GET", f"{_jobs(project_id)}/{path_param(job_id)}")
+
+
+def list_request(project_id: str, limit: int = 20, offset: int = 0) -> ApiRequest:
+    return ApiRequest("POST", f"/v2/{path_param(project_id)}/training-job-searches", list_body(limit, offset))
+
+
+def stop_request(project_id: str, job_id: str) -> ApiRequest:
+    return ApiRequest("POST", f"{_jobs(project_id)}/{path_param(job_id)}/actions", dict(STOP_BODY))
+
+
+def logs_request(project_id: str, job_id: str, task_id: str = "worker-0") -> ApiRequest:
+    return ApiRequest("GET", f"{_jobs(project_id)}/{path_param(job_id)}/tasks/{path_param(task_id)}/logs/preview")
+
+
 class TrainingJobs:
     """The five job calls, with platform errors turned into UserErrors."""
 
@@ -140,13 +206,12 @@ class TrainingJobs:
             self._m.ShowTrainingJobDetailsRequest(training_job_id=job_id)))
 
     def list(self, limit: int = 20, offset: int = 0) -> Dict[str, Any]:
-        body = {"limit": limit, "offset": offset, "sort_by": "create_time", "order": "desc"}
         return self._call("list training jobs", lambda: self.client.list_training_jobs(
-            self._m.ListTrainingJobsRequest(body=body)))
+            self._m.ListTrainingJobsRequest(body=list_body(limit, offset))))
 
     def stop(self, job_id: str) -> Dict[str, Any]:
         return self._call(f"stop job {job_id}", lambda: self.client.stop_training_job(
-            self._m.StopTrainingJobRequest(training_job_id=job_id, body={"action_type": "terminate"})))
+            self._m.StopTrainingJobRequest(training_job_id=job_id, body=dict(STOP_BODY))))
 
     def logs(self, job_id: str, task_id: str = "worker-0") -> str:
         data = self._call(f"read the log of job {job_id} task {task_id}",

@@ -1,17 +1,22 @@
 """The `naohai submit` flow: check inputs, upload code (and data), create the job.
 
-Owns the order of operations and what is printed; the job body lives in
-:mod:`naohai.launch.modelarts`, uploads in :mod:`naohai.launch.obs_upload`.
+Owns the order of operations and what is printed; the job body and the HTTP form of
+each call live in :mod:`naohai.launch.modelarts`, uploads in :mod:`naohai.launch.obs_upload`.
 The recipe and strategy travel inside the uploaded code directory, so they must
 live under it; the job refers to them by their relative paths.
+
+A dry run (:func:`submit` with ``dry_run``, :func:`print_dry_run` for status, logs,
+stop and list) prints the request that would be sent (method, URL, body; the
+credentials masked) and makes no network call: no SDK client is built, nothing is
+uploaded, no job is created or stopped.  Missing credentials or endpoint do not stop
+a dry run; it names them as what the real request still needs.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, TextIO
+from typing import List, Mapping, Optional, TextIO, Tuple
 
 from naohai.config import load_recipe, resolve_recipe_path
 from naohai.errors import UserError
@@ -19,7 +24,9 @@ from naohai.launch.credentials import (AK_VAR, PROJECT_VAR, SK_VAR, credentials_
                                        modelarts_endpoint, obs_endpoint)
 from naohai.strategy.run_plan import plan_run
 from naohai.strategy.runtime import check_runnable
-from naohai.launch.modelarts import JobPlatform, JobRequest, TrainingJobs, build_job_body
+from naohai.launch.modelarts import (ApiRequest, JobPlatform, JobRequest, TrainingJobs, build_job_body,
+                                     create_request, list_request, logs_request, path_param, show_request,
+                                     stop_request)
 from naohai.launch.obs_upload import (DEFAULT_EXCLUDES, MULTIPART_THRESHOLD, PART_SIZE, Uploader,
                                       collect_files, obs_client, parse_obs_path, plan_summary)
 
@@ -106,12 +113,14 @@ def submit(opts: SubmitOptions, environ: Mapping[str, str], dry_run: bool = Fals
     if opts.data:
         print(f"data: {opts.data} -> obs:/{req.data_obs.api_form}", file=out)
     if dry_run:
+        endpoint, project_id, needs = dry_run_target(environ, opts.endpoint, opts.region)
         print("files that would be uploaded:", file=out)
         for path, rel in files:
             print(f"  {rel} ({os.path.getsize(path)} bytes)", file=out)
         print(describe_credentials(environ), file=out)
-        print("job body (dry run, nothing uploaded or created):", file=out)
-        print(json.dumps(body, indent=2, ensure_ascii=False), file=out)
+        print("job request (dry run, nothing uploaded or created):", file=out)
+        print(_named(create_request(project_id, body), project_id).render(endpoint, indent=2), file=out)
+        _print_needs(needs, out)
         return None
     creds = credentials_from_env(environ)
     jobs = TrainingJobs(creds, modelarts_endpoint(opts.endpoint, opts.region))
@@ -128,6 +137,72 @@ def submit(opts: SubmitOptions, environ: Mapping[str, str], dry_run: bool = Fals
     phase = (created.get("status") or {}).get("phase", "?")
     print(f"created job {meta.get('name', opts.platform.name)}: id {job_id}, phase {phase}", file=out)
     return job_id
+
+
+#: what a dry run's URL shows for an endpoint or project id not given
+ENDPOINT_PLACEHOLDER, PROJECT_PLACEHOLDER = "{endpoint}", "{project_id}"
+
+
+def dry_run_target(environ: Mapping[str, str], endpoint: Optional[str],
+                   region: Optional[str]) -> Tuple[str, str, List[str]]:
+    """The endpoint and project id a dry run's request names, and what the real request still needs.
+
+    Reads flags and the environment only: no SDK, no network.  A malformed ``--endpoint`` is a
+    UserError here as in a real run; a missing one (or a missing variable) becomes a placeholder
+    and an entry of the returned list."""
+    needs = []
+    if endpoint or region:
+        url = modelarts_endpoint(endpoint, region)
+    else:
+        url = ENDPOINT_PLACEHOLDER
+        needs.append("give --endpoint URL or --region")
+    for var in (AK_VAR, SK_VAR, PROJECT_VAR):
+        if not (environ.get(var) or "").strip():
+            needs.append(f"export {var}")
+    project_id = (environ.get(PROJECT_VAR) or "").strip() or PROJECT_PLACEHOLDER
+    return url, project_id, needs
+
+
+def _named(req: ApiRequest, project_id: str) -> ApiRequest:
+    """``req`` with the project placeholder shown as written, not percent-quoted."""
+    if project_id != PROJECT_PLACEHOLDER:
+        return req
+    path = req.path.replace(path_param(PROJECT_PLACEHOLDER), PROJECT_PLACEHOLDER, 1)
+    return ApiRequest(req.method, path, req.body)
+
+
+def _print_needs(needs: List[str], out: TextIO) -> None:
+    if needs:
+        print(f"the real request cannot be sent as is: {'; '.join(needs)}", file=out)
+
+
+def action_request(action: str, project_id: str, job_id: Optional[str] = None, task_id: str = "worker-0",
+                   limit: int = 20) -> ApiRequest:
+    """The request of `naohai submit status|logs|stop|list`, as :class:`TrainingJobs` sends it."""
+    if action == "list":
+        return list_request(project_id, limit)
+    if action == "status":
+        return show_request(project_id, job_id)
+    if action == "logs":
+        return logs_request(project_id, job_id, task_id)
+    if action == "stop":
+        return stop_request(project_id, job_id)
+    raise ValueError(f"unknown action {action!r}")
+
+
+def print_dry_run(action: str, environ: Mapping[str, str], endpoint: Optional[str], region: Optional[str],
+                  job_id: Optional[str] = None, task_id: str = "worker-0", limit: int = 20,
+                  out: Optional[TextIO] = None) -> ApiRequest:
+    """Print the request `naohai submit ACTION` would send, and send nothing; returns it."""
+    out = out or sys.stdout
+    url, project_id, needs = dry_run_target(environ, endpoint, region)
+    req = _named(action_request(action, project_id, job_id, task_id, limit), project_id)
+    effect = f"; job {job_id} is not stopped" if action == "stop" else ""
+    print(f"request of `naohai submit {action}` (dry run, nothing sent{effect}):", file=out)
+    print(req.render(url), file=out)
+    print(describe_credentials(environ), file=out)
+    _print_needs(needs, out)
+    return req
 
 
 def jobs_client(environ: Mapping[str, str], endpoint: Optional[str], region: Optional[str]) -> TrainingJobs:

@@ -1,4 +1,5 @@
 """`naohai submit` against a local recording ModelArts + OBS server (the real SDKs talk to it)."""
+import json
 import logging
 import os
 import re
@@ -290,3 +291,134 @@ def test_git_checkout_uploads_what_git_keeps(tmp_path):
     (root / ".git" / "info" / "exclude").write_text("scratch/\n")
     run("add", ".gitignore", "naohai/a.py")
     assert [rel for _, rel in collect_files(str(root))] == [".gitignore", "naohai/a.py", "notes.txt"]
+
+
+# ---------------------------------------------------------------------- --dry-run of every action, unread flags
+JOB = "job-123"
+ACTION_ARGV = {            # action -> (argv after `submit`, method, path after the endpoint, JSON body or None)
+    "stop": (["stop", JOB], "POST", f"/v2/{PID}/training-jobs/{JOB}/actions", {"action_type": "terminate"}),
+    "status": (["status", JOB], "GET", f"/v2/{PID}/training-jobs/{JOB}", None),
+    "logs": (["logs", JOB, "--task", "worker-1"], "GET",
+             f"/v2/{PID}/training-jobs/{JOB}/tasks/worker-1/logs/preview", None),
+    "list": (["list", "--limit", "5"], "POST", f"/v2/{PID}/training-job-searches",
+             {"limit": 5, "offset": 0, "sort_by": "create_time", "order": "desc"}),
+}
+
+
+@pytest.fixture
+def job(cloud):
+    """A running job the fake platform knows, so a real stop/status/logs of it would succeed."""
+    cloud.jobs[JOB] = {"kind": "job", "metadata": {"id": JOB, "name": "naohai-tiny"},
+                       "status": {"phase": "Running"}}
+    return JOB
+
+
+def _printed_request(out: str):
+    """(method, url, body) from a dry run's output: the line after the header, and the JSON line after it."""
+    lines = out.splitlines()
+    [at] = [i for i, line in enumerate(lines) if "dry run, nothing sent" in line]
+    method, url = lines[at + 1].split(" ", 1)
+    body = json.loads(lines[at + 2]) if lines[at + 2].startswith("{") else None
+    return method, url, body
+
+
+@pytest.mark.parametrize("action", sorted(ACTION_ARGV))
+def test_action_dry_run_prints_the_request_and_sends_nothing(action, cloud, creds, job, capsys, caplog):
+    """Found by a probe: `submit stop JOB --dry-run` sent POST .../actions {"action_type": "terminate"}."""
+    caplog.set_level(logging.DEBUG)
+    argv, method, path, body = ACTION_ARGV[action]
+    assert main(["submit", *argv, "--dry-run", "--endpoint", cloud.url]) == 0
+    out = assert_no_secret(capsys, caplog).out
+    assert cloud.requests == []                       # the server received nothing
+    assert cloud.jobs[JOB]["status"] == {"phase": "Running"}
+    assert _printed_request(out) == (method, cloud.url + path, body)
+    assert f"{method} {cloud.url}{path}" in out
+    assert "HUAWEICLOUD_SDK_AK=AKFA****" in out and "HUAWEICLOUD_SDK_SK=<redacted>" in out and AK not in out
+    assert "stop requested" not in out
+    if action == "stop":
+        assert f"job {JOB} is not stopped" in out
+
+
+@pytest.mark.parametrize("action", sorted(ACTION_ARGV))
+def test_action_dry_run_is_the_request_a_real_run_sends(action, cloud, creds, job, capsys):
+    argv, _, _, _ = ACTION_ARGV[action]
+    assert main(["submit", *argv, "--dry-run", "--endpoint", cloud.url]) == 0
+    method, url, body = _printed_request(capsys.readouterr().out)
+    assert cloud.requests == []
+    assert main(["submit", *argv, "--endpoint", cloud.url]) == 0
+    [sent] = cloud.requests
+    assert (sent.method, cloud.url + sent.path, sent.json() if sent.body else None) == (method, url, body)
+
+
+@pytest.mark.parametrize("action", sorted(ACTION_ARGV))
+def test_action_dry_run_needs_no_sdk_client_and_no_credentials(action, cloud, monkeypatch, job, capsys):
+    """No SDK client is built (so no credential lookup that could call IAM) and nothing is required."""
+    for var in ("HUAWEICLOUD_SDK_AK", "HUAWEICLOUD_SDK_SK", "HUAWEICLOUD_SDK_PROJECT_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setitem(sys.modules, "huaweicloudsdkmodelarts.v1", None)
+    monkeypatch.setitem(sys.modules, "huaweicloudsdkcore.auth.credentials", None)
+
+    def no_client(*a, **k):
+        raise AssertionError("a dry run built an SDK client")
+    monkeypatch.setattr(submission, "TrainingJobs", no_client)
+    monkeypatch.setattr(submission, "jobs_client", no_client)
+    argv, method, path, _ = ACTION_ARGV[action]
+    assert main(["submit", *argv, "--dry-run", "--endpoint", cloud.url]) == 0
+    out = capsys.readouterr().out
+    assert cloud.requests == []
+    assert f"{method} {cloud.url}{path.replace(PID, '{project_id}')}" in out
+    assert "cannot be sent as is" in out and "export HUAWEICLOUD_SDK_PROJECT_ID" in out
+
+
+def test_create_dry_run_names_method_and_url(cloud, creds, code, capsys):
+    assert main(create_args(cloud, code, "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert f"POST {cloud.url}/v2/{PID}/training-jobs\n" in out
+    assert cloud.requests == []
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["stop", JOB, "--task", "worker-1"], "--task"),
+    (["status", JOB, "--limit", "5"], "--limit"),
+    (["list", "--task", "worker-1"], "--task"),
+    (["logs", JOB, "--limit", "3"], "--limit"),
+    (["stop", JOB, "--name", "x"], "--name"),
+    (["list", "--nodes", "1"], "--nodes"),
+    (["status", JOB, "--device", "Ascend"], "--device"),
+    (["logs", JOB, "--code-obs", "/naohai-bkt/code/"], "--code-obs"),
+])
+@pytest.mark.parametrize("dry", [False, True])
+def test_flags_an_action_does_not_read_exit_2(argv, flag, dry, cloud, creds, job, capsys):
+    assert main(["submit", *argv, "--endpoint", cloud.url, *(["--dry-run"] if dry else [])]) == 2
+    err = capsys.readouterr().err
+    assert f"key '{flag}'" in err and "would be ignored" in err and f"Drop {flag}" in err
+    assert "(rule: " in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert cloud.requests == [] and cloud.jobs[JOB]["status"] == {"phase": "Running"}
+
+
+@pytest.mark.parametrize("extra, flag", [(["--task", "worker-1"], "--task"), (["--limit", "-5"], "--limit"),
+                                         (["--limit", "5"], "--limit")])
+@pytest.mark.parametrize("dry", [False, True])
+def test_create_refuses_the_flags_of_other_actions(extra, flag, dry, cloud, creds, code, capsys):
+    assert main(create_args(cloud, code, *extra, *(["--dry-run"] if dry else []))) == 2
+    err = capsys.readouterr().err
+    assert f"key '{flag}'" in err and "creating a job" in err and "Traceback" not in err
+    assert cloud.requests == [] and cloud.objects == {}
+
+
+@pytest.mark.parametrize("limit", ["0", "-5", "51"])
+@pytest.mark.parametrize("dry", [False, True])
+def test_list_limit_is_1_to_50(limit, dry, cloud, creds, capsys):
+    assert main(["submit", "list", "--limit", limit, "--endpoint", cloud.url,
+                 *(["--dry-run"] if dry else [])]) == 2
+    err = capsys.readouterr().err
+    assert "key '--limit'" in err and f"got {limit}" in err and "1 <= --limit <= 50" in err
+    assert "Traceback" not in err and cloud.requests == []
+
+
+@pytest.mark.parametrize("argv, key", [(["stop", ""], None), (["logs", JOB, "--task", " "], "--task")])
+def test_empty_job_or_task_id(argv, key, cloud, creds, capsys):
+    assert main(["submit", *argv, "--endpoint", cloud.url]) == 2
+    err = capsys.readouterr().err
+    assert "empty" in err and (key is None or f"key '{key}'" in err)
+    assert cloud.requests == []
