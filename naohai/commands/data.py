@@ -197,6 +197,7 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
 
 def run_score(args) -> int:
     from naohai.data.reader import resolve_inputs
+    from naohai.data.rundir import refuse_input_overlap
     from naohai.data.score import ScoreSettings, report_table, score
 
     settings = ScoreSettings(text_key=args.text_key, max_perplexity=args.max_perplexity,
@@ -205,7 +206,8 @@ def run_score(args) -> int:
         raise UserError("give the model to score with", where="command line", key="--model")
     if not args.out:
         raise UserError("give the output directory", where="command line", key="--out")
-    resolve_inputs(args.inputs)              # bad inputs are reported before the model is loaded
+    files = resolve_inputs(args.inputs)      # bad inputs, and an --out among them, before the model is loaded
+    refuse_input_overlap(args.out, args.inputs, files, "naohai data score")
     lm = load_scorer(args.model, args.tokenizer, args.device)
     report = score(args.inputs, args.out, lm, settings, progress=not args.no_progress, restart=args.restart)
     print(report_table(report))

@@ -27,7 +27,11 @@ Resuming
     redoes stage 2, which is deterministic, so the output equals that of an
     uninterrupted run; a finished run (``report.json`` present) is not redone.  A
     different plan is refused unless ``restart=True``.  A non-empty output
-    directory that is not a clean run's is never written into.
+    directory that is not a clean run's is never written into, nor one that overlaps the
+    inputs (:func:`~naohai.data.rundir.input_overlap`: an input file or folder, inside an input
+    folder that would read it back, holding an input file).  A folder input leaves hidden
+    entries out (:func:`~naohai.data.reader.resolve_inputs`), so an output folder, whose
+    ``.work/`` holds copies of its documents, can be an input and is read once.
 
 Output records are the input object with the cleaned text under ``text_key`` and
 ``naohai: {source: "file:line", lang, lang_score}`` added (and ``perplexity`` when that step is on).
@@ -483,7 +487,7 @@ def clean(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, workers: Opt
     out_dir = os.path.abspath(out_dir)
     plan = _plan(files, cfg)
     work = prepare_run_dir(out_dir, plan, restart, "naohai data clean",
-                           "a clean run with another config or other inputs (changed files?)")
+                           "a clean run with another config or other inputs (changed files?)", inputs, files)
     done = finished_report(out_dir)
     if done is not None:
         return done

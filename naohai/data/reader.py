@@ -1,7 +1,8 @@
 """Streaming input for `naohai data clean`: ``.jsonl`` / ``.txt`` files (optionally ``.gz``) -> records.
 
-Inputs are local files, directories (every supported file below, sorted) or globs
-(Hadoop-compatible paths such as ``hdfs://`` are the Spark engine's:
+Inputs are local files, directories (every supported file below, sorted, hidden entries left
+out: see :func:`resolve_inputs`) or globs (Hadoop-compatible paths such as ``hdfs://`` are the
+Spark engine's:
 :mod:`naohai.data.hadoop_inputs` lists and reads them, then parses their lines with
 :func:`jsonl_records` / :func:`txt_records`, as here).  A
 ``.jsonl`` line is one document (the string under ``text_key``; the other keys are
@@ -58,8 +59,30 @@ def is_uri(path: str) -> bool:
     return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
 
 
+def hidden(rel: str) -> bool:
+    """Whether a path relative to an input folder passes through a hidden entry (a name starting with '.')."""
+    return any(part.startswith(".") for part in rel.split("/"))
+
+
+def walk_visible(path: str) -> List[str]:
+    """The supported files below a folder, sorted, leaving out hidden entries: a file or folder whose name
+    starts with '.' is neither read nor entered (the ``.work/`` of a `naohai data clean` or `data score`
+    output holds copies of its documents)."""
+    found = []
+    for d, dirs, fs in os.walk(path):
+        dirs[:] = [x for x in dirs if not x.startswith(".")]
+        found.extend(os.path.join(d, f) for f in fs if supported(f) and not f.startswith("."))
+    return sorted(found)
+
+
 def resolve_inputs(inputs: Sequence[str]) -> List[str]:
-    """Files named by paths, directories and globs; a UserError for each that names nothing usable."""
+    """Files named by paths, directories and globs; a UserError for each that names nothing usable.
+
+    A folder gives every supported file below it, sorted, and never one under a hidden entry (a file or
+    folder whose name starts with '.', such as the ``.work/`` of a clean or score output, which holds
+    copies of its documents): a clean output folder given as input is read once.  A glob gives the files
+    it matches (``glob.glob``: its wildcards match no hidden name either); a file named directly is read
+    whatever its name.  The Spark engine applies the same rule to Hadoop-path folders."""
     if not inputs:
         raise UserError("give at least one input file, directory or glob", where="command line")
     files: List[str] = []
@@ -73,9 +96,10 @@ def resolve_inputs(inputs: Sequence[str]) -> List[str]:
             if not found:
                 raise UserError(f"the pattern matches no {'/'.join(SUFFIXES)} files", where=item)
         elif os.path.isdir(path):
-            found = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if supported(f))
+            found = walk_visible(path)
             if not found:
-                raise UserError(f"the directory holds no {'/'.join(SUFFIXES)} files", where=item)
+                raise UserError(f"the directory holds no {'/'.join(SUFFIXES)} files (hidden entries, whose "
+                                "names start with '.', are not read)", where=item)
         elif not os.path.exists(path):
             raise UserError("input not found", where=item)
         elif not supported(path):

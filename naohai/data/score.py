@@ -26,8 +26,10 @@ How it runs, in the manner of :mod:`naohai.data.clean`
     to their ``naohai`` metadata dict, then ``report.json``.  A second run with the same
     plan (inputs, model, settings) skips the units it has and redoes pass 2; a finished
     run is not redone; another plan is refused unless ``restart``; a non-empty directory
-    that holds no score run is never written into.  Malformed input lines are counted
-    and listed with file and line, never fatal.
+    that holds no score run is never written into, nor one that overlaps the inputs
+    (:func:`~naohai.data.rundir.input_overlap`).  A folder input leaves hidden entries out, so
+    a `data clean` output folder is scored once, not again from its ``.work/`` copies.
+    Malformed input lines are counted and listed with file and line, never fatal.
 """
 from __future__ import annotations
 
@@ -225,7 +227,7 @@ def score(inputs: Sequence[str], out_dir: str, lm: LM, settings: ScoreSettings, 
     files = resolve_inputs(inputs)
     out_dir = os.path.abspath(out_dir)
     work = prepare_run_dir(out_dir, _plan(files, lm, settings), restart, "naohai data score",
-                           "a score run with other inputs, another model or other settings")
+                           "a score run with other inputs, another model or other settings", inputs, files)
     done = finished_report(out_dir)
     if done is not None:
         return done

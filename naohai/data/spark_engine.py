@@ -75,11 +75,13 @@ import json
 import math
 import os
 import pickle
+import posixpath
 import re
 import shutil
 import tempfile
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from urllib.parse import urlparse
 
 import numpy as np
 
@@ -92,8 +94,8 @@ from naohai.data.clean_config import CleanConfig, clean_config_from_dict
 from naohai.data import hadoop_inputs
 from naohai.data.spark_driver import HeadStart, Boot, SPARK, claim, require_pyspark
 from naohai.data.spark_zygote import ZYGOTE_ENV
-from naohai.data.reader import (Problem, Split, byte_ranges, count_newlines, fingerprint, is_uri, read_split,
-                                 resolve_inputs, splittable)
+from naohai.data.reader import (SUFFIXES, Problem, Split, byte_ranges, count_newlines, fingerprint, hidden, is_uri,
+                                 read_split, resolve_inputs, splittable)
 from naohai.data.rundir import atomic_write, finished_report, prepare_run_dir, remove_outputs, write_report
 from naohai.errors import UserError
 
@@ -756,7 +758,7 @@ def clean_spark(inputs: Sequence[str], out_dir: str, cfg: CleanConfig, *, master
     try:
         files, stamps = _inputs(inputs, local, boot.context)
         work = prepare_run_dir(out_dir, _plan(files, cfg, stamps), restart, "naohai data clean",
-                               "a clean run with another config or other inputs (changed files?)")
+                               "a clean run with another config or other inputs (changed files?)", inputs, files)
         done = finished_report(out_dir)
         if done is not None:
             return done
@@ -797,10 +799,27 @@ def _inputs(inputs: Sequence[str], local: Dict[int, List[str]], context) -> tupl
             found = local[i]
             stamps += fingerprint(found)
         else:
-            found = hadoop_inputs.resolve_uri(context(), item)
+            found = _visible(item, hadoop_inputs.resolve_uri(context(), item))
             stamps += [hadoop_inputs.stamp(context(), f) for f in found]
         files += found
     return files, stamps
+
+
+def _visible(item: str, found: List[str]) -> List[str]:
+    """The files of a Hadoop-path input less those below a hidden entry of the folder it names (a name starting
+    with '.', e.g. a clean output's ``.work/``): the rule :func:`naohai.data.reader.resolve_inputs` applies to a
+    local folder.  A file or a glob is left as it is.  Hadoop lists ``file:///x`` as ``file:/x``, which would pass
+    for a local path: such names are given back as ``file:///x``, as a ``file://`` file input is named."""
+    found = ["file://" + f[len("file:"):] if f.startswith("file:/") and not f.startswith("file://") else f
+             for f in found]
+    if found == [item] or any(ch in item.split("://", 1)[1] for ch in "*?["):
+        return found
+    depth = len([p for p in posixpath.normpath(urlparse(item).path).split("/") if p])
+    kept = [f for f in found if not hidden("/".join([p for p in urlparse(f).path.split("/") if p][depth:]))]
+    if not kept:
+        raise UserError(f"the directory holds no {'/'.join(SUFFIXES)} files (hidden entries, whose names start "
+                        "with '.', are not read)", where=item)
+    return kept
 
 
 def _run(context, master: str, files: List[str], out_dir: str, staging: str, cfg: CleanConfig,

@@ -262,3 +262,64 @@ def test_an_output_folder_named_with_glob_characters(corpus, tmp_path):
     shards = sorted(p for p in os.listdir(out) if p.startswith("part-"))
     assert shards and output_files(out) == [str(out / p) for p in shards]
     assert report["output"]["bytes"] == sum(os.path.getsize(out / p) for p in shards) > 0
+
+
+def _tree(folder):
+    """Every file below ``folder`` (hidden ones too) -> its bytes."""
+    return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+            for d, _, fs in os.walk(folder) for f in fs}
+
+
+def _clean_argv(inputs, out, tmp_path, *more):
+    cfg = tmp_path / "dedup_only.yaml"
+    cfg.write_text("batch_docs: 40\nnormalize: {enabled: false}\nlanguage: {enabled: false}\n"
+                   "quality: {enabled: false}\npii: {enabled: false}\n", encoding="utf-8")
+    return ["data", "clean", *map(str, inputs), "--out", str(out), "--config", str(cfg), "--workers", "1",
+            "--no-progress", *more]
+
+
+def test_a_clean_output_folder_given_as_input_is_read_once(corpus, tmp_path):
+    """Its .work/unit-N.jsonl hold copies of the documents: a folder input leaves hidden entries out."""
+    write_jsonl(tmp_path / "in.jsonl", corpus.docs[:60])
+    first = clean([str(tmp_path / "in.jsonl")], str(tmp_path / "c1"), dedup_only(), workers=1, progress=False)
+    assert os.listdir(tmp_path / "c1" / ".work")                    # the copies are there
+    n = first["output"]["documents"]
+    again = clean([str(tmp_path / "c1")], str(tmp_path / "c2"), dedup_only(), workers=1, progress=False)
+    assert again["inputs"] == [str(tmp_path / "c1" / "part-00000.jsonl")]
+    assert again["read"]["docs_in"] == n and again["output"]["documents"] == n
+    assert again["steps"]["exact_dedup"]["dropped"] == 0
+
+
+@pytest.mark.parametrize("where", ["equal", "inside", "contains"])
+def test_an_out_that_overlaps_the_inputs_is_refused_and_nothing_changes(corpus, tmp_path, capsys, where):
+    """--out that is an input folder, lies inside one, or contains an input file: exit 2 naming --out, before
+    anything is written or (with --restart) deleted."""
+    from naohai.cli import main
+    write_jsonl(tmp_path / "in.jsonl", corpus.docs[:60])
+    clean([str(tmp_path / "in.jsonl")], str(tmp_path / "c1"), dedup_only(), workers=1, progress=False)
+    inputs, out = {"equal": ([tmp_path / "c1"], tmp_path / "c1"),
+                   "inside": ([tmp_path / "c1"], tmp_path / "c1" / "clean"),
+                   "contains": ([tmp_path / "c1" / "part-00000.jsonl"], tmp_path / "c1")}[where]
+    said = {"equal": "is the input folder", "inside": "lies inside the input folder",
+            "contains": "contains the input file"}[where]
+    for argv in [_clean_argv(inputs, out, tmp_path, *more) for more in (("--restart",), ())]:
+        before = _tree(tmp_path)
+        assert main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "'--out'" in err and said in err and "Traceback" not in err, err
+        assert _tree(tmp_path) == before
+    assert not (tmp_path / "c1" / "clean").exists()
+
+
+def test_an_out_below_a_hidden_name_inside_the_input_folder_is_not_read_back(corpus, tmp_path, capsys):
+    from naohai.cli import main
+    (tmp_path / "raw").mkdir()
+    write_jsonl(tmp_path / "raw" / "in.jsonl", corpus.docs[:60])
+    out = tmp_path / "raw" / ".clean"
+    assert main(_clean_argv([tmp_path / "raw"], out, tmp_path)) == 0
+    first = json.loads((out / "report.json").read_text())
+    assert main(_clean_argv([tmp_path / "raw"], out, tmp_path)) == 0      # the same inputs: the finished run
+    assert json.loads((out / "report.json").read_text()) == first and first["read"]["docs_in"] == 60
+    capsys.readouterr()
+    assert main(_clean_argv([str(tmp_path / "raw" / "**" / "*.jsonl")], tmp_path / "raw" / "sub", tmp_path)) == 2
+    assert "would be matched by the input pattern" in " ".join(capsys.readouterr().err.split())

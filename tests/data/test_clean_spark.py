@@ -545,3 +545,29 @@ def test_local_slots_of_master_urls():
     assert [local_slots(m) for m in ("local", "local[3]", "local[2,4]", "local[*]")] == [1, 3, 2, os.cpu_count()]
     assert [local_slots(m) for m in ("yarn", "spark://h:7077", "k8s://https://h:6443", "local-cluster[2,1,1024]")] \
         == [None] * 4
+
+
+def test_a_clean_output_folder_given_as_input_is_read_once_and_out_apart_from_it(spark, corpus, tmp_path):
+    """A local folder and a file:// folder leave hidden entries (the .work/ copies of the documents) out, as the
+    local engine does; an --out inside an input folder is refused before Spark starts or anything is written."""
+    from naohai.errors import UserError
+    cfg = config()
+    for step in ("normalize", "language", "quality", "pii"):
+        getattr(cfg, step).enabled = False
+    (tmp_path / "raw").mkdir()
+    with open(tmp_path / "raw" / "in.jsonl", "w", encoding="utf-8") as fh:
+        for i, t in enumerate(corpus.docs[:80]):
+            fh.write(json.dumps({"text": t, "id": i}, ensure_ascii=False) + "\n")
+    first = clean([str(tmp_path / "raw")], str(tmp_path / "c1"), cfg, workers=1, progress=False)
+    n = first["output"]["documents"]
+    assert os.listdir(tmp_path / "c1" / ".work")
+    for source, out in ((str(tmp_path / "c1"), "s1"), ("file://" + str(tmp_path / "c1"), "s2")):
+        report = clean_spark([source], str(tmp_path / out), cfg, master="local[2]")
+        assert report["read"]["docs_in"] == n and report["output"]["documents"] == n, source
+        assert report["inputs"] and all("/c1/part-0000" in f for f in report["inputs"]), report["inputs"]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for out in (tmp_path / "raw" / "clean", tmp_path / "c1"):
+        with pytest.raises(UserError, match="'--out'"):
+            clean_spark([str(out.parent if out.name == "clean" else out)], str(out), cfg, master="local[2]",
+                        restart=True)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

@@ -71,3 +71,23 @@ def test_bad_split_size_is_one_paragraph_exit_2(tmp_path, capsys, value):
                  f"--split-mb={value}"])
     assert code == 2 and "'--split-mb'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_folder_input_leaves_hidden_entries_out(tmp_path):
+    """A clean output's .work/unit-N.jsonl copies (and any hidden file or folder) are not read from a folder;
+    globs skip hidden names as glob.glob does; a file named directly is read whatever its name."""
+    from naohai.data.reader import resolve_inputs
+    from naohai.errors import UserError
+    (tmp_path / "c" / ".work").mkdir(parents=True)
+    (tmp_path / "c" / "sub" / ".hid").mkdir(parents=True)
+    for rel in ("c/part-00000.jsonl", "c/.work/unit-000000.jsonl", "c/.draft.jsonl", "c/sub/b.txt",
+                "c/sub/.hid/x.jsonl"):
+        (tmp_path / rel).write_text('{"text": "a"}\n')
+    c = tmp_path / "c"
+    assert resolve_inputs([str(c)]) == [str(c / "part-00000.jsonl"), str(c / "sub" / "b.txt")]
+    assert resolve_inputs([str(c / "**" / "*.jsonl")]) == [str(c / "part-00000.jsonl")]
+    assert resolve_inputs([str(c / ".work" / "unit-000000.jsonl")]) == [str(c / ".work" / "unit-000000.jsonl")]
+    (tmp_path / "only").mkdir()
+    (tmp_path / "only" / ".x.jsonl").write_text('{"text": "a"}\n')
+    with pytest.raises(UserError, match="holds no .* files .hidden entries"):
+        resolve_inputs([str(tmp_path / "only")])

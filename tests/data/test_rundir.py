@@ -6,6 +6,7 @@ import pytest
 
 from naohai.data.rundir import prepare_run_dir
 from naohai.errors import UserError
+from naohai.runfiles import LOCK_NAME as LOCK
 
 CLEAN = {"format": "naohai-clean-v1", "config": {"a": 1}, "inputs": []}
 
@@ -60,6 +61,7 @@ def test_a_second_data_run_on_the_same_folder_is_refused(tmp_path):
 import sys, time
 sys.path.insert(0, {str(root)!r})
 from naohai.data.rundir import prepare_run_dir
+from naohai.runfiles import LOCK_NAME as LOCK
 prepare_run_dir({str(out)!r}, {CLEAN!r}, False, "naohai data clean", "x")
 print("started", flush=True)
 time.sleep(60)
@@ -72,3 +74,40 @@ time.sleep(60)
         holder.kill()
         holder.wait()
     _prep(out, CLEAN)          # the holder is gone: its lock went with it
+
+
+def test_an_out_that_overlaps_the_inputs_is_refused_before_anything(tmp_path):
+    """An input file or folder, a folder that a folder input's walk or a glob input would read back, or one
+    that holds an input file: refused naming --out, before the lock file or anything else is written."""
+    from naohai.data.rundir import input_overlap
+    raw = tmp_path / "raw"
+    (raw / "sub").mkdir(parents=True)
+    (raw / "a.jsonl").write_text('{"text": "a"}\n')
+    (raw / "sub" / "b.jsonl").write_text('{"text": "b"}\n')
+    os.symlink(raw, tmp_path / "link")
+    files = [str(raw / "a.jsonl"), str(raw / "sub" / "b.jsonl")]
+    cases = [
+        ([str(raw)], raw, "is the input folder"),
+        ([str(tmp_path / "link")], raw, "is the input folder"),                    # symlinks resolved
+        ([str(raw)], tmp_path / "link" / "clean", "lies inside the input folder"),
+        ([str(raw)], raw / "sub" / "deeper" / "clean", "lies inside the input folder"),
+        (["file://" + str(raw)], raw / "clean", "lies inside the input folder"),   # the Spark engine's URIs
+        ([str(raw / "a.jsonl")], raw / "a.jsonl", "is the input file"),
+        ([str(raw / "sub")], raw, "contains the input file"),
+        ([str(raw / "*" / "*.jsonl")], raw / "clean", "would be matched by the input pattern"),
+        ([str(raw / "**" / "*.jsonl")], raw / "x" / "y", "would be matched by the input pattern"),
+        ([str(raw)], raw / ".clean", None),                     # below a hidden name: the walk never reads it
+        ([str(raw / "sub")], raw / "clean", None),
+        ([str(raw / "*.jsonl")], raw / "clean", None),          # the pattern matches nothing written there
+        ([str(raw / "**" / "*.txt")], raw / "clean", None),
+        ([str(raw / "**" / "*.jsonl")], raw / ".clean", None),
+        (["hdfs://nn/raw"], raw / "clean", None),
+    ]
+    for inputs, out, said in cases:
+        got = input_overlap(str(out), inputs, files if said != "contains the input file" else files[1:])
+        assert (got is None) if said is None else (got is not None and got.startswith(said)), (inputs, out, got)
+    for inputs, out, restart in (([str(raw)], raw, True), ([str(raw)], raw / "clean", False)):
+        before = sorted(p for p in tmp_path.rglob("*"))
+        with pytest.raises(UserError, match=r"'--out'.*\(rule: --out is no input file or folder"):
+            prepare_run_dir(str(out), CLEAN, restart, "naohai data clean", "x", inputs, files)
+        assert sorted(p for p in tmp_path.rglob("*")) == before and not (raw / LOCK).exists()

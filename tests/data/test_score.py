@@ -22,7 +22,7 @@ import pytest
 from naohai.cli import main
 from naohai.commands.data import load_scorer
 from naohai.data.corpus import pydoc_documents
-from naohai.data.score import ScoreSettings, score
+from naohai.data.score import LM, ScoreSettings, score
 from naohai.data.tokenizer import Tokenizer
 from naohai.errors import UserError
 from naohai.strategy.run_plan import plan_run
@@ -307,3 +307,56 @@ def test_missing_inputs_and_out_are_user_errors(trained, tmp_path, capsys):
     assert "input not found" in " ".join(capsys.readouterr().err.split())
     assert main(["data", "score", str(tmp_path / "x.jsonl"), "--model", run]) == 2
     assert "--out" in " ".join(capsys.readouterr().err.split())
+
+
+def _toy_lm():
+    """An LM without a model: token ids are characters, a prediction's NLL its next id over 100."""
+    return LM(nll=lambda w: w[:, 1:].astype(np.float64) / 100.0,
+              encode_batch=lambda texts: [[3 + ord(c) % 90 for c in t[:40]] for t in texts],
+              seq_length=16, eod_id=1, pad_id=0, loss_pad_id=None, describe={"model": "toy"})
+
+
+def _clean_output(tmp_path, n=30):
+    """A `data clean` output folder of n documents (its .work/ holds copies of them)."""
+    from naohai.data.clean import clean
+    from naohai.data.clean_config import CleanConfig
+    path = tmp_path / "in.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for i, d in enumerate(itertools.islice(pydoc_documents(), n)):
+            fh.write(json.dumps({"text": d[:300], "id": i}) + "\n")
+    cfg = CleanConfig(batch_docs=8)
+    for step in ("normalize", "language", "quality", "pii", "exact_dedup", "near_dedup"):
+        getattr(cfg, step).enabled = False
+    report = clean([str(path)], str(tmp_path / "clean"), cfg.validate(), workers=1, progress=False)
+    assert report["output"]["documents"] == n and os.listdir(tmp_path / "clean" / ".work")
+    return tmp_path / "clean"
+
+
+def test_a_clean_output_folder_given_as_input_is_scored_once(tmp_path):
+    """`data score clean/web` (the README's usage): each document once, not again from clean's .work/."""
+    folder = _clean_output(tmp_path)
+    report = score([str(folder)], str(tmp_path / "scored"), _toy_lm(), ScoreSettings(keep_fraction=0.9),
+                   progress=False)
+    s = report["score"]
+    assert report["inputs"] == [str(folder / "part-00000.jsonl")]
+    assert s["docs_in"] == 30 and s["kept"] + s["dropped"] == 30
+    kept = _read_out(tmp_path / "scored")
+    assert len(kept) == s["kept"] == len({r["id"] for r in kept}) >= 27
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_out_that_is_or_lies_in_an_input_folder_is_refused_before_the_model_loads(tmp_path, capsys, inside):
+    folder = _clean_output(tmp_path)
+    out = folder / "scored" if inside else folder
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    for more in (["--restart"], []):
+        assert main(["data", "score", str(folder), "--model", str(tmp_path / "no-model"), "--out", str(out),
+                     "--keep-fraction", "0.9", "--no-progress"] + more) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        said = "lies inside the input folder" if inside else "is the input folder"
+        assert "'--out'" in err and said in err and "Traceback" not in err, err
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert not (folder / "scored").exists()
+    with pytest.raises(UserError, match=said):                        # the API refuses too, before it writes
+        score([str(folder)], str(out), _toy_lm(), ScoreSettings(), progress=False, restart=True)
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
