@@ -29,9 +29,18 @@ def run(args) -> int:
     for path in args.runs:
         if not os.path.isdir(path):
             raise UserError("is not a folder (naohai plot takes run folders, e.g. runs/tiny)", where=path)
+    if args.out is not None and not args.out.strip():
+        raise UserError("is empty; give the PNG to write or leave --out out", where="command line", key="--out")
     out = args.out or (os.path.join(args.runs[0], "loss.png") if len(args.runs) == 1 else "plot.png")
     if not out.lower().endswith(".png"):
         raise UserError(f"'{out}' does not end in .png (the figure is written as PNG)", where="command line",
                         key="--out")
+    if os.path.isdir(out):
+        raise UserError("is a folder; give the PNG file to write", where=out, key="--out")
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UserError(f"lies under {parent}, which is a file, not a folder", where=out, key="--out")
     print(f"plot: {save_metrics_png(args.runs, out, args.label, args.title)}")
     return 0

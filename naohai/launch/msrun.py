@@ -207,9 +207,20 @@ def scheduler_port(addr: str, port: Optional[int], *, nodes: int) -> int:
     import errno
     import socket
     family, host = (socket.AF_INET6 if ":" in addr else socket.AF_INET), addr.strip("[]")
+    try:
+        socket.getaddrinfo(host, None, family)
+    except (socket.gaierror, UnicodeError) as exc:       # msrun here could not reach node 0 either
+        raise UserError(f"'{addr}' does not resolve on this machine ({exc}); give node 0's address as every "
+                        f"node reaches it", where=WHERE, key="master_addr", rule="an address that resolves") from None
     if port is None and nodes == 1:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((host, 0))
+            try:
+                probe.bind((host, 0))
+            except OSError as exc:
+                raise UserError(f"'{addr}' is not an address of this machine ({exc.strerror or exc}); with one node "
+                                f"msrun's scheduler runs here, so leave --master-addr out (127.0.0.1) or give one "
+                                f"of this machine's addresses", where=WHERE, key="master_addr",
+                                rule="one node: an address of this machine") from None
             return probe.getsockname()[1]
     port = DEFAULT_PORT if port is None else port
     with socket.socket(family, socket.SOCK_STREAM) as probe:

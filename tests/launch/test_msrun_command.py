@@ -288,6 +288,24 @@ def test_launch_takes_a_free_port_on_one_node_and_refuses_a_busy_given_one(tmp_p
     assert main(args + ["--master-port", str(port)]) == 0 and ran[1] == port
 
 
+@pytest.mark.parametrize("addr,nodes,words", [("no.such.host.invalid", 1, "does not resolve"),
+                                               ("no.such.host.invalid", 2, "does not resolve"),
+                                               ("192.0.2.1", 1, "not an address of this machine")])
+def test_a_master_address_msrun_cannot_use_exits_2(tmp_path, capsys, monkeypatch, addr, nodes, words):
+    """An unresolvable name raised socket.gaierror, another machine's address on one node OSError (tracebacks,
+    found by a probe); on several nodes another machine's address is node 0's, as before."""
+    import naohai.commands.launch as launch_command
+    ran = []
+    monkeypatch.setattr(launch_command, "run_msrun", lambda plan, **k: ran.append(plan) or 0)
+    args = ["launch", "tiny", "train.micro_batch_size=8", f"train.output_dir={tmp_path / 'run'}", "--strategy",
+            str(ROOT / "strategies" / "tiny-dp2.yaml"), "--oversubscribe", "--master-addr", addr]
+    if nodes > 1:
+        args += ["--nodes", str(nodes), "--node-rank", "0", "--devices-per-node", "1"]
+    assert main(args) == 2 and not ran
+    err = " ".join(capsys.readouterr().err.split())
+    assert "key 'master_addr'" in err and words in err and "Traceback" not in err
+
+
 def test_failure_report_says_why_the_cluster_did_not_form(tmp_path):
     """MindSpore's own lines (from a run with the scheduler's port held): the workers' error gets the causes to
     look at; with the scheduler's bind failure in scheduler.log, that one cause is named instead."""

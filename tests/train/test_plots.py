@@ -90,3 +90,17 @@ def test_plot_command_errors(tmp_path, capsys):
     assert "is not a folder" in _err(capsys)
     assert main(["plot", str(empty), "--label", "x", "--label", "y"]) == 2
     assert "2 --label for 1 runs" in _err(capsys)
+
+
+def test_plot_out_that_cannot_be_a_png_file_is_named(two_runs, tmp_path, capsys):
+    """A folder ending in .png or a path under a file raised IsADirectoryError / FileExistsError after the figure
+    was drawn; an empty --out wrote RUN/loss.png (found by a probe)."""
+    a, _ = two_runs
+    (tmp_path / "dir.png").mkdir()
+    (tmp_path / "afile.txt").write_text("mine")
+    for out, words in ((tmp_path / "dir.png", "is a folder"), (tmp_path / "afile.txt" / "x.png", "is a file"),
+                       ("", "is empty")):
+        assert main(["plot", str(a), "--out", str(out)]) == 2
+        err = _err(capsys)
+        assert "key '--out'" in err and words in err and "Traceback" not in err
+    assert (tmp_path / "afile.txt").read_text() == "mine" and not (a / "loss.png").exists()
