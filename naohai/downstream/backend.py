@@ -31,6 +31,9 @@ from naohai.downstream.engine import Scorer
 from naohai.errors import UserError
 
 DEFAULT_BATCH = 16
+#: what lm-eval itself adds to a model's arguments beside those naohai reads (``simple_evaluate``'s
+#: ``additional_config``): accepted, not used -- naohai's batches are what ``batch_size`` says
+LM_EVAL_OWN = frozenset({"max_batch_size"})
 
 
 def _batch(value: Any) -> int:
@@ -52,8 +55,13 @@ class NaohaiEvalLM(TemplateLM):
 
     def __init__(self, path: Optional[str] = None, tokenizer: Optional[str] = None, batch_size: Any = None,
                  max_gen_toks: Any = 256, device: Optional[str] = None, scorer: Optional[Scorer] = None,
-                 tok=None, step: Optional[int] = None, **unused: Any):
+                 tok=None, step: Optional[int] = None, **others: Any):
         super().__init__()
+        unknown = sorted(set(others) - LM_EVAL_OWN)
+        if unknown:        # a typo such as batch=8 for batch_size=8 was swallowed
+            raise UserError(f"the naohai model takes path, tokenizer, batch_size, max_gen_toks and device; "
+                            f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not among them",
+                            where="command line", key="--model_args", rule="known model_args keys")
         if scorer is None:
             if not path:
                 raise UserError("the naohai model needs path=RUN_OR_CHECKPOINT", where="command line",

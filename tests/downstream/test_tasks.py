@@ -245,3 +245,13 @@ def test_lm_eval_command_line_with_the_naohai_model(tmp_path, micro_run):
     doc = json.load(open(results))
     assert doc["results"]["cli_probe"]["acc,none"] in (0.0, 1 / 3, 2 / 3, 1.0)
     assert doc["config"]["model"] == "naohai"
+
+
+def test_lm_eval_naohai_model_refuses_unknown_model_args(tmp_path, micro_run, capsys):
+    """`--model_args path=RUN,batch=8` (a typo of batch_size) was swallowed and ran at the default batch."""
+    folder = tmp_path / "tasks"
+    write_task(folder, "cli_probe", MC_YAML, MC_ROWS)
+    assert main(["lm-eval", "--model", "naohai", "--model_args", f"path={micro_run},batch=8", "--tasks", "cli_probe",
+                 "--include_path", str(folder)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "key '--model_args'" in err and "batch is not among them" in err and "Traceback" not in err
