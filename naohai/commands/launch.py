@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 
 from naohai.commands._args import allow_intermixed
+from naohai.errors import UserError
 from naohai.launch.msrun import DEFAULT_PORT, MsrunPlan, run_msrun, scheduler_port, validate_plan
 
 
@@ -88,6 +89,10 @@ def _launch(args, workers: int, planned) -> int:
                      bind_core=args.bind_core, node_time_out=args.node_time_out, rank_table_file=args.rank_table,
                      rank_table_mode="processes" if args.rank_table_processes else "msrun",
                      overrides=list(args.overrides), device=device)
+    if args.rank_table is not None and not args.dry_run and not os.path.isfile(args.rank_table):
+        raise UserError("is not a file (the rank table msrun reads on this node; a dry run prints the command "
+                        "for another node without it)", where=args.rank_table, key="--rank-table",
+                        rule="an existing rank table file")
     if plan.node_rank == 0 and not args.rank_table_processes:
         # node 0's scheduler: a free port on one node unless one is given; a given one checked (a dry run
         # checks nothing, but shows the kind of port a run takes)

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, TextIO, Tuple
 
 from naohai.errors import UserError
+from naohai.validate import INT_MAX, MAX_DEVICES
 
 WHERE = "launch"
 DEFAULT_PORT = 8118          # msrun's own default
@@ -112,8 +113,15 @@ def validate_plan(plan: MsrunPlan) -> MsrunPlan:
         if node_timeout < 1:
             raise UserError(f"must be at least 1 second, got {node_timeout}", where=WHERE,
                             key="node_time_out", rule="seconds >= 1")
-    if workers < 1:
-        raise UserError(f"must be at least 1, got {workers}", where=WHERE, key="workers",
+    if timeout == 0 or timeout > INT_MAX:
+        raise UserError(f"must be a number of seconds from 1 to {INT_MAX} (or negative: wait forever), got "
+                        f"{timeout}" + (" (the cluster would time out at once)" if timeout == 0 else ""),
+                        where=WHERE, key="cluster_time_out", rule=f"1 <= seconds <= {INT_MAX}, or negative")
+    if node_timeout is not None and node_timeout > INT_MAX:
+        raise UserError(f"must be at most {INT_MAX} seconds, got {node_timeout}", where=WHERE, key="node_time_out",
+                        rule=f"1 <= seconds <= {INT_MAX}")
+    if not 1 <= workers <= MAX_DEVICES:
+        raise UserError(f"must be 1 to {MAX_DEVICES:,}, got {workers}", where=WHERE, key="workers",
                         rule="a positive number of worker processes")
     if nodes < 1:
         raise UserError(f"must be at least 1, got {nodes}", where=WHERE, key="nodes", rule="nodes >= 1")

@@ -306,6 +306,22 @@ def test_a_master_address_msrun_cannot_use_exits_2(tmp_path, capsys, monkeypatch
     assert "key 'master_addr'" in err and words in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flags,key", [(["--cluster-time-out", "0"], "cluster_time_out"),
+                                       (["--cluster-time-out", "99999999999999999999"], "cluster_time_out"),
+                                       (["--node-time-out", "99999999999999999999"], "node_time_out"),
+                                       (["--rank-table", "/no/such/rank_table.json"], "--rank-table")])
+def test_launch_numbers_msrun_cannot_take_and_a_missing_rank_table_exit_2(tmp_path, capsys, monkeypatch, flags, key):
+    """They were passed to msrun as given (a 0 s cluster time-out fails at once; 1e20 overflows its int)."""
+    import naohai.commands.launch as launch_command
+    ran = []
+    monkeypatch.setattr(launch_command, "run_msrun", lambda plan, **k: ran.append(plan) or 0)
+    args = ["launch", "tiny", "train.micro_batch_size=8", f"train.output_dir={tmp_path / 'run'}", "--strategy",
+            str(ROOT / "strategies" / "tiny-dp2.yaml"), "--oversubscribe", *flags]
+    assert main(args) == 2 and not ran
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"key '{key}'" in err and "Traceback" not in err
+
+
 def test_failure_report_says_why_the_cluster_did_not_form(tmp_path):
     """MindSpore's own lines (from a run with the scheduler's port held): the workers' error gets the causes to
     look at; with the scheduler's bind failure in scheduler.log, that one cause is named instead."""
