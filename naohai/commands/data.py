@@ -7,6 +7,15 @@ import sys
 from typing import Optional
 
 from naohai.errors import UserError
+from naohai.validate import cli_int
+
+# --vocab-size: sentencepiece and the byte-level BPE trainer need a few hundred pieces (they say how many);
+# 2**24 (16.7 M) is far above any real vocabulary, and a larger number is a typo.
+MAX_VOCAB_SIZE = 1 << 24
+# --workers: processes; more than this is a typo, and a huge number overflows the pool's C integers.
+MAX_WORKERS = 4096
+# --batch of `data score`: windows per model call (every call is padded to it, so it is allocated whole).
+MAX_SCORE_BATCH = 4096
 
 
 def _log(msg: str) -> None:
@@ -22,7 +31,8 @@ def register(subparsers) -> None:
     c.add_argument("inputs", nargs="*", metavar="INPUT", help="files, directories or globs; with --engine spark also hdfs://, obs://, s3a://, file:// paths")
     c.add_argument("--out", help="output directory (re-running with the same inputs and config resumes)")
     c.add_argument("--config", default=None, help="YAML file with the steps' settings (default: all defaults)")
-    c.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    c.add_argument("--workers", type=cli_int(1, MAX_WORKERS), default=None,
+                   help=f"processes, 1 to {MAX_WORKERS} (default: all cores)")
     c.add_argument("--restart", action="store_true", help="discard an earlier run in --out with another "
                                                          "config or other inputs")
     c.add_argument("--print-config", action="store_true", help="print the effective config as YAML and exit")
@@ -54,7 +64,8 @@ def register(subparsers) -> None:
     s.add_argument("--tokenizer", default=None, help="the model's tokenizer .model (default: the recipe's, "
                                                      "else the one beside the run)")
     s.add_argument("--text-key", default="text", help="key of the text in .jsonl inputs (default 'text')")
-    s.add_argument("--batch", type=int, default=8, help="windows of seq_length per model call (default 8)")
+    s.add_argument("--batch", type=cli_int(1, MAX_SCORE_BATCH), default=8,
+                   help=f"windows of seq_length per model call, 1 to {MAX_SCORE_BATCH} (default 8)")
     s.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"), default="auto",
                    help="device (default auto = Ascend, else GPU, else CPU)")
     s.add_argument("--restart", action="store_true", help="discard an earlier run in --out with other inputs, "
@@ -67,7 +78,7 @@ def register(subparsers) -> None:
     m.add_argument("sources", nargs="+", metavar="PATH:WEIGHT[:MAX_EPOCHS]",
                    help="a clean output dir, .jsonl file or glob; its byte share; repetition cap (default 1)")
     m.add_argument("--out", required=True, help="mixture file to write, e.g. data/mixture.json")
-    m.add_argument("--seed", type=int, default=0, help="seed of the order (default 0)")
+    m.add_argument("--seed", type=cli_int(0, 2 ** 63 - 1), default=0, help="seed of the order, >= 0 (default 0)")
     m.add_argument("--text-key", default="text", help="key of the text in the sources (default 'text')")
     m.set_defaults(run=run_mix)
 
@@ -76,7 +87,8 @@ def register(subparsers) -> None:
     t.add_argument("overrides", nargs="*", help="dotted recipe overrides, e.g. model.vocab_size=1024")
     t.add_argument("--corpus", nargs="+", metavar="SOURCE", help="corpus sources (instead of the recipe's)")
     t.add_argument("--jsonl-key", default=None, help="key of the text in .jsonl files (default 'text')")
-    t.add_argument("--vocab-size", type=int, default=None, help="number of pieces (default model.vocab_size)")
+    t.add_argument("--vocab-size", type=cli_int(1, MAX_VOCAB_SIZE), default=None,
+                   help="number of pieces (default model.vocab_size)")
     t.add_argument("--out", default=None, help="output prefix; writes PREFIX.model, or PREFIX.json for byte_bpe "
                                               "(default <train.output_dir>/tokenizer)")
     t.add_argument("--type", dest="tokenizer_type", choices=("sentencepiece", "byte_bpe"), default=None,
@@ -115,8 +127,9 @@ def run_clean(args) -> int:
         return 0
     if not args.inputs or not args.out:
         raise UserError("give INPUT... and --out DIR", where="command line")
-    if args.workers is not None and args.workers < 1:
-        raise UserError("must be >= 1", where="command line", key="--workers")
+    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+        raise UserError(f"must be an integer in [1, {MAX_WORKERS}], got {args.workers}", where="command line",
+                        key="--workers", rule=f"1 <= workers <= {MAX_WORKERS}")
     lm_factory = None
     if cfg.perplexity.enabled:
         pp = cfg.perplexity
@@ -237,14 +250,21 @@ def run_tokenizer(args) -> int:
     recipe = load_recipe(args.recipe, args.overrides) if args.recipe else None
     if recipe is None and args.overrides:
         raise UserError("overrides need a recipe", where="command line")
-    corpus = args.corpus or (recipe.data.corpus if recipe else None)
-    vocab = args.vocab_size or (recipe.model.vocab_size if recipe else None)
-    out = args.out or (os.path.join(recipe.train.output_dir, "tokenizer") if recipe else None)
+    # a flag given empty is a mistake, never "use the default": `--out ""` fell back to the run's own
+    # tokenizer and, with --force, replaced it
+    for flag, value in (("--out", args.out), ("--jsonl-key", args.jsonl_key)):
+        if value is not None and not value.strip():
+            raise UserError("must not be empty", where="command line", key=flag, rule="a non-empty value")
+    corpus = args.corpus if args.corpus is not None else (recipe.data.corpus if recipe else None)
+    vocab = args.vocab_size if args.vocab_size is not None else (recipe.model.vocab_size if recipe else None)
+    out = args.out if args.out is not None else (os.path.join(recipe.train.output_dir, "tokenizer")
+                                                 if recipe else None)
     jieba = bool(args.jieba) if args.jieba is not None else bool(recipe and recipe.data.jieba)
-    key = args.jsonl_key or (recipe.data.jsonl_key if recipe else "text")
+    key = args.jsonl_key if args.jsonl_key is not None else (recipe.data.jsonl_key if recipe else "text")
     missing = [flag for flag, v in (("--corpus", corpus), ("--vocab-size", vocab), ("--out", out)) if not v]
     if missing:
         raise UserError(f"without a recipe, give {', '.join(missing)}", where="command line")
+    vocab_key = "--vocab-size" if args.vocab_size is not None else "model.vocab_size"
     kind = args.tokenizer_type or (recipe.data.tokenizer_type if recipe else "sentencepiece")
     suffix = ".json" if kind == "byte_bpe" else ".model"
     path = out if out.endswith(suffix) else out + suffix
@@ -255,9 +275,9 @@ def run_tokenizer(args) -> int:
         if jieba:
             raise UserError("jieba pre-splitting is for sentencepiece tokenizers", where="command line", key="--jieba")
         from naohai.data.hf_tokenizer import train_byte_bpe
-        tok = train_byte_bpe(iter_documents(corpus, key), vocab, path, key="--vocab-size")
+        tok = train_byte_bpe(iter_documents(corpus, key), vocab, path, key=vocab_key)
     else:
-        tok = train_tokenizer(iter_documents(corpus, key), vocab, path, jieba=jieba)
+        tok = train_tokenizer(iter_documents(corpus, key), vocab, path, jieba=jieba, key=vocab_key)
     print(f"wrote {tok.path}: {tok.vocab_size} pieces, scheme {tok.scheme}, eod id {tok.eod_id}, "
           f"pad id {tok.pad_id}")
     return 0
@@ -290,23 +310,51 @@ def run_info(args) -> int:
     from naohai.data.prepared_dir import open_prepared
     from naohai.data.tokenizer import Tokenizer
 
+    if args.held_out_text is not None:
+        _check_new_file(args.held_out_text, "--held-out-text")
     prep = open_prepared(args.dir)
-    print(_summary(prep))
     path = prep.meta["tokenizer"]["path"]
+    if args.held_out_text is not None and not (path and os.path.exists(path)):
+        raise UserError(f"--held-out-text needs the tokenizer the data was made with, and {path} does not "
+                        f"exist", where=args.dir, key="--held-out-text")
+    print(_summary(prep))
     if path and os.path.exists(path):
         tok = Tokenizer.load(path)
         print("first training window, decoded:")
         print(repr(tok.decode(prep.window("train", 0))))
-    if args.held_out_text:
-        if not (path and os.path.exists(path)):
-            raise UserError(f"--held-out-text needs the tokenizer the data was made with, and {path} does not "
-                            f"exist", where=args.dir, key="--held-out-text")
+    if args.held_out_text is not None:
         docs = _split_documents(prep.tokens("valid"), prep.eod_id)
-        with open(args.held_out_text, "w", encoding="utf-8") as fh:
-            fh.write("\n\n".join(tok.decode(doc) for doc in docs) + "\n")
+        text = "\n\n".join(tok.decode(doc) for doc in docs) + "\n"
+        try:   # "x": never replaces a file, even one made since the check above
+            with open(args.held_out_text, "x", encoding="utf-8") as fh:
+                fh.write(text)
+        except FileExistsError:
+            raise UserError("exists; give a new file name (it is never replaced)", where=args.held_out_text,
+                            key="--held-out-text", rule="a file that does not exist yet") from None
+        except OSError as exc:
+            raise UserError(f"cannot be written: {exc.strerror or exc}", where=args.held_out_text,
+                            key="--held-out-text") from None
         print(f"held-out split: {len(docs)} documents, {int(prep.tokens('valid').size)} tokens -> "
               f"{args.held_out_text}")
     return 0
+
+
+def _check_new_file(path: str, flag: str) -> None:
+    """``path`` names a file that does not exist yet, in a folder that does: what a flag that writes a new
+    file (and must never replace one: it could be the data it reads) needs."""
+    rule = "a new file in an existing folder"
+    if not path.strip():
+        raise UserError("must not be empty; give a new file name", where="command line", key=flag, rule=rule)
+    if os.path.isdir(path):
+        raise UserError("is a folder; give a new file name", where=path, key=flag, rule=rule)
+    if os.path.lexists(path):
+        raise UserError("exists; give a new file name (it is never replaced)", where=path, key=flag, rule=rule)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"its folder {parent} does not exist (or is not a folder)", where=path, key=flag,
+                        rule=rule)
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"its folder {parent} is not writable", where=path, key=flag, rule=rule)
 
 
 def _split_documents(ids, eod_id: int):

@@ -24,6 +24,7 @@ import glob
 import json
 import math
 import os
+from fractions import Fraction
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Sequence, Tuple
 
@@ -99,10 +100,57 @@ def _stat(files):
     return [[os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns] for p in files]
 
 
+def _order_path(out: str) -> str:
+    return out[: -len(".json")] + ".order.npy" if out.endswith(".json") else out + ".order.npy"
+
+
+def check_out(out: str) -> None:
+    """``out`` can take a mixture: a new file, or an earlier mixture file (replaced), in a folder that exists or
+    can be made.  Checked before any work, so a mistake costs nothing and leaves nothing behind."""
+    rule = "a new .json file, or an earlier mixture file"
+    if not str(out).strip():
+        raise UserError("must not be empty", where="command line", key="--out", rule=rule)
+    path = os.path.abspath(out)
+    for p in (path, _order_path(path)):
+        if os.path.isdir(p):
+            raise UserError("is a folder; give a file name, e.g. data/mixture.json", where=p, key="--out", rule=rule)
+    if os.path.lexists(path):
+        try:
+            with open(path, "r", encoding="utf-8") as fh:
+                old = json.load(fh)
+        except (OSError, ValueError):
+            old = None
+        if not isinstance(old, dict) or old.get("format") != FORMAT:
+            raise UserError(f"exists and is not a mixture file ({FORMAT}); it is never replaced, give a new "
+                            f"file name", where=path, key="--out", rule=rule)
+    parent = os.path.dirname(path)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UserError(f"{parent} is not a folder, so the file cannot be made", where=path, key="--out", rule=rule)
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"the folder {parent} is not writable", where=path, key="--out", rule=rule)
+
+
+def _takes(sources: Sequence[MixSource], counts: Sequence[int], sizes: Sequence[int]) -> Tuple[List[Fraction], List[int]]:
+    """(shares, documents taken) in exact arithmetic: weights of any finite size (1e308 and 1e308, 1e300 and
+    1e-300) neither overflow nor underflow into NaN or a division by zero."""
+    weights = [Fraction(s.weight) for s in sources]
+    total_weight = sum(weights)
+    share = [w / total_weight for w in weights]
+    total = min(Fraction(s.max_epochs) * b / p for s, b, p in zip(sources, sizes, share))
+    take = [max(1, round(n * p * total / b)) for n, p, b in zip(counts, share, sizes)]
+    return share, take
+
+
 def build_mixture(sources: Sequence[MixSource], out: str, seed: int = 0, text_key: str = "text") -> Dict:
     """Write ``out`` (mixture.json) and its order file; returns the mixture description."""
     if not sources:
         raise UserError("give at least one source", where="command line")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise UserError(f"must be an integer >= 0, got {seed!r}", where="command line", key="--seed",
+                        rule="seed >= 0")
+    check_out(out)
     for s in sources:
         if not (math.isfinite(s.weight) and s.weight > 0):
             raise UserError(f"weight must be a finite number > 0, got {s.weight}", where=s.path)
@@ -116,10 +164,7 @@ def build_mixture(sources: Sequence[MixSource], out: str, seed: int = 0, text_ke
             raise UserError("holds no documents", where=s.path)
         counts.append(len(fidx))
         sizes.append(nbytes)
-    share = np.array([s.weight for s in sources], np.float64)
-    share /= share.sum()
-    total = min(s.max_epochs * b / p for s, b, p in zip(sources, sizes, share))
-    take = [max(1, int(round(n * p * total / b))) for n, p, b in zip(counts, share, sizes)]
+    share, take = _takes(sources, counts, sizes)
     children = np.random.SeedSequence(int(seed)).spawn(len(sources) + 1)
     picks = []
     for i, (n, k) in enumerate(zip(counts, take)):
@@ -131,8 +176,7 @@ def build_mixture(sources: Sequence[MixSource], out: str, seed: int = 0, text_ke
     order = np.concatenate(picks)
     order = order[np.random.default_rng(children[-1]).permutation(len(order))]
     out = os.path.abspath(out)
-    order_path = out[: -len(".json")] + ".order.npy" if out.endswith(".json") else out + ".order.npy"
-    os.makedirs(os.path.dirname(out), exist_ok=True)
+    order_path = _order_path(out)
     desc = {
         "format": FORMAT, "seed": int(seed), "text_key": text_key, "order": os.path.basename(order_path),
         "documents": int(len(order)),
@@ -140,11 +184,25 @@ def build_mixture(sources: Sequence[MixSource], out: str, seed: int = 0, text_ke
                      "files": _stat(fs), "documents": n, "bytes": b, "taken": k, "epochs": k / n}
                     for s, fs, n, b, k, p in zip(sources, files, counts, sizes, take, share)],
     }
-    np.save(order_path, order)
-    tmp = out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(desc, fh, indent=1)
-    os.replace(tmp, out)
+    # both files are written beside their names and renamed into place; a failure leaves no partial file
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"its folder cannot be made: {exc.strerror or exc}", where=out, key="--out") from None
+    order_tmp, tmp = order_path + ".tmp", out + ".tmp"
+    try:
+        with open(order_tmp, "wb") as fh:
+            np.save(fh, order)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(desc, fh, indent=1)
+        os.replace(order_tmp, order_path)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise UserError(f"cannot be written: {exc.strerror or exc}", where=out, key="--out") from None
+    finally:
+        for p in (order_tmp, tmp):
+            if os.path.lexists(p) and not os.path.isdir(p):
+                os.unlink(p)
     return desc
 
 

@@ -87,11 +87,14 @@ class ScoreSettings:
         if self.keep_fraction is not None and not (math.isfinite(self.keep_fraction)
                                                    and 0.0 < self.keep_fraction <= 1.0):
             raise UserError(f"must be in (0, 1], got {self.keep_fraction}", where=where, key="--keep-fraction")
-        for key, low in (("batch", 1), ("unit_docs", 1), ("shard_docs", 1), ("samples", 0)):
+        # batch: every model call is padded to it, so it is allocated whole; 4096 windows per call is far
+        # above what pays off, and a larger number (1e8 tried to allocate 96 GiB) is a typo
+        for key, low, high, shown in (("batch", 1, 4096, "4096"), ("unit_docs", 1, 10 ** 9, "1e9"),
+                                      ("shard_docs", 1, 10 ** 9, "1e9"), ("samples", 0, 10 ** 9, "1e9")):
             value = getattr(self, key)
-            if not (low <= value <= 10 ** 9):
-                raise UserError(f"must be an integer in [{low}, 1e9], got {value}", where=where,
-                                key="--" + key.replace("_", "-"))
+            if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
+                raise UserError(f"must be an integer in [{low}, {shown}], got {value}", where=where,
+                                key="--" + key.replace("_", "-"), rule=f"{low} <= {key} <= {shown}")
         return self
 
 
