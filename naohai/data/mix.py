@@ -132,7 +132,8 @@ def check_out(out: str) -> None:
         raise UserError(f"the folder {parent} is not writable", where=path, key="--out", rule=rule)
 
 
-def _takes(sources: Sequence[MixSource], counts: Sequence[int], sizes: Sequence[int]) -> Tuple[List[Fraction], List[int]]:
+def _takes(sources: Sequence[MixSource], counts: Sequence[int],
+           sizes: Sequence[int]) -> Tuple[List[Fraction], List[int]]:
     """(shares, documents taken) in exact arithmetic: weights of any finite size (1e308 and 1e308, 1e300 and
     1e-300) neither overflow nor underflow into NaN or a division by zero."""
     weights = [Fraction(s.weight) for s in sources]
