@@ -14,8 +14,6 @@ from naohai.validate import cli_int
 MAX_VOCAB_SIZE = 1 << 24
 # --workers: processes; more than this is a typo, and a huge number overflows the pool's C integers.
 MAX_WORKERS = 4096
-# --batch of `data score`: windows per model call (every call is padded to it, so it is allocated whole).
-MAX_SCORE_BATCH = 4096
 
 
 def _log(msg: str) -> None:
@@ -64,8 +62,8 @@ def register(subparsers) -> None:
     s.add_argument("--tokenizer", default=None, help="the model's tokenizer .model (default: the recipe's, "
                                                      "else the one beside the run)")
     s.add_argument("--text-key", default="text", help="key of the text in .jsonl inputs (default 'text')")
-    s.add_argument("--batch", type=cli_int(1, MAX_SCORE_BATCH), default=8,
-                   help=f"windows of seq_length per model call, 1 to {MAX_SCORE_BATCH} (default 8)")
+    s.add_argument("--batch", type=int, default=8,   # its bounds: ScoreSettings.validate (naohai.data.score)
+                   help="windows of seq_length per model call, 1 to 4096 (default 8)")
     s.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"), default="auto",
                    help="device (default auto = Ascend, else GPU, else CPU)")
     s.add_argument("--restart", action="store_true", help="discard an earlier run in --out with other inputs, "

@@ -47,6 +47,10 @@ from naohai.data.reader import Problem, fingerprint, read_inputs, resolve_inputs
 from naohai.data.rundir import atomic_write, finished_report, prepare_run_dir, remove_outputs, write_report
 from naohai.errors import UserError
 
+#: windows per model call (``--batch``): every call is padded to it, so it is allocated whole; 4096 is far above
+#: what pays off, and a larger number (1e8 tried to allocate 96 GiB) is a typo
+MAX_BATCH = 4096
+
 FORMAT = "naohai-score-v1"
 QUANTILES = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 _EXCERPT = 300
@@ -87,9 +91,7 @@ class ScoreSettings:
         if self.keep_fraction is not None and not (math.isfinite(self.keep_fraction)
                                                    and 0.0 < self.keep_fraction <= 1.0):
             raise UserError(f"must be in (0, 1], got {self.keep_fraction}", where=where, key="--keep-fraction")
-        # batch: every model call is padded to it, so it is allocated whole; 4096 windows per call is far
-        # above what pays off, and a larger number (1e8 tried to allocate 96 GiB) is a typo
-        for key, low, high, shown in (("batch", 1, 4096, "4096"), ("unit_docs", 1, 10 ** 9, "1e9"),
+        for key, low, high, shown in (("batch", 1, MAX_BATCH, str(MAX_BATCH)), ("unit_docs", 1, 10 ** 9, "1e9"),
                                       ("shard_docs", 1, 10 ** 9, "1e9"), ("samples", 0, 10 ** 9, "1e9")):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
