@@ -151,6 +151,9 @@ def versions() -> Dict[str, str]:
 
 def resolve_checkpoint(path: str) -> str:
     """Accept a checkpoint folder or a run folder (its newest checkpoint)."""
+    if not str(path).strip():
+        raise UserError("the checkpoint path is empty; give a checkpoint folder or a run folder",
+                        where="command line", rule="a non-empty path")
     if os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST)):
         return path
     if os.path.isdir(path):

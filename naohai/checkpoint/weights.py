@@ -103,6 +103,9 @@ def register_source(kind: str, accepts: Callable[[str], bool], open: Callable[[s
 def find_weights(path: str, verify: bool = True) -> Weights:
     """The weights at ``path`` (any registered kind), their recipe read, their tensors not yet; a naohai
     checkpoint is verified first (sizes and SHA-256; ``verify=False``: sizes only)."""
+    if not str(path).strip():
+        raise UserError("the model path is empty; give a run folder, a checkpoint folder, a model folder or a "
+                        "Hugging Face model folder", where="command line", rule="a non-empty path")
     if not os.path.exists(path):
         raise UserError("not found (expected a run folder, a checkpoint folder, a model folder or a Hugging Face "
                         "model folder)", where=path)

@@ -39,6 +39,8 @@ from naohai.convert import FORMATS
 from naohai.errors import UserError
 from naohai.validate import cli_seconds
 
+DEFAULT_SHARD_SIZE = "5GB"      # --to hf: transformers' own default largest shard
+
 
 def register(sub) -> None:
     p = sub.add_parser("ckpt", help="inspect, verify, merge, reshard or export a checkpoint")
@@ -91,8 +93,8 @@ def register(sub) -> None:
                                                "hf (a Hugging Face folder) or peft (a fine-tuning run's LoRA "
                                                "adapters as a PEFT folder); --to is the same")
     a.add_argument("--out", required=True, help="output file (a new folder for hf)")
-    a.add_argument("--shard-size", default="5GB", help="hf: largest safetensors shard (bytes, or with KB/MB/GB; "
-                                                       "default 5GB as transformers)")
+    a.add_argument("--shard-size", default=None, help="hf: largest safetensors shard (bytes, or with KB/MB/GB; "
+                                                       f"default {DEFAULT_SHARD_SIZE} as transformers)")
     a.add_argument("--no-verify", action="store_true",
                    help="skip the SHA-256 check of the source's files (sizes are still checked)")
     p.set_defaults(run=run)
@@ -106,6 +108,13 @@ def run(args) -> int:
                         where="command line", key="ACTION")
     if getattr(args, "out", None) is not None:
         _new_out(args.out)
+    for flag, dest, action, fmt in (("--shard-size", "shard_size", "export", "hf"),
+                                    ("--base", "base", "import", "peft")):
+        given = getattr(args, "format", None) if action == "export" else getattr(args, "fmt", None)
+        if args.action == action and getattr(args, dest, None) is not None and given != fmt:
+            via = "--to" if action == "export" else "--from"
+            raise UserError(f"{flag} is for `ckpt {action}` {via} {fmt}; with {via} {given} it would be ignored. "
+                            f"Drop it", where="command line", key=flag, rule=f"{flag} with {via} {fmt}")
     if args.action == "import":
         return _import(args)
     if args.action == "merge-adapter":
@@ -415,7 +424,8 @@ def _export_hf(args, path) -> int:
         tok = recipe.data.tokenizer
         tokenizer_dir = os.path.dirname(os.path.abspath(tok)) if tok and tok.endswith(".json") else None
     files = write_hf(args.out, recipe.model, weights, where=args.checkpoint, tokenizer_dir=tokenizer_dir,
-                     base_config=base, shard_bytes=_shard_bytes(args.shard_size))
+                     base_config=base,
+                     shard_bytes=_shard_bytes(DEFAULT_SHARD_SIZE if args.shard_size is None else args.shard_size))
     print(f"exported {args.checkpoint} -> {args.out} (Hugging Face: {', '.join(files)})")
     return 0
 

@@ -101,3 +101,26 @@ def test_shard_sizes_read_as_the_units_say():
     from naohai.commands.ckpt import _shard_bytes
     assert (_shard_bytes("5GB"), _shard_bytes("200MB"), _shard_bytes("1.5MiB"), _shard_bytes("1000000")) == \
         (5 * 10 ** 9, 200 * 10 ** 6, 3 * 2 ** 19, 10 ** 6)
+
+
+def test_a_flag_of_another_format_exits_2(tmp_path, capsys):
+    """`ckpt export --format pangu-alpha --shard-size nan` and `ckpt import --from pangu-alpha --base RUN` ignored
+    the flag (found by a probe)."""
+    cfg, fmt, w = setup("pangu")
+    src = write_ckpt(w, str(tmp_path / "ref.ckpt"))
+    model = str(tmp_path / "model")
+    assert main(["ckpt", "import", src, "--from", fmt, "--recipe", _recipe(tmp_path, "pangu"), "--out", model]) == 0
+    capsys.readouterr()
+    assert main(["ckpt", "export", model, "--format", fmt, "--shard-size", "1GB", "--out", str(tmp_path / "e")]) == 2
+    assert "key '--shard-size'" in capsys.readouterr().err
+    assert main(["ckpt", "import", src, "--from", fmt, "--recipe", _recipe(tmp_path, "pangu"), "--base", model,
+                 "--out", str(tmp_path / "i")]) == 2
+    assert "key '--base'" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists() and not (tmp_path / "i").exists()
+
+
+def test_an_empty_checkpoint_or_model_path_is_named(capsys):
+    for argv in (["ckpt", "inspect", ""], ["generate", ""]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "path is empty" in err and "Traceback" not in err
