@@ -14,6 +14,7 @@ from naohai.validate import cli_int
 MAX_VOCAB_SIZE = 1 << 24
 # --workers: processes; more than this is a typo, and a huge number overflows the pool's C integers.
 MAX_WORKERS = 4096
+DEFAULT_MASTER = "local[*]"     # --engine spark without --master: every core of this machine
 
 
 def _log(msg: str) -> None:
@@ -38,8 +39,8 @@ def register(subparsers) -> None:
     c.add_argument("--engine", choices=("local", "spark"), default="local",
                    help="local: worker processes on this machine (default); spark: Apache Spark (pip install "
                         "-e \".[spark]\" and a Java runtime), same steps, same output")
-    c.add_argument("--master", default="local[*]", help="Spark master URL for --engine spark: local[N], yarn, "
-                                                       "k8s://..., spark://... (default local[*])")
+    c.add_argument("--master", default=None, help="Spark master URL for --engine spark: local[N], yarn, "
+                                                   f"k8s://..., spark://... (default {DEFAULT_MASTER})")
     c.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for --engine spark (repeatable), e.g. spark.executor.memory=4g")
     c.add_argument("--split-mb", type=float, default=None,
@@ -114,10 +115,30 @@ def register(subparsers) -> None:
     p.set_defaults(run=lambda args: (p.print_help(), 2)[1])
 
 
+def _refuse_engine_strays(args) -> None:
+    """Exit 2 for a flag the chosen run of `data clean` would not read: Spark's flags with the local engine,
+    --workers with Spark (its task slots come from --master), the run's flags with --print-config."""
+    if args.print_config:
+        stray = [f for f, given in (("INPUT", bool(args.inputs)), ("--out", args.out is not None),
+                                    ("--workers", args.workers is not None), ("--restart", args.restart)) if given]
+        why = "--print-config prints the effective config and exits, cleaning nothing"
+    elif args.engine == "spark":
+        stray = ["--workers"] if args.workers is not None else []
+        why = "with --engine spark the task slots come from --master (local[N] or the cluster's executors)"
+    else:
+        stray = [f for f, given in (("--master", args.master is not None), ("--spark-conf", bool(args.spark_conf)),
+                                    ("--split-mb", args.split_mb is not None)) if given]
+        why = "they are --engine spark's, and this run uses the local engine"
+    if stray:
+        raise UserError(f"{', '.join(stray)} would be ignored: {why}. Drop {'it' if len(stray) == 1 else 'them'}",
+                        where="command line", key=stray[0], rule="flags of the chosen engine")
+
+
 def run_clean(args) -> int:
     from naohai.data.clean import clean, report_table
     from naohai.data.clean_config import load_clean_config
 
+    _refuse_engine_strays(args)
     cfg = load_clean_config(args.config)
     if args.print_config:
         import yaml
@@ -150,7 +171,8 @@ def run_clean(args) -> int:
                                           or not 0 < args.split_mb * (1 << 20) < 1 << 62):
             raise UserError(f"must be a size in MB above 0, got {args.split_mb:g}", where="command line",
                             key="--split-mb")
-        report = clean_spark(args.inputs, args.out, cfg, master=args.master, conf=conf, restart=args.restart,
+        report = clean_spark(args.inputs, args.out, cfg, master=args.master or DEFAULT_MASTER, conf=conf,
+                             restart=args.restart,
                              progress=not args.no_progress, split_bytes=(None if args.split_mb is None
                                                         else max(1, int(args.split_mb * (1 << 20)))),
                              lm_factory=lm_factory)

@@ -150,3 +150,15 @@ def test_score_batch_is_bounded(tmp_path, capsys):
         ScoreSettings(batch=100_000_000).validate()
     assert err.value.key == "--batch"
     assert ScoreSettings(batch=4096).validate().batch == 4096
+
+
+@pytest.mark.parametrize("extra,flag", [(["--master", "yarn"], "--master"), (["--spark-conf", "foo"], "--spark-conf"),
+                                        (["--split-mb", "nan"], "--split-mb"),
+                                        (["--engine", "spark", "--workers", "2"], "--workers"),
+                                        (["--print-config", "--workers", "2"], "INPUT")])
+def test_clean_flags_of_another_engine_exit_2(tmp_path, capsys, extra, flag):
+    """The local engine ignored --master / --spark-conf / --split-mb (even a malformed KEY=VALUE), Spark ignored
+    --workers, --print-config the run's flags (found by a probe); nothing is written."""
+    a = _source(tmp_path / "a.jsonl", 5)
+    _fails(capsys, ["data", "clean", a, "--out", str(tmp_path / "out"), "--no-progress", *extra], f"key '{flag}'")
+    assert not (tmp_path / "out").exists()
