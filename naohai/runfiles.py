@@ -8,7 +8,8 @@
   is the same for a ``with`` block: a command run in-process (a test, a notebook) gives its
   folder back when it returns or fails.
 * :func:`check_writable` refuses, up front, an output folder that is a file, sits under a
-  file, or cannot be written (read-only file system, permissions).
+  file, or cannot be written (read-only file system, permissions); :func:`existing_ancestor`
+  is where a new output file's missing folders would start (a file there blocks it).
 * :func:`temp_dir_beside` makes a uniquely named temporary folder next to a target (same
   file system, so the final ``os.replace`` is atomic); naohai only ever removes the
   temporaries it created this way, never a name a user may own (``<out>.tmp``).
@@ -40,6 +41,15 @@ def created_here(folder: str) -> bool:
     """Whether :func:`check_writable` created ``folder`` in this process."""
     folder = os.path.abspath(folder)
     return os.path.realpath(os.path.dirname(folder)) + os.sep + os.path.basename(folder) in _CREATED
+
+
+def existing_ancestor(path: str) -> str:
+    """The nearest existing ancestor of ``path``'s folder (``path`` itself not counted): the folder a new file
+    at ``path`` would be made in, with any missing folders between; a file there means it cannot be made."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    return parent
 
 
 def check_writable(folder: str, *, key: Optional[str] = None) -> str:

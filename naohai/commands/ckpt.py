@@ -37,6 +37,7 @@ from pathlib import Path
 from naohai.commands._args import allow_intermixed
 from naohai.convert import FORMATS
 from naohai.errors import UserError
+from naohai.runfiles import existing_ancestor
 from naohai.validate import cli_seconds
 
 DEFAULT_SHARD_SIZE = "5GB"      # --to hf: transformers' own default largest shard
@@ -137,9 +138,7 @@ def _new_out(out: str) -> None:
     if os.path.lexists(out):
         raise UserError("already exists; choose a new path (nothing is overwritten)", where=out, key="--out",
                         rule="a new path")
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
+    parent = existing_ancestor(out)
     if not os.path.isdir(parent):
         raise UserError(f"lies under {parent}, which is a file, not a folder", where=out, key="--out",
                         rule="a new path")

@@ -146,9 +146,6 @@ def run_clean(args) -> int:
         return 0
     if not args.inputs or not args.out:
         raise UserError("give INPUT... and --out DIR", where="command line")
-    if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
-        raise UserError(f"must be an integer in [1, {MAX_WORKERS}], got {args.workers}", where="command line",
-                        key="--workers", rule=f"1 <= workers <= {MAX_WORKERS}")
     lm_factory = None
     if cfg.perplexity.enabled:
         pp = cfg.perplexity

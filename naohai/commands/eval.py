@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from naohai.runfiles import existing_ancestor
 from naohai.validate import INT_MAX, cli_int
 
 #: most rows of one forward (--batch): far beyond any device's memory for a real model, small enough that
@@ -101,9 +102,7 @@ def check_out(out, model, key="--out") -> None:
             raise UserError(f"already exists and is not a results file of `naohai eval --tasks` for {whose}; "
                             f"choose a new path (nothing is overwritten)", where=out, key=key, rule=rule)
         return
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
+    parent = existing_ancestor(out)
     if not os.path.isdir(parent):
         raise UserError(f"lies under {parent}, which is a file, not a folder", where=out, key=key, rule=rule)
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -206,7 +205,8 @@ def run_tasks(args) -> int:
     out = args.out or os.path.join(dt.results_dir(args.model, scorer.checkpoint),
                                    f"step_{step}.json" if step is not None else "results.json")
     own = args.model if args.out is not None else None
-    check_out(out, own, key="--out")
+    if args.out is None:                     # a given --out was checked before anything was loaded
+        check_out(out, own, key="--out")
     t0 = time.time()
     results = dt.run(lm, prepared, log_samples=args.log_samples)
     seconds = time.time() - t0

@@ -21,6 +21,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from naohai.errors import UserError
+    from naohai.runfiles import existing_ancestor
     from naohai.train.plots import save_metrics_png
 
     if args.label and len(args.label) != len(args.runs):
@@ -37,9 +38,7 @@ def run(args) -> int:
                         key="--out")
     if os.path.isdir(out):
         raise UserError("is a folder; give the PNG file to write", where=out, key="--out")
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
+    parent = existing_ancestor(out)
     if not os.path.isdir(parent):
         raise UserError(f"lies under {parent}, which is a file, not a folder", where=out, key="--out")
     print(f"plot: {save_metrics_png(args.runs, out, args.label, args.title)}")

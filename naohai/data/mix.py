@@ -31,6 +31,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 import numpy as np
 
 from naohai.errors import UserError
+from naohai.runfiles import existing_ancestor
 
 FORMAT = "naohai-mixture-v1"
 
@@ -123,9 +124,7 @@ def check_out(out: str) -> None:
         if not isinstance(old, dict) or old.get("format") != FORMAT:
             raise UserError(f"exists and is not a mixture file ({FORMAT}); it is never replaced, give a new "
                             f"file name", where=path, key="--out", rule=rule)
-    parent = os.path.dirname(path)
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
+    parent = existing_ancestor(path)
     if not os.path.isdir(parent):
         raise UserError(f"{parent} is not a folder, so the file cannot be made", where=path, key="--out", rule=rule)
     if not os.access(parent, os.W_OK):
