@@ -100,6 +100,12 @@ def _positive(cfg, keys, bad, least: int = 1) -> None:
             bad(key, f"must be a positive integer, got {getattr(cfg, key)}")
 
 
+#: the largest peak learning rate and gradient clip a recipe may ask for, the smallest Adam epsilon
+MAX_LR = 1.0
+MAX_GRAD_CLIP = 1e6
+MIN_ADAM_EPS = 1e-30
+
+
 @dataclass
 class LRScheduleConfig:
     """The learning rate per optimizer step (naohai/train/schedule.py)."""
@@ -123,6 +129,9 @@ class LRScheduleConfig:
             bad("decay_steps", f"must be a positive integer (or left out for train.steps), got {self.decay_steps}")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             bad("min_lr", f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}")
+        if self.lr > MAX_LR:
+            bad("lr", f"{self.lr} is above {MAX_LR:g}: an AdamW step moves each weight by about lr, so the first "
+                      "steps would overwrite the weights (and overflow float32)", f"0 < lr <= {MAX_LR:g}")
         if self.warmup_steps < 0:
             bad("warmup_steps", "must be >= 0")
 
@@ -137,8 +146,23 @@ class OptimizerConfig:
     grad_clip: float = 1.0           # global-norm clip; 0 disables
 
     def validate(self, where: str, prefix: str) -> None:
+        bad = _complainer(where, prefix)
         if self.grad_clip < 0:
-            _complainer(where, prefix)("grad_clip", "must be >= 0 (0 disables clipping)")
+            bad("grad_clip", "must be >= 0 (0 disables clipping)")
+        if self.grad_clip > MAX_GRAD_CLIP:
+            # float32 turns a clip above 3.4e38 into inf, and inf / max(norm, inf) wrote NaN into every weight
+            bad("grad_clip", f"{self.grad_clip} is above {MAX_GRAD_CLIP:g}, where the clip never acts; 0 turns "
+                             "clipping off", f"grad_clip == 0 or 0 < grad_clip <= {MAX_GRAD_CLIP:g}")
+        for key in ("adam_beta1", "adam_beta2"):
+            if not 0 < getattr(self, key) < 1:
+                bad(key, f"must lie strictly between 0 and 1 (Adam's moment decay), got {getattr(self, key)}",
+                    "0 < beta < 1")
+        if not MIN_ADAM_EPS <= self.adam_eps <= 1:
+            bad("adam_eps", f"must be between {MIN_ADAM_EPS:g} and 1, got {self.adam_eps} (smaller rounds to 0 in "
+                            "float32, and a weight whose moments are 0 then divides 0 by 0)",
+                f"{MIN_ADAM_EPS:g} <= adam_eps <= 1")
+        if self.weight_decay < 0:
+            bad("weight_decay", f"must be >= 0, got {self.weight_decay}")
 
 
 @dataclass
@@ -166,9 +190,10 @@ class GuardConfig:
             bad("spike_factor", f"must be 0 (off) or > 1, got {self.spike_factor}")
         _positive(self, ("spike_warmup", "spike_window", "max_skipped_steps"), bad)
         ls = self.loss_scale
-        if ls.window < 1 or ls.factor <= 1 or ls.min_scale <= 0 or ls.init < ls.min_scale:
-            bad("loss_scale", f"need window >= 1, factor > 1, min_scale > 0 and init >= min_scale, got "
-                              f"window={ls.window} factor={ls.factor} min_scale={ls.min_scale} init={ls.init}")
+        if ls.window < 1 or not 1 < ls.factor <= 2 ** 16 or ls.min_scale <= 0 or not ls.min_scale <= ls.init <= 2 ** 64:
+            # a larger scale or factor is inf in float32: every step non-finite, skipped until the run stops
+            bad("loss_scale", f"need window >= 1, 1 < factor <= 2^16, min_scale > 0 and min_scale <= init <= 2^64, "
+                              f"got window={ls.window} factor={ls.factor} min_scale={ls.min_scale} init={ls.init}")
 
 
 @dataclass
@@ -299,6 +324,10 @@ class TrainConfig:
             bad("device", f"'{self.device}' is not one of {', '.join(DEVICES)}.{did_you_mean(self.device, DEVICES)}")
         for name in TRAIN_SECTIONS:
             getattr(self, name).validate(where, prefix)
+        if self.lr_schedule.lr * self.optimizer.weight_decay >= 1:
+            bad("weight_decay", f"lr x weight_decay = {self.lr_schedule.lr} x {self.optimizer.weight_decay} must be "
+                                "below 1: AdamW multiplies each decayed weight by 1 - lr x weight_decay every step",
+                "lr * weight_decay < 1")
         self.eval.validate(where, f"{prefix}.eval")
 
 

@@ -203,10 +203,21 @@ def test_train_keys_stay_flat_and_land_in_their_small_config(tmp_path):
     ("train.log_every=0", "train.log_every", "positive integer"),
     ("train.device_peak_tflops=-2", "train.device_peak_tflops", "TFLOP/s"),
     ("train.eval_every=0", "train.eval_every", "positive integer"),
-    ("train.loss_scale.factor=1", "train.loss_scale", "factor > 1"),
+    ("train.loss_scale.factor=1", "train.loss_scale", "1 < factor <= 2^16"),
     ("train.seed=-1", "train.seed", ">= 0"),             # MindSpore's set_seed raised after the run folder was made
     ("data.shuffle_seed=-1", "data.shuffle_seed", ">= 0"),   # NumPy's default_rng raised (a traceback)
     ("train.output_dir=", "train.output_dir", "is empty"),
+    # found by a probe: a clip of 1e300 is inf in float32 and the first step wrote NaN into every weight; an
+    # epsilon of 0 or a beta of 1.5 was MindSpore's traceback once the data was prepared; lr 1e30 accepted
+    ("train.grad_clip=1e300", "train.grad_clip", "0 turns clipping off"),
+    ("train.adam_beta1=1.5", "train.adam_beta1", "strictly between 0 and 1"),
+    ("train.adam_beta2=0", "train.adam_beta2", "strictly between 0 and 1"),
+    ("train.adam_eps=0", "train.adam_eps", "between 1e-30 and 1"),
+    ("train.adam_eps=1e-50", "train.adam_eps", "between 1e-30 and 1"),
+    ("train.weight_decay=-0.1", "train.weight_decay", ">= 0"),
+    ("train.weight_decay=2000", "train.weight_decay", "must be below 1"),
+    ("train.lr=1e30", "train.lr", "overwrite the weights"),
+    ("train.loss_scale.init=1e300", "train.loss_scale", "init <= 2^64"),
 ])
 def test_each_small_train_config_names_its_flat_key(override, key, words):
     with pytest.raises(UserError) as info:
