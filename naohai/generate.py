@@ -234,10 +234,26 @@ class Generator:
         self.model.set_train(False)
         self.decoder = CachedDecoder(self.model, self.cfg, pad_id=self.tokenizer.pad_id)
 
+    def _ids(self, prompts: Sequence[str]) -> List[List[int]]:
+        ids = [self.tokenizer.encode(p) if p else [] for p in prompts]
+        return [x or [self.tokenizer.eod_id] for x in ids]
+
+    def window_notes(self, prompts: Sequence[str], max_new_tokens: int) -> List[str]:
+        """What the model's window will cut, said before generating: a prompt longer than the window is read
+        from its end, and generation stops once the longest prompt's row fills the window."""
+        limit = self.cfg.positions - self.decoder.virtual
+        lengths = [len(x) for x in self._ids(prompts)]
+        notes = [f"prompt {i} has {n} tokens, more than the model's window of {limit} positions holds: only "
+                 f"its last {limit - 1} are read" for i, n in enumerate(lengths, 1) if n > limit - 1]
+        room = limit - min(max(lengths), limit - 1) + 1
+        if max_new_tokens > room:
+            notes.append(f"--max-new-tokens {max_new_tokens}: at most {room} new tokens fit the model's window of "
+                         f"{limit} positions after the longest prompt, so generation stops there")
+        return notes
+
     def generate_batch(self, prompts: Sequence[str], cfg: SamplingConfig,
                        stream: Optional[Callable[[int, str], None]] = None) -> List[str]:
-        ids = [self.tokenizer.encode(p) if p else [] for p in prompts]
-        ids = [x or [self.tokenizer.eod_id] for x in ids]
+        ids = self._ids(prompts)
         on_token = None if stream is None else (lambda row, tok: stream(row, self.tokenizer.decode([tok])))
         new = self.decoder.generate_ids(ids, cfg, self.tokenizer.vocab_size, self.tokenizer.eod_id, on_token)
         return [self.tokenizer.decode(x) for x in new]

@@ -76,6 +76,18 @@ def test_generate_from_checkpoint(tmp_path, micro_data, capsys):
     huge = gen.decoder.generate_ids([[5, 6, 7]], SamplingConfig(max_new_tokens=10 ** 9, temperature=0),
                                     gen.tokenizer.vocab_size)
     assert len(huge[0]) == recipe.model.seq_length - 3 + 1
+    # ... and the command says so before generating (it cut the request silently), as it does for a prompt
+    # longer than the window, which is read from its end
+    assert gen.window_notes(["The "], 8) == []
+    n = len(gen.tokenizer.encode("The "))
+    room = recipe.model.seq_length - n + 1
+    assert gen.window_notes(["The "], room) == [] and len(gen.window_notes(["The "], room + 1)) == 1
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "The ", "--prompt", "x " * 200,
+                 "--max-new-tokens", "1000", "--temperature", "0"]) == 0
+    err = capsys.readouterr().err
+    assert f"prompt 2 has {len(gen.tokenizer.encode('x ' * 200))} tokens" in err
+    assert f"only its last {recipe.model.seq_length - 1} are read" in err
+    assert "--max-new-tokens 1000: at most 2 new tokens fit" in err
     # a prompt that is not UTF-8 (bytes the locale could not decode reach argv as surrogates)
     assert main(["generate", str(tmp_path / "run"), "--prompt", "ok", "--prompt", "caf\udce9"]) == 2
 

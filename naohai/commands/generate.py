@@ -43,6 +43,8 @@ def run(args) -> int:
                          args.frequency_penalty, args.presence_penalty)
     cfg.validate()
     gen = Generator(args.checkpoint, device=args.device, verify=not args.no_verify)
+    for note in gen.window_notes(prompts, cfg.max_new_tokens):
+        print(f"naohai: note: {note}", file=sys.stderr)
     if args.stream:
         sys.stdout.write(prompts[0])
         gen.generate_batch(prompts, cfg, stream=lambda _row, text: (sys.stdout.write(text), sys.stdout.flush()))
