@@ -34,6 +34,10 @@ TOKENIZER_TYPES = ("sentencepiece", "byte_bpe")
 
 
 DATA_FORMATS = ("text", "sft")
+#: what leaving out a path key means (an empty path is refused rather than read so)
+_LEFT_OUT = {"tokenizer": "a tokenizer trained into train.output_dir",
+             "prepared_dir": "<train.output_dir>/data", "init_from": "fresh weights",
+             "device_profile": "the detected device's peak"}
 
 
 @dataclass
@@ -56,6 +60,15 @@ class DataConfig:
     def validate(self, where: str = "recipe", prefix: str = "data") -> None:
         if not self.corpus:
             raise UserError("needs at least one corpus source", where=where, key=f"{prefix}.corpus")
+        for i, source in enumerate(self.corpus):
+            if not str(source).strip():
+                raise UserError("is empty; give a file, folder, glob or builtin: source", where=where,
+                                key=f"{prefix}.corpus[{i}]", rule="a non-empty source")
+        for key in ("tokenizer", "prepared_dir"):      # "" read as left out: a new tokenizer, the default folder
+            value = getattr(self, key)
+            if value is not None and not str(value).strip():
+                raise UserError(f"is empty; give a path, or leave the key out for {_LEFT_OUT[key]}", where=where,
+                                key=f"{prefix}.{key}", rule="a non-empty path or left out")
         if self.format not in DATA_FORMATS:
             raise UserError(f"'{self.format}' is not one of {', '.join(DATA_FORMATS)}."
                             f"{did_you_mean(self.format, DATA_FORMATS)}", where=where, key=f"{prefix}.format")
@@ -104,6 +117,9 @@ def _positive(cfg, keys, bad, least: int = 1) -> None:
 MAX_LR = 1.0
 MAX_GRAD_CLIP = 1e6
 MIN_ADAM_EPS = 1e-30
+#: the largest spike factor (0 turns the guard off): a gradient norm a million times its running mean is past
+#: any spike the guard is for, and above 3.4e38 the factor is inf in float32 (inf x a zero mean is NaN)
+MAX_SPIKE_FACTOR = 1e6
 
 
 @dataclass
@@ -188,11 +204,17 @@ class GuardConfig:
         bad = _complainer(where, prefix)
         if self.spike_factor != 0 and self.spike_factor <= 1:
             bad("spike_factor", f"must be 0 (off) or > 1, got {self.spike_factor}")
+        if self.spike_factor > MAX_SPIKE_FACTOR:
+            bad("spike_factor", f"{self.spike_factor} is above {MAX_SPIKE_FACTOR:g}, where the guard never acts "
+                                f"(above 3.4e38 it is inf in float32); 0 turns the guard off",
+                f"spike_factor == 0 or 1 < spike_factor <= {MAX_SPIKE_FACTOR:g}")
         _positive(self, ("spike_warmup", "spike_window", "max_skipped_steps"), bad)
         ls = self.loss_scale
-        if ls.window < 1 or not 1 < ls.factor <= 2 ** 16 or ls.min_scale <= 0 or not ls.min_scale <= ls.init <= 2 ** 64:
-            # a larger scale or factor is inf in float32: every step non-finite, skipped until the run stops
-            bad("loss_scale", f"need window >= 1, 1 < factor <= 2^16, min_scale > 0 and min_scale <= init <= 2^64, "
+        if (ls.window < 1 or not 1 < ls.factor <= 2 ** 16 or not 2 ** -64 <= ls.min_scale
+                or not ls.min_scale <= ls.init <= 2 ** 64):
+            # a larger scale or factor is inf in float32: every step non-finite, skipped until the run stops; a
+            # min_scale of 1e-300 is 0 in float32, and a scale of 0 unscales the gradients by 1 / 0
+            bad("loss_scale", f"need window >= 1, 1 < factor <= 2^16 and 2^-64 <= min_scale <= init <= 2^64, "
                               f"got window={ls.window} factor={ls.factor} min_scale={ls.min_scale} init={ls.init}")
 
 
@@ -200,12 +222,18 @@ class GuardConfig:
 class CheckpointConfig:
     """When checkpoints are written and which are kept (naohai/checkpoint/store.py)."""
     save_every: int = 100
-    keep_checkpoints: int = 3        # keep the last K checkpoints ...
+    keep_checkpoints: int = 3        # keep the last K checkpoints (0 = keep every checkpoint) ...
     keep_every: int = 0              # ... and every checkpoint whose step is a multiple of this (0 = none)
     async_save: bool = False         # write checkpoint files in the background while training goes on
 
     def validate(self, where: str, prefix: str) -> None:
-        _positive(self, ("save_every",), _complainer(where, prefix))
+        bad = _complainer(where, prefix)
+        _positive(self, ("save_every",), bad)
+        meaning = {"keep_checkpoints": "0 keeps every checkpoint",
+                   "keep_every": "0 keeps none besides the last keep_checkpoints"}
+        for key, zero in meaning.items():
+            if getattr(self, key) < 0:      # read as 0 by the retention, silently
+                bad(key, f"must be an integer >= 0 ({zero}), got {getattr(self, key)}", f"{key} >= 0")
 
 
 @dataclass
@@ -220,6 +248,10 @@ class LoggingConfig:
         _positive(self, ("log_every",), bad)
         if self.device_peak_tflops is not None and not 0 < self.device_peak_tflops < 1e6:
             bad("device_peak_tflops", f"must be a positive number of TFLOP/s, got {self.device_peak_tflops}")
+        if self.device_profile is not None and not str(self.device_profile).strip():
+            # which profiles exist is the planner's to say (naohai/strategy/profiles.py recipe_profile)
+            bad("device_profile", f"is empty; give a profile, or leave the key out for {_LEFT_OUT['device_profile']}",
+                "a non-empty name or left out")
 
 
 @dataclass
@@ -317,6 +349,9 @@ class TrainConfig:
             bad("seed", f"must be an integer >= 0, got {self.seed}", "seed >= 0")
         if not str(self.output_dir or "").strip():
             bad("output_dir", "is empty; give the run's folder", "a non-empty path")
+        if self.init_from is not None and not str(self.init_from).strip():
+            bad("init_from", f"is empty; give a run, checkpoint or model folder, or leave the key out for "
+                             f"{_LEFT_OUT['init_from']}", "a non-empty path or left out")
         if self.global_batch_size % self.micro_batch_size:
             bad("global_batch_size", f"{self.global_batch_size} is not a multiple of micro_batch_size "
                                      f"{self.micro_batch_size}", "global_batch_size % micro_batch_size == 0")
@@ -350,6 +385,8 @@ def _plain(value: Any) -> Any:
 
 # --------------------------------------------------------------------------- finetune
 FINETUNE_METHODS = ("lora", "prefix", "prompt", "adapter", "llama_adapter")
+#: the largest LoRA scale alpha / rank: float16's largest finite value (the scale is cast to the compute dtype)
+MAX_LORA_SCALE = 65504.0
 #: the keys each method reads (``method`` aside); a stated key of another method is refused
 FINETUNE_KEYS = {"lora": ("rank", "alpha", "dropout", "targets"), "prefix": ("num_virtual_tokens",),
                  "prompt": ("num_virtual_tokens",), "adapter": ("bottleneck",),
@@ -393,12 +430,27 @@ class FinetuneConfig:
         if self.method == "lora":
             if not self.alpha > 0:
                 raise UserError(f"must be positive, got {self.alpha}", where=where, key="finetune.alpha")
+            if not str(self.targets).strip():       # an empty pattern is found in every op name
+                raise UserError("is empty; give a regular expression searched in the linear ops' names ('.' adapts "
+                                "every one)", where=where, key="finetune.targets", rule="a non-empty pattern")
+            if self.alpha / self.rank > MAX_LORA_SCALE:
+                # the scale is a tensor of the compute dtype: inf times the zero-initialised B is NaN at once
+                raise UserError(f"alpha / rank = {self.alpha} / {self.rank} = {self.alpha / self.rank:g} scales the "
+                                f"adapter's output; above {MAX_LORA_SCALE:g}, float16's largest value, it is inf in "
+                                f"float16 (and at 3.4e38 in float32), and inf times the zero-initialised B is NaN "
+                                f"at the first step", where=where, key="finetune.alpha",
+                                rule=f"0 < alpha / rank <= {MAX_LORA_SCALE:g}")
             if not 0.0 <= self.dropout < 1.0:
                 raise UserError(f"must be in [0, 1), got {self.dropout}", where=where, key="finetune.dropout")
 
     def fits(self, cfg: ModelConfig, where: str = "recipe") -> None:
         """The rules of this section that depend on the model ``cfg`` (exit 2 naming the key)."""
         method = self.method
+        if method == "adapter" and int(self.bottleneck) > cfg.hidden_size:
+            raise UserError(f"is {self.bottleneck}, wider than the model's hidden_size {cfg.hidden_size}: the "
+                            f"adapter's down projection [hidden -> bottleneck] has rank at most hidden_size, so a "
+                            f"wider one adds parameters (2 x layers x hidden x bottleneck) but no capacity",
+                            where=where, key="finetune.bottleneck", rule="1 <= bottleneck <= model.hidden_size")
         if method in ("prefix", "prompt"):
             n = int(self.num_virtual_tokens)
             if n + cfg.seq_length > cfg.positions:
@@ -627,8 +679,11 @@ def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
     for section in ("data", "train", "finetune"):
         if raw.get(section) is not None and not isinstance(raw[section], dict):
             raise UserError("must be a mapping", where=where, key=section)
+    name = raw.get("name")              # str() of a list or a mapping was taken as the name; null = left out
+    if name is not None and (isinstance(name, bool) or not isinstance(name, (str, int, float))):
+        raise UserError(f"must be a line of text, got {name!r}", where=where, key="name", rule="type: string")
     recipe = Recipe(
-        name=str(raw.get("name", "recipe")),
+        name=str("recipe" if name is None else name),
         model=build_section(ModelConfig, model_raw, where, "model"),
         data=build_section(DataConfig, raw.get("data") or {}, where, "data"),
         train=build_section(TrainConfig, raw.get("train") or {}, where, "train"),

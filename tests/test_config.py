@@ -218,11 +218,67 @@ def test_train_keys_stay_flat_and_land_in_their_small_config(tmp_path):
     ("train.weight_decay=2000", "train.weight_decay", "must be below 1"),
     ("train.lr=1e30", "train.lr", "overwrite the weights"),
     ("train.loss_scale.init=1e300", "train.loss_scale", "init <= 2^64"),
+    # found by a probe: min_scale 1e-300 is 0 in float32 (the gradients unscaled by 1 / 0); a negative keep count
+    # was read as 0 (keep everything); a spike factor of 1e300 is inf in float32; an empty init_from trained from
+    # fresh weights; an unknown device_profile was a UserError blamed on --profile after data and model were built
+    ("train.loss_scale.min_scale=1e-300", "train.loss_scale", "2^-64 <= min_scale"),
+    ("train.keep_checkpoints=-1", "train.keep_checkpoints", "0 keeps every checkpoint"),
+    ("train.keep_every=-2", "train.keep_every", ">= 0"),
+    ("train.spike_factor=1e300", "train.spike_factor", "0 turns the guard off"),
+    ("train.init_from=", "train.init_from", "is empty"),
+    ("train.device_profile=", "train.device_profile", "is empty"),
 ])
 def test_each_small_train_config_names_its_flat_key(override, key, words):
     with pytest.raises(UserError) as info:
         load_recipe("tiny", [override])
     assert info.value.key == key and words in info.value.message
+
+
+@pytest.mark.parametrize("overrides,key,words", [
+    # found by a probe: each was accepted; a negative norm_eps or a rope_base of 0 or below made the first loss
+    # NaN, norm_eps 1e300 (inf in float32) or init_std 0 gave no weight a gradient, init_std 1e30 a NaN gradient;
+    # num_kv_heads / max_positions 0 were read as left out; 2^31 - 1 layers was a MemoryError in `naohai plan`
+    (["model.norm_eps=-1e-5"], "model.norm_eps", "between 1e-30 and 1"),
+    (["model.norm_eps=0"], "model.norm_eps", "between 1e-30 and 1"),
+    (["model.norm_eps=1e300"], "model.norm_eps", "between 1e-30 and 1"),
+    (["model.rope_base=0"], "model.rope_base", "must be above 1"),
+    (["model.rope_base=-10000"], "model.rope_base", "must be above 1"),
+    (["model.init_std=0"], "model.init_std", "above 0 and at most 1"),
+    (["model.init_std=-0.02"], "model.init_std", "above 0 and at most 1"),
+    (["model.init_std=1e30"], "model.init_std", "above 0 and at most 1"),
+    (["model.num_kv_heads=0"], "model.num_kv_heads", "left out for num_heads"),
+    (["model.max_positions=0"], "model.max_positions", "left out for seq_length"),
+    (["model.num_layers=2147483647"], "model.num_layers", "more than 10,000"),
+    (["model.vocab_size=2147483647", "model.vocab_pad_multiple=1000"], "model.vocab_size", "more than 2^31"),
+    (["model.preset=[tiny]"], "model.preset", "must be a preset name"),      # a TypeError (unhashable list)
+    (["model.family=[naohai]", "model.preset=null"], "model.family", "must be a family name"),
+    (["name=[a, b]"], "name", "line of text"),
+    # data: an empty tokenizer trained a new one, an empty prepared_dir used the default folder
+    (["data.tokenizer="], "data.tokenizer", "is empty"),
+    (["data.prepared_dir="], "data.prepared_dir", "is empty"),
+    (["data.corpus=[builtin:pydoc, '']"], "data.corpus[1]", "is empty"),
+    # finetune: alpha 1e300 is an inf scale (NaN at the first step); an empty pattern adapts every op; a
+    # bottleneck of 2^31 - 1 was accepted (8 TB of adapters)
+    (["finetune.method=lora", "finetune.alpha=1e300"], "finetune.alpha", "float16's largest value"),
+    (["finetune.method=lora", "finetune.targets="], "finetune.targets", "is empty"),
+    (["finetune.method=adapter", "finetune.bottleneck=2147483647"], "finetune.bottleneck", "wider than"),
+])
+def test_each_model_data_and_finetune_key_names_its_rule(overrides, key, words):
+    with pytest.raises(UserError) as info:
+        load_recipe("tiny", overrides)
+    assert info.value.key == key and words in info.value.message and info.value.rule
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model.rope_base=500000", "model.norm_eps=1e-6"],           # LLaMA 3's theta, LLaMA's RMSNorm eps
+    ["model.norm_eps=1.5625e-07", "model.init_std=1"],           # GLM-4's eps; the largest std
+    ["model.num_layers=10000", "model.vocab_size=250880", "model.vocab_pad_multiple=1"],   # BLOOM's vocabulary
+    ["train.keep_checkpoints=0", "train.spike_factor=1000000", "train.loss_scale.min_scale=1e-5"],
+    ["finetune.method=lora", "finetune.alpha=524032"],           # alpha / rank 8 = 65504
+    ["finetune.method=adapter", "finetune.bottleneck=128"],      # as wide as hidden
+])
+def test_the_bounds_keep_the_values_published_models_use(overrides):
+    load_recipe("tiny", overrides)
 
 
 def test_an_unknown_train_key_lists_the_flat_keys(tmp_path):

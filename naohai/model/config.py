@@ -14,6 +14,17 @@ from typing import Optional
 from naohai.errors import UserError, did_you_mean
 from naohai.model import families
 
+#: most decoder layers: ten times the deepest transformer published (DeepNet, 1,000 layers); the model and the
+#: planner hold a cell and ~27 named ops per layer (10,000 layers took 26 s and 260 MB to plan; 2^31 was a
+#: MemoryError in the strategy check, and a million would take ~26 GB)
+MAX_LAYERS = 10_000
+#: most rows of the (padded) embedding: token ids are int32 (the loader's batches, the embedding lookup)
+MAX_TOKEN_ROWS = 2 ** 31
+#: smallest norm epsilon: float32 holds nothing positive below ~1e-38 (1e-45 subnormal), so a smaller one is 0
+MIN_NORM_EPS = 1e-30
+#: largest init_std: the standard deviation of the drawn weights, against the unit scale of the normed activations
+MAX_INIT_STD = 1.0
+
 
 @dataclass
 class ModelConfig:
@@ -136,6 +147,21 @@ class ModelConfig:
                     "seq_length", "vocab_pad_multiple"):
             if getattr(self, key) <= 0:
                 bad(key, f"must be a positive integer, got {getattr(self, key)}")
+        for key, instead in (("num_kv_heads", "num_heads"), ("max_positions", "seq_length")):
+            value = getattr(self, key)
+            if value is not None and value < 1:     # 0 read as 'left out' (the `or` of kv_heads / positions)
+                bad(key, f"must be a positive integer, or left out for {instead}, got {value}",
+                    f"{key} >= 1 or left out")
+        if self.num_layers > MAX_LAYERS:
+            bad("num_layers", f"{self.num_layers:,} layers is more than {MAX_LAYERS:,}, ten times the deepest "
+                              f"transformer published (DeepNet, 1,000 layers): the model and the planner hold a "
+                              f"cell and its ops per layer (10,000 take ~30 s and 260 MB to plan)",
+                f"1 <= num_layers <= {MAX_LAYERS}")
+        if self.padded_vocab_size > MAX_TOKEN_ROWS:
+            key = "vocab_pad_multiple" if self.vocab_pad_multiple > self.vocab_size else "vocab_size"
+            bad(key, f"vocab_size {self.vocab_size} padded to a multiple of {self.vocab_pad_multiple} is "
+                     f"{self.padded_vocab_size:,} rows, more than 2^31: token ids are int32 (the loader's batches "
+                     f"and the embedding lookup)", "padded vocab_size <= 2^31")
         if self.hidden_size % self.num_heads:
             bad("num_heads", f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}",
                 "hidden_size % num_heads == 0")
@@ -144,6 +170,23 @@ class ModelConfig:
                 "num_heads % num_kv_heads == 0")
         if not 0.0 < self.rotary_fraction <= 1.0:
             bad("rotary_fraction", f"must be in (0, 1], got {self.rotary_fraction}")
+        if not self.rope_base > 1:
+            bad("rope_base", f"must be above 1, got {self.rope_base}: RoPE turns pair i of each head by "
+                             f"rope_base^(-2i/d) radians per token, a real number only for a positive base (0 or "
+                             f"below made the loss NaN) and slower for each later pair only above 1 (published: "
+                             f"10,000 and up)", "rope_base > 1")
+        if not MIN_NORM_EPS <= self.norm_eps <= 1:
+            bad("norm_eps", f"must be between {MIN_NORM_EPS:g} and 1, got {self.norm_eps}: it is added to the "
+                            f"variance the norm divides by, so it must stay positive in float32 (below 0 the loss "
+                            f"was NaN; at 0 a constant row divides 0 by 0) and below the unit variance the norm "
+                            f"makes (above it the norm stops normalising; at 1e300, inf in float32, nothing before "
+                            f"a norm got a gradient)", f"{MIN_NORM_EPS:g} <= norm_eps <= 1")
+        if not 0 < self.init_std <= MAX_INIT_STD:
+            bad("init_std", f"must be above 0 and at most {MAX_INIT_STD:g}, got {self.init_std}: the weights are "
+                            f"drawn from N(0, init_std) (published models: 0.02 or less); at 0 every gradient is "
+                            f"0, and above {MAX_INIT_STD:g} the weights outgrow the unit-scale activations the "
+                            f"norms make (at 1e30 the first gradient was NaN)",
+                f"0 < init_std <= {MAX_INIT_STD:g}")
         if self.position == "rope" and (self.rotary_dim % 2 or self.rotary_dim == 0):
             bad("rotary_fraction" if self.rotary_fraction < 1 else "hidden_size",
                 f"RoPE needs an even, non-zero number of rotated dimensions, got {self.rotary_dim} "

@@ -109,6 +109,13 @@ def _links(raw, where: str) -> Tuple[Link, ...]:
     return tuple(out)
 
 
+#: the smallest peak (TFLOP/s) and sustained fraction of it a profile may state: 1 GFLOP/s is slower than one
+#: CPU core, 0.1% of peak below any matmul; the planner divides FLOPs by peak x efficiency, and 1e-300 x 1e-300
+#: underflowed to 0 (a ZeroDivisionError)
+MIN_PEAK_TFLOPS = 1e-3
+MIN_MATMUL_EFFICIENCY = 1e-3
+
+
 def check_profile(merged: Dict, where: str) -> DeviceProfile:
     """Validate a profile mapping (every number finite and in range) and build it."""
     v = validate
@@ -117,14 +124,33 @@ def check_profile(merged: Dict, where: str) -> DeviceProfile:
     links = merged["links"] if isinstance(merged["links"], tuple) else _links(merged["links"], where)
     return DeviceProfile(
         name=v.string(merged["name"], where, "name"), memory_gb=mem, reserve_gb=reserve,
-        peak_tflops_16=v.number(merged["peak_tflops_16"], where, "peak_tflops_16", above=0, maximum=1e6),
-        peak_tflops_32=v.number(merged["peak_tflops_32"], where, "peak_tflops_32", above=0, maximum=1e6),
+        peak_tflops_16=v.number(merged["peak_tflops_16"], where, "peak_tflops_16", minimum=MIN_PEAK_TFLOPS,
+                                maximum=1e6),
+        peak_tflops_32=v.number(merged["peak_tflops_32"], where, "peak_tflops_32", minimum=MIN_PEAK_TFLOPS,
+                                maximum=1e6),
         links=links,
         devices_per_node=v.integer(merged["devices_per_node"], where, "devices_per_node", 1, v.MAX_DEVICES),
         matmul_efficiency=v.number(merged.get("matmul_efficiency", 0.5), where, "matmul_efficiency",
-                                   above=0, maximum=1),
+                                   minimum=MIN_MATMUL_EFFICIENCY, maximum=1),
         dp_overlap=v.number(merged.get("dp_overlap", 0.5), where, "dp_overlap", minimum=0, maximum=1),
         source=v.string(merged.get("source", f"user profile {where}"), where, "source"))
+
+
+def recipe_profile(name: Optional[str], where: str) -> Optional[DeviceProfile]:
+    """The profile a recipe's ``train.device_profile`` names (None: left out), checked when the run is planned:
+    the trainer reads it at the first logged step on Ascend and GPU, after the data is prepared and the model
+    built, and a mistake then was blamed on ``--profile``."""
+    if name is None:
+        return None
+    if name not in PROFILES and not str(name).endswith((".yaml", ".yml")):
+        raise UserError(f"'{name}' is no built-in profile and no .yaml file.{did_you_mean(name, PROFILES)} Built-in: "
+                        f"{', '.join(PROFILES)}", where=where, key="train.device_profile",
+                        rule="a built-in profile or a YAML file")
+    try:
+        return load_profile(name)
+    except UserError as err:       # names the profile file and its key; say which recipe key pointed there
+        raise UserError(f"names a device profile that does not load: {err}", where=where, key="train.device_profile",
+                        rule=err.rule or "a built-in profile or a YAML profile that loads") from None
 
 
 def load_profile(name_or_path: str) -> DeviceProfile:

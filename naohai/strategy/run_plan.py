@@ -37,6 +37,7 @@ from naohai.config import Recipe, load_recipe
 from naohai.strategy.batch import adopt_batch
 from naohai.strategy.compat import check_compat
 from naohai.strategy.lora import check_adapters
+from naohai.strategy.profiles import recipe_profile
 from naohai.strategy.resolve import ResolvedStrategy, check_strategy, single_device_strategy
 from naohai.strategy.schema import Strategy, load_strategy
 
@@ -80,6 +81,7 @@ def plan_run(recipe: Union[Recipe, str], strategy: Union[None, str, Strategy] = 
                                                      for key, value in flags.items()})
         train.validate(where="command line")
         recipe = dataclasses.replace(recipe, train=train)
+    recipe_profile(recipe.train.logging.device_profile, recipe.source or "recipe")
     recipe, adopted = adopt_batch(recipe, strategy)
     resolved = check_strategy(strategy, recipe, devices, micro_batch_size, global_batch)
     if compat:

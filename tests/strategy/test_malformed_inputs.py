@@ -55,6 +55,8 @@ STRATEGIES = [
     ("layer-range-float", 'mesh: {data: 2}\nlayers:\n  "0-1e3": {recompute: full}', 'layers."0-1e3"'),
     ("recompute-comm-int", 'mesh: {data: 2}\nlayers:\n  all: {recompute: {mode: full, comm: 1}}', "comm"),
     ("select-nan", 'mesh: {data: 2}\nlayers:\n  all: {recompute: {select: [.nan]}}', "select[0]"),
+    ("name-list", "mesh: {data: 2}\nname: [a, b]", "key 'name'"),          # str() of the list was the name
+    ("comment-mapping", "mesh: {data: 2}\ncomment: {a: 1}", "key 'comment'"),
     ("yaml-syntax", "mesh: {data: 2", "not valid YAML"),
     ("top-level-list", "- mesh", "mapping"),
 ]
@@ -66,6 +68,17 @@ RECIPES = [
     ("rope-base-inf", "model: {preset: tiny, rope_base: .inf}", "model.rope_base"),
     ("dropout-inf", "model: {preset: tiny, dropout: .inf}", "model.dropout"),
     ("vocab-negative", "model: {preset: tiny, vocab_size: -5}", "model.vocab_size"),
+    # found by a probe: 2^31 - 1 layers was a MemoryError traceback in `plan`; the others were accepted
+    ("layers-huge", "model: {preset: tiny, num_layers: 2147483647}", "model.num_layers"),
+    ("norm-eps-zero", "model: {preset: tiny, norm_eps: 0}", "model.norm_eps"),
+    ("rope-base-negative", "model: {preset: tiny, rope_base: -10000}", "model.rope_base"),
+    ("init-std-huge", "model: {preset: tiny, init_std: 1.0e+300}", "model.init_std"),
+    ("kv-heads-zero", "model: {preset: tiny, num_kv_heads: 0}", "model.num_kv_heads"),
+    ("preset-list", "model: {preset: [tiny]}", "model.preset"),
+    # read at the first logged step on Ascend and GPU, after data and model: refused when the run is planned
+    ("device-profile-unknown", "model: {preset: tiny}\ntrain: {device_profile: ascend-910c}", "train.device_profile"),
+    ("device-profile-missing-file", "model: {preset: tiny}\ntrain: {device_profile: /nowhere/p.yaml}",
+     "train.device_profile"),
     ("global-batch-huge", "model: {preset: tiny}\ntrain: {global_batch_size: 1.0e+21}", "train.global_batch_size"),
     ("micro-batch-nan", "model: {preset: tiny}\ntrain: {micro_batch_size: .nan}", "train.micro_batch_size"),
     ("micro-batch-zero", "model: {preset: tiny}\ntrain: {micro_batch_size: 0}", "train.micro_batch_size"),
@@ -98,6 +111,9 @@ PROFILES_BAD = [
     ("unknown-key", "memory_gbs: 8", "memory_gbs"),
     ("unknown-base", "base: ascend-911", "base"),
     ("duplicate-key", "memory_gb: 8\nmemory_gb: 16", "duplicate key 'memory_gb'"),
+    # found by a probe: the planner divides FLOPs by peak x efficiency, which underflowed to 0 (ZeroDivisionError)
+    ("peak-underflow", "peak_tflops_32: 1.0e-300\npeak_tflops_16: 1.0e-300", "peak_tflops_16"),
+    ("matmul-efficiency-underflow", "matmul_efficiency: 1.0e-300", "matmul_efficiency"),
 ]
 
 # (id, extra argv for `plan ...`, text the error must contain)

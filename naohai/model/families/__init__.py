@@ -124,6 +124,10 @@ def model_fields(raw: Mapping[str, Any], where: str = "recipe") -> Dict[str, Any
     preset = raw.pop("preset", None)
     if raw.get("family") is None:
         raw.pop("family", None)
+    for key, value in (("preset", preset), ("family", raw.get("family"))):
+        if value is not None and not isinstance(value, str):   # a list or mapping was a TypeError (unhashable)
+            raise UserError(f"must be a {key} name, got {value!r}", where=where, key=f"model.{key}",
+                            rule=f"model.{key} is a string")
     if preset is not None:
         family = preset_family(preset, where)
         if raw.get("family") is not None and raw["family"] != family.name:
