@@ -21,11 +21,17 @@ COMPILED_GROUP = "compiled-layouts"
 FIRST = (COMPILED_GROUP, "tests/test_readme.py")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """For ``pytest -n 2 --dist loadgroup`` (the README's test command): a test module is one unit of
     work (its module fixtures are built once), except the tests that use ``compiled_layout``, which are
     one unit together (its session cache then compiles each layout once); the two longest units go
-    first, so that the workers end together.  Without pytest-xdist the marks do nothing."""
+    first, so that the workers end together.  Without pytest-xdist the marks do nothing.
+
+    ``tryfirst``: pytest-xdist's worker reads the marks in its own hook of this name (it appends the group to
+    each test's id, which is what keeps a group on one worker), and plugins registered after this file run
+    first; without it the marks came too late and every test was a unit of its own (both workers compiled the
+    same layouts and built the same module fixtures)."""
     for item in items:
         group = COMPILED_GROUP if "compiled_layout" in getattr(item, "fixturenames", ()) else \
             item.nodeid.split("::", 1)[0]
