@@ -10,7 +10,8 @@ the rule, which the CLI prints as one paragraph with exit code 2.
   expand beyond :data:`MAX_YAML_NODES` values (an alias bomb), before expanding them.
 * :func:`integer` and :func:`number` refuse booleans, strings, ``.nan`` and
   ``.inf``, fractions where an integer is meant, and values outside the range
-  (every integer has an upper bound, so ``1e21`` devices is an error, not a plan).
+  (every integer has an upper bound, so ``1e21`` devices is an error, not a plan;
+  an integer of 400 digits, beyond a float's range, is one too).
 * :func:`cli_int` makes argparse ``type=`` converters with the same rules for
   integer flags.
 """
@@ -110,7 +111,18 @@ def _describe(value: Any) -> str:
         return ".nan"
     if isinstance(value, float) and math.isinf(value):
         return ".inf" if value > 0 else "-.inf"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 12:
+        return _big(value)
     return repr(value)
+
+
+def _big(n: int) -> str:
+    """A large integer as 1e+30; YAML and JSON integers have no bound, and beyond 1.8e308 ``float(n)``
+    (and ``f"{n:g}"``) raise OverflowError, so the digits are counted instead."""
+    if abs(n) < 10 ** 300:
+        return f"{float(n):g}"
+    digits = str(abs(n))
+    return f"{'-' if n < 0 else ''}{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
 
 
 def integer(value: Any, where: Optional[str], key: str, minimum: Optional[int] = None,
@@ -125,7 +137,7 @@ def integer(value: Any, where: Optional[str], key: str, minimum: Optional[int] =
         _fail(where, key, f"must be {rng}, got {value!r} (not whole)", "type: integer")
     n = int(value)
     if (minimum is not None and n < minimum) or n > maximum:
-        _fail(where, key, f"must be {rng}, got {n:g}" if abs(n) > 1e12 else f"must be {rng}, got {n}",
+        _fail(where, key, f"must be {rng}, got {_describe(n)}",
               (f"{minimum} <= " if minimum is not None else "") + f"{key.split('.')[-1]} <= {maximum}")
     return n
 
@@ -145,7 +157,10 @@ def number(value: Any, where: Optional[str], key: str, minimum: Optional[float] 
     rng = "a finite number" + (" " + " and ".join(parts) if parts else "")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         _fail(where, key, f"must be {rng}, got {_describe(value)}", "type: number")
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:            # an integer beyond 1.8e308 (YAML and JSON integers have no bound)
+        x = math.inf
     if not math.isfinite(x):
         _fail(where, key, f"must be {rng}, got {_describe(value)}", "finite number")
     bad = ((minimum is not None and x < minimum) or (maximum is not None and x > maximum)

@@ -17,6 +17,19 @@ def test_integer_refuses(value):
     assert e.value.where == "f.yaml" and e.value.key == "mesh.data" and e.value.rule
 
 
+@pytest.mark.parametrize("check", [validate.integer, validate.number])
+@pytest.mark.parametrize("digits", [20, 309, 400])
+def test_integers_beyond_a_floats_range_are_refused_not_overflowed(check, digits):
+    """YAML and JSON integers have no bound: 1 followed by 400 zeros (beyond float's 1.8e308) was an
+    OverflowError traceback from float(); it is an out-of-range value like 1e21, named by its magnitude."""
+    for value in (10 ** digits, -(10 ** digits)):
+        with pytest.raises(UserError) as e:
+            check(value, "adapter_config.json", "lora_alpha", 1, 1000)
+        text = str(e.value)
+        assert e.value.key == "lora_alpha" and e.value.rule and len(text) < 200, text
+        assert f"{'-' if value < 0 else ''}1{'.00' if digits >= 300 else ''}e+{digits}" in text, text
+
+
 def test_integer_without_minimum_states_only_the_upper_bound():
     with pytest.raises(UserError) as e:
         validate.integer(10 ** 12, "r.yaml", "model.hidden_size")

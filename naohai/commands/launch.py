@@ -56,13 +56,19 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import contextlib
 
+    from naohai.devices import runs_on_cpu
     from naohai.launch.devices import worker_count
     from naohai.runfiles import holding_folder
+    from naohai.strategy.host_memory import check_host_memory
     from naohai.strategy.run_plan import plan_run
 
     workers = worker_count(args.strategy, args.devices_per_node, args.nodes)
     # every recipe and strategy rule first (no MindSpore yet): a mistake is told as itself, busy folder or not
     planned = plan_run(args.recipe, args.strategy, list(args.overrides))
+    if not args.dry_run:
+        # this node's CPU workers share its memory: a run too big for it is told before the folder is taken
+        check_host_memory(planned, processes=max(1, workers // max(1, args.nodes)),
+                          on_cpu=lambda: runs_on_cpu(args.device or planned.recipe.train.device))
     output_dir = planned.recipe.train.output_dir
     # the run folder belongs to this launch for its whole life: a second launch (or train) on it exits 2
     # naming this process; the workers msrun starts are its descendants and share the lock

@@ -45,7 +45,9 @@ def _run(args) -> int:
     import os
     from naohai.config import load_recipe
     from naohai.errors import UserError
+    from naohai.devices import runs_on_cpu
     from naohai.runfiles import holding_folder
+    from naohai.strategy.host_memory import check_host_memory
     from naohai.strategy.run_plan import plan_run
 
     if args.no_resume and args.resume_from:
@@ -67,6 +69,8 @@ def _run(args) -> int:
     run = plan_run(load_recipe(args.recipe, overrides), args.strategy)
     if os.environ.get("MS_ROLE"):
         return _train(args, run)     # under msrun rank 0 locks the folder once the ranks are known (naohai.train.job)
+    # a run too big for this machine's CPU: told before the folder is taken or the data prepared
+    check_host_memory(run, processes=1, on_cpu=lambda: runs_on_cpu(args.device or run.recipe.train.device))
     # one process: the run folder is locked before MindSpore is imported, so a second job on it is told at once
     with holding_folder(run.recipe.train.output_dir, "training run", key="train.output_dir"):
         return _train(args, run)

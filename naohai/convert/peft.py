@@ -13,6 +13,13 @@ as naohai does (one tensor, [out, in]) are written; a fused or transposed one is
 (:mod:`naohai.model.finetune`): prefix tuning (``PREFIX_TUNING``) and prompt tuning
 (``PROMPT_TUNING``) as the one ``prompt_embeddings`` tensor, LLaMA-Adapter (``ADAPTION_PROMPT``, the
 llama family's module names) as ``adaption_prompt`` / ``adaption_gate`` per adapted layer.
+
+An imported folder is user input: every number naohai reads from ``adapter_config.json`` (``r``,
+``lora_alpha``, ``lora_dropout``, ``num_virtual_tokens``, ``adapter_len``, ``adapter_layers``,
+``num_transformer_submodules``) goes through :mod:`naohai.validate` (no booleans, strings, NaN,
+Infinity, fractions for integers, or values out of range), ``lora_alpha / r`` keeps the recipe's
+bound (:data:`naohai.config.MAX_LORA_SCALE`), and the safetensors' tensors must be floating point
+with finite values in float32; else exit 2 naming the file, the key and the rule.
 """
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from naohai import validate
+from naohai.config import MAX_LORA_SCALE
 from naohai.errors import UserError
 from naohai.model.config import ModelConfig
 
@@ -104,9 +113,24 @@ def _read_weights(weights_path: str) -> Dict[str, np.ndarray]:
                         where=weights_path)
     try:
         from safetensors.numpy import load_file
-        return load_file(weights_path)
+        tensors = load_file(weights_path)
     except Exception as exc:     # noqa: BLE001 - any unreadable file is the same user error
         raise UserError(f"cannot be read as safetensors ({type(exc).__name__}: {exc})", where=weights_path) from None
+    out = {}
+    for name, value in tensors.items():
+        if value.dtype.kind != "f":
+            raise UserError(f"holds {name!r} as {value.dtype}; an adapter's tensors are floating point (read as "
+                            f"float32, they would be its numbers silently)", where=weights_path, key=name,
+                            rule="floating-point tensors")
+        with np.errstate(over="ignore"):     # beyond float32's range: inf, refused below
+            value = np.asarray(value, np.float32)
+        bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+        if bad:
+            raise UserError(f"holds {name!r} with {bad} of its {value.size} values NaN or infinite (in float32, "
+                            f"naohai's type); the adapted model's outputs would be NaN", where=weights_path, key=name,
+                            rule="finite values")
+        out[name] = value
+    return out
 
 
 def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
@@ -123,15 +147,11 @@ def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
         if value != plain and not (plain in ({}, None) and not value):
             raise UserError(f"is {value!r}; naohai's LoRA has no such variant (it needs {plain!r})",
                             where=config_path, key=key)
-    rank, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise UserError(f"must be a positive integer, got {rank!r}", where=config_path, key="r")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 0:
-        raise UserError(f"must be a positive number, got {alpha!r}", where=config_path, key="lora_alpha")
+    rank, alpha, dropout = _lora_numbers(config, config_path)
     tensors = _read_weights(weights_path)
     ops = {module: name[:-len("_weight")] for name, module in _modules(cfg, where_base).items()}
     dims = lora_ops(cfg)
-    adapters: Dict[str, np.ndarray] = {}
+    factors = []
     for key, value in sorted(tensors.items()):
         prefix, suffix = "base_model.model.", None
         for end, ab in ((".lora_A.weight", "a"), (".lora_B.weight", "b")):
@@ -145,23 +165,44 @@ def read_peft_lora(folder: str, cfg: ModelConfig, where_base: str = "--base"):
         if op is None or op not in dims:
             raise UserError(f"base mismatch: {module} (tensor {key!r}) is not a linear layer LoRA adapts in the base "
                             f"model ({cfg.family}, {cfg.num_layers} layers)", where=weights_path, key="target_modules")
+        factors.append((key, value, op, suffix))
+    if factors:       # the rank against the adapted weights before their shapes (r = 1e30 is this rule's)
+        smallest = min(min(dims[op]) for _, _, op, _ in factors)
+        if rank > smallest:
+            raise UserError(f"is {rank}, more than {smallest}, the smallest dimension of the adapted weights",
+                            where=config_path, key="r",
+                            rule="r <= the smallest dimension of each adapted weight")
+    adapters: Dict[str, np.ndarray] = {}
+    for key, value, op, suffix in factors:
         out, inn = dims[op]
         want = (rank, inn) if suffix == "a" else (out, rank)
         if tuple(value.shape) != want:
             raise UserError(f"base mismatch: {key} has shape {tuple(value.shape)}; rank {rank} over the base's "
                             f"{op} ([{out}, {inn}]) needs {want}", where=weights_path, key="r")
-        adapters[f"{op}.lora_{suffix}"] = np.asarray(value, np.float32)
+        adapters[f"{op}.lora_{suffix}"] = value
     pairs = {n[:-len(".lora_a")] for n in adapters if n.endswith(".lora_a")}
     lone = sorted({n.rsplit(".", 1)[0] for n in adapters} - pairs) + sorted(
         p for p in pairs if f"{p}.lora_b" not in adapters)
     if not adapters or lone:
         raise UserError(f"holds {'no LoRA factors' if not adapters else f'A without B or B without A for {lone[:3]}'}",
                         where=weights_path)
-    smallest = min(min(dims[p]) for p in pairs)
-    if rank > smallest:
-        raise UserError(f"is {rank}, more than {smallest}, the smallest dimension of the adapted weights",
-                        where=config_path, key="r")
-    return adapters, rank, float(alpha), float(config.get("lora_dropout") or 0.0)
+    return adapters, rank, alpha, dropout
+
+
+def _lora_numbers(config: dict, where: str):
+    """``(r, lora_alpha, lora_dropout)`` of a LoRA adapter_config.json, each checked as the recipe's
+    ``finetune`` keys are (:class:`naohai.config.FinetuneConfig`): exit 2 naming the file, the key, the rule."""
+    rank = validate.integer(config.get("r"), where, "r", minimum=1)
+    alpha = validate.number(config.get("lora_alpha"), where, "lora_alpha", above=0)
+    if alpha / rank > MAX_LORA_SCALE:
+        # the scale is a tensor of the compute dtype: inf times B is inf or NaN in every adapted layer
+        raise UserError(f"lora_alpha / r = {alpha:g} / {rank} = {alpha / rank:g} scales the adapter's output; above "
+                        f"{MAX_LORA_SCALE:g}, float16's largest value, it is inf in float16 (and at 3.4e38 in "
+                        f"float32), and the adapted layers would give inf or NaN", where=where, key="lora_alpha",
+                        rule=f"0 < lora_alpha / r <= {MAX_LORA_SCALE:g}")
+    dropout = config.get("lora_dropout")
+    dropout = 0.0 if dropout is None else validate.number(dropout, where, "lora_dropout", minimum=0, below=1)
+    return rank, alpha, dropout
 
 
 # --------------------------------------------------------------------------- prefix, prompt, adaption prompt
@@ -227,10 +268,7 @@ def write_peft(out: str, cfg: ModelConfig, ft, tensors: Dict[str, np.ndarray], b
 
 
 def _positive(config: dict, key: str, where: str) -> int:
-    value = config.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UserError(f"must be a positive integer, got {value!r}", where=where, key=key)
-    return value
+    return validate.integer(config.get(key), where, key, minimum=1)
 
 
 def read_peft(folder: str, cfg: ModelConfig, where_base: str = "--base"):
@@ -238,6 +276,9 @@ def read_peft(folder: str, cfg: ModelConfig, where_base: str = "--base"):
     prompt tuning or adaption prompt) for a base of model ``cfg``; exit 2 naming file and key otherwise."""
     config_path, weights_path, config = _read_config(folder)
     kind = config.get("peft_type")
+    if not isinstance(kind, str):
+        raise UserError(f"must name the method as a string ({', '.join(sorted(PEFT_TYPES.values()))}), got "
+                        f"{kind!r}", where=config_path, key="peft_type", rule="type: string")
     if kind == "LORA":
         adapters, rank, alpha, dropout = read_peft_lora(folder, cfg, where_base)
         import re
@@ -252,14 +293,17 @@ def read_peft(folder: str, cfg: ModelConfig, where_base: str = "--base"):
     if config.get("task_type") not in (None, "CAUSAL_LM"):
         raise UserError(f"is {config.get('task_type')!r}; naohai's models are causal LMs ('CAUSAL_LM')",
                         where=config_path, key="task_type")
-    if int(config.get("num_transformer_submodules") or 1) != 1:
-        raise UserError("must be 1 (a decoder-only model)", where=config_path, key="num_transformer_submodules")
+    submodules = config.get("num_transformer_submodules")
+    if submodules is not None and validate.integer(submodules, config_path, "num_transformer_submodules",
+                                                   minimum=1) != 1:
+        raise UserError(f"is {submodules}; it must be 1 (a decoder-only model)", where=config_path,
+                        key="num_transformer_submodules", rule="num_transformer_submodules == 1")
     tensors = _read_weights(weights_path)
 
     def shaped(key: str, want) -> np.ndarray:
         if key not in tensors:
             raise UserError(f"has no tensor {key!r}", where=weights_path)
-        value = np.asarray(tensors[key], np.float32)
+        value = tensors[key]
         if tuple(value.shape) != tuple(want):
             raise UserError(f"base mismatch: {key} has shape {tuple(value.shape)}; this base model "
                             f"({cfg.family}, {cfg.num_layers} layers, hidden {cfg.hidden_size}) needs {tuple(want)}",
@@ -268,6 +312,11 @@ def read_peft(folder: str, cfg: ModelConfig, where_base: str = "--base"):
 
     if method in ("prefix", "prompt"):
         n = _positive(config, "num_virtual_tokens", config_path)
+        if n + cfg.seq_length > cfg.positions:      # FinetuneConfig.fits's rule, before the tensor's shape
+            raise UserError(f"is {n}: the virtual tokens come before the base model's "
+                            f"{cfg.seq_length} tokens, and together they exceed the {cfg.positions} positions it "
+                            f"numbers (its model.max_positions)", where=config_path, key="num_virtual_tokens",
+                            rule="num_virtual_tokens + the base's seq_length <= its max_positions")
         width = cfg.num_layers * 2 * cfg.kv_heads * cfg.head_dim if method == "prefix" else cfg.hidden_size
         out = {f"{method}.embedding": shaped(_EMBEDDINGS, (n, width))}
         return {"method": method, "num_virtual_tokens": n}, out
@@ -276,7 +325,7 @@ def read_peft(folder: str, cfg: ModelConfig, where_base: str = "--base"):
     layers = _positive(config, "adapter_layers", config_path)
     if layers > cfg.num_layers:
         raise UserError(f"is {layers}, more than the base model's {cfg.num_layers} layers", where=config_path,
-                        key="adapter_layers")
+                        key="adapter_layers", rule="1 <= adapter_layers <= the base's num_layers")
     out = {}
     for i in range(cfg.num_layers - layers, cfg.num_layers):
         out[f"layers.{i}.attention.adaption_prompt"] = shaped(_adaption_key(i, "prompt"),

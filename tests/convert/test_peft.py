@@ -141,6 +141,9 @@ def _edit_config(folder, **changes):
     ("wrong_rank", "adapter_model.safetensors", "r"),
     ("other_base", "adapter_model.safetensors", "target_modules"),
     ("no_base", "command line", "--base"),
+    ("int_weights", "adapter_model.safetensors", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
+    ("nan_weights", "adapter_model.safetensors", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
+    ("f64_overflow", "adapter_model.safetensors", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
 ])
 def test_bad_peft_imports_exit_2_naming_the_file(imported_llama, tmp_path, capsys, damage, where, key):
     from safetensors.numpy import load_file, save_file
@@ -169,6 +172,20 @@ def test_bad_peft_imports_exit_2_naming_the_file(imported_llama, tmp_path, capsy
         save_file(tensors, weights)
     elif damage == "no_base":
         argv = argv[:5] + argv[7:]
+    elif damage in ("int_weights", "nan_weights", "f64_overflow"):
+        tensors = load_file(weights)
+        name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+        value = tensors[name]
+        if damage == "int_weights":            # read as float32 it would be numbers nobody trained
+            value = np.ones(value.shape, np.int32)
+        elif damage == "nan_weights":
+            value = value.copy()
+            value[0, 0] = np.nan
+        else:                                  # finite in float64, inf in float32 (naohai's type)
+            value = value.astype(np.float64)
+            value[0, 0] = 1e300
+        tensors[name] = value
+        save_file(tensors, weights)
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -176,3 +193,79 @@ def test_bad_peft_imports_exit_2_naming_the_file(imported_llama, tmp_path, capsy
     if key:
         assert f"'{key}'" in err, err
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def lora_adapter(imported_llama):
+    """A pristine LoRA adapter made by peft (r 4, q_proj and v_proj of the hidden-144 llama), copied per test."""
+    root, src, _ = imported_llama
+    return _peft_adapter(src, str(root / "lora-r4"), targets=("q_proj", "v_proj"), r=4, alpha=16)
+
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)      # 65504: the largest LoRA scale the compute dtype holds
+
+
+@pytest.mark.parametrize("key, value, rule", [
+    ("lora_alpha", float("inf"), "finite number"),           # json reads Infinity and NaN
+    ("lora_alpha", float("nan"), "finite number"),
+    ("lora_alpha", 10 ** 400, "finite number"),               # a JSON integer beyond float's range
+    ("lora_alpha", 4 * FLOAT16_MAX + 1, "0 < lora_alpha / r <= 65504"),
+    ("lora_alpha", 1e300, "0 < lora_alpha / r <= 65504"),
+    ("lora_alpha", 0, "lora_alpha > 0"),
+    ("lora_alpha", -16, "lora_alpha > 0"),
+    ("lora_alpha", True, "type: number"),
+    ("lora_alpha", "16", "type: number"),
+    ("lora_alpha", [16], "type: number"),
+    ("lora_alpha", None, "type: number"),
+    ("lora_dropout", float("nan"), "finite number"),
+    ("lora_dropout", float("inf"), "finite number"),
+    ("lora_dropout", 1.0, "lora_dropout >= 0 and < 1"),
+    ("lora_dropout", -0.1, "lora_dropout >= 0 and < 1"),
+    ("lora_dropout", "0.1", "type: number"),
+    ("lora_dropout", True, "type: number"),
+    ("r", 10 ** 30, "1 <= r <= 2147483647"),
+    ("r", 10 ** 400, "1 <= r <= 2147483647"),
+    ("r", 145, "r <= the smallest dimension of each adapted weight"),     # q_proj / v_proj are [144, 144]
+    ("r", -4, "1 <= r <= 2147483647"),
+    ("r", 4.5, "type: integer"),
+    ("r", float("inf"), "finite integer"),
+    ("r", "4", "type: integer"),
+    ("r", [4], "type: integer"),
+    ("r", False, "type: integer"),
+    ("peft_type", ["LORA"], "type: string"),
+])
+def test_bad_lora_config_numbers_exit_2_naming_the_key_and_rule(lora_adapter, imported_llama, tmp_path, capsys,
+                                                                  key, value, rule):
+    """Every number naohai reads from a LoRA adapter_config.json: NaN, Infinity, huge, zero, negative, a boolean,
+    string or list is refused before anything is written, naming the file, the key and the rule (a probe found
+    lora_alpha: Infinity accepted; lora_dropout "x" was a ValueError traceback)."""
+    import shutil
+    _, _, base = imported_llama
+    adapter = str(tmp_path / "adapter")
+    shutil.copytree(lora_adapter, adapter)
+    _edit_config(adapter, **{key: value})
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["ckpt", "import", "--from", "peft", adapter, "--base", base, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and os.path.join(adapter, CONFIG) in err, err
+    assert f"key '{key}'" in err and f"(rule: {rule})" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("changes", [{"lora_alpha": 4 * FLOAT16_MAX}, {"lora_dropout": None}, {"r": 4.0}])
+def test_lora_config_numbers_at_the_bounds_import(lora_adapter, imported_llama, tmp_path, changes):
+    """The largest scale float16 holds (alpha / r = 65504), PEFT's null dropout (read as 0) and r written 4.0
+    import; the adapter folder's recipe holds them."""
+    import shutil
+    from naohai.checkpoint.weights import find_weights
+    _, _, base = imported_llama
+    adapter = str(tmp_path / "adapter")
+    shutil.copytree(lora_adapter, adapter)
+    _edit_config(adapter, **changes)
+    out = str(tmp_path / "out")
+    assert main(["ckpt", "import", "--from", "peft", adapter, "--base", base, "--out", out]) == 0
+    ft = find_weights(out).recipe.finetune
+    assert ft.rank == 4 and isinstance(ft.rank, int)
+    assert ft.alpha == changes.get("lora_alpha", 16) and ft.dropout == 0.0
+    assert ft.alpha / ft.rank <= FLOAT16_MAX and np.isfinite(np.float16(ft.alpha / ft.rank))

@@ -218,3 +218,88 @@ def test_bad_peft_prompt_folders_exit_2(llama, tmp_path, capsys, damage, key):
     err = capsys.readouterr().err
     assert f"'{key}'" in err and "Traceback" not in err, err
     assert not os.path.exists(tmp_path / "o")
+
+
+@pytest.fixture(scope="module")
+def pristine(llama, tmp_path_factory):
+    """``pristine(method)``: a folder peft made for ``method`` (prefix, prompt, llama_adapter), made once."""
+    src, _ = llama
+    root, made = tmp_path_factory.mktemp("pristine"), {}
+
+    def get(method):
+        if method not in made:
+            made[method] = _peft_made(src, str(root / method), method)
+        return made[method]
+    return get
+
+
+@pytest.mark.parametrize("method, key, value, rule", [
+    ("prefix", "num_virtual_tokens", float("inf"), "finite integer"),
+    ("prefix", "num_virtual_tokens", float("nan"), "finite integer"),
+    ("prefix", "num_virtual_tokens", 10 ** 30, "1 <= num_virtual_tokens <= 2147483647"),
+    ("prefix", "num_virtual_tokens", 10 ** 400, "1 <= num_virtual_tokens <= 2147483647"),
+    ("prefix", "num_virtual_tokens", 0, "1 <= num_virtual_tokens <= 2147483647"),
+    ("prefix", "num_virtual_tokens", -5, "1 <= num_virtual_tokens <= 2147483647"),
+    ("prefix", "num_virtual_tokens", True, "type: integer"),
+    ("prefix", "num_virtual_tokens", "5", "type: integer"),
+    ("prefix", "num_virtual_tokens", 5.5, "type: integer"),
+    # 9 virtual tokens + the base's 56 > its 64 positions (before the tensor's shape is compared)
+    ("prefix", "num_virtual_tokens", 9, "num_virtual_tokens + the base's seq_length <= its max_positions"),
+    ("prompt", "num_virtual_tokens", 10 ** 6, "num_virtual_tokens + the base's seq_length <= its max_positions"),
+    ("prefix", "num_transformer_submodules", float("nan"), "finite integer"),
+    ("prefix", "num_transformer_submodules", float("inf"), "finite integer"),
+    ("prefix", "num_transformer_submodules", "x", "type: integer"),
+    ("prefix", "num_transformer_submodules", [1], "type: integer"),
+    ("prefix", "num_transformer_submodules", 1.5, "type: integer"),     # int(1.5) was read as 1
+    ("prefix", "num_transformer_submodules", 0, "1 <= num_transformer_submodules <= 2147483647"),
+    ("prefix", "num_transformer_submodules", 2, "num_transformer_submodules == 1"),
+    ("prefix", "peft_type", ["PREFIX_TUNING"], "type: string"),          # was TypeError: unhashable type
+    ("llama_adapter", "adapter_len", float("inf"), "finite integer"),
+    ("llama_adapter", "adapter_len", 10 ** 30, "1 <= adapter_len <= 2147483647"),
+    ("llama_adapter", "adapter_len", -1, "1 <= adapter_len <= 2147483647"),
+    ("llama_adapter", "adapter_len", "5", "type: integer"),
+    ("llama_adapter", "adapter_layers", float("nan"), "finite integer"),
+    ("llama_adapter", "adapter_layers", True, "type: integer"),
+    ("llama_adapter", "adapter_layers", 0, "1 <= adapter_layers <= 2147483647"),
+    ("llama_adapter", "adapter_layers", 3, "1 <= adapter_layers <= the base's num_layers"),    # the base has 2
+])
+def test_bad_peft_prompt_numbers_exit_2_naming_the_key_and_rule(llama, pristine, tmp_path, capsys, method, key,
+                                                                value, rule):
+    """Every number naohai reads from a prefix / prompt / adaption-prompt adapter_config.json: NaN, Infinity,
+    huge, zero, negative, a boolean, string or list exits 2 naming the file, the key and the rule, and writes
+    nothing (a probe found num_transformer_submodules NaN / "x" / a list tracebacks, 1.5 read as 1)."""
+    import json
+    import shutil
+    _, base = llama
+    adapter = str(tmp_path / "adapter")
+    shutil.copytree(pristine(method), adapter)
+    path = os.path.join(adapter, "adapter_config.json")
+    config = json.load(open(path))
+    config[key] = value
+    json.dump(config, open(path, "w"))
+    capsys.readouterr()
+    assert main(["ckpt", "import", "--from", "peft", adapter, "--base", base, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and path in err, err
+    assert f"key '{key}'" in err and f"(rule: {rule})" in err, err
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_peft_prompt_with_nan_values_exits_2(llama, pristine, tmp_path, capsys):
+    """A prompt tensor holding NaN is refused naming the file and the tensor (its outputs would be NaN)."""
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    _, base = llama
+    adapter = str(tmp_path / "adapter")
+    shutil.copytree(pristine("prompt"), adapter)
+    weights = os.path.join(adapter, "adapter_model.safetensors")
+    tensors = load_file(weights)
+    value = tensors["prompt_embeddings"].copy()
+    value[1, 2] = np.inf
+    tensors["prompt_embeddings"] = value
+    save_file(tensors, weights)
+    capsys.readouterr()
+    assert main(["ckpt", "import", "--from", "peft", adapter, "--base", base, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and weights in err and "key 'prompt_embeddings'" in err, err
+    assert "(rule: finite values)" in err and not os.path.exists(tmp_path / "o")
