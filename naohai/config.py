@@ -679,11 +679,8 @@ def recipe_from_dict(raw: Dict[str, Any], where: str = "recipe") -> Recipe:
     for section in ("data", "train", "finetune"):
         if raw.get(section) is not None and not isinstance(raw[section], dict):
             raise UserError("must be a mapping", where=where, key=section)
-    name = raw.get("name")              # str() of a list or a mapping was taken as the name; null = left out
-    if name is not None and (isinstance(name, bool) or not isinstance(name, (str, int, float))):
-        raise UserError(f"must be a line of text, got {name!r}", where=where, key="name", rule="type: string")
     recipe = Recipe(
-        name=str("recipe" if name is None else name),
+        name=validate.text(raw.get("name"), where, "name", default="recipe"),
         model=build_section(ModelConfig, model_raw, where, "model"),
         data=build_section(DataConfig, raw.get("data") or {}, where, "data"),
         train=build_section(TrainConfig, raw.get("train") or {}, where, "train"),

@@ -182,6 +182,16 @@ def string(value: Any, where: Optional[str], key: str) -> str:
     return value
 
 
+def text(value: Any, where: Optional[str], key: str, default: str = "") -> str:
+    """A line of text (a bare number such as ``name: 2024`` is read as its text; None is ``default``); a list,
+    a mapping or a boolean is refused (its ``str()`` was once taken as the text)."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        _fail(where, key, f"must be a line of text, got {_describe(value)}", "type: string")
+    return str(value)
+
+
 def choice(value: Any, allowed: Iterable[str], where: Optional[str], key: str) -> str:
     allowed = tuple(allowed)
     if not isinstance(value, str) or value not in allowed:

@@ -142,25 +142,27 @@ def recipe_profile(name: Optional[str], where: str) -> Optional[DeviceProfile]:
     built, and a mistake then was blamed on ``--profile``."""
     if name is None:
         return None
-    if name not in PROFILES and not str(name).endswith((".yaml", ".yml")):
-        raise UserError(f"'{name}' is no built-in profile and no .yaml file.{did_you_mean(name, PROFILES)} Built-in: "
-                        f"{', '.join(PROFILES)}", where=where, key="train.device_profile",
-                        rule="a built-in profile or a YAML file")
+    key = "train.device_profile"
     try:
-        return load_profile(name)
-    except UserError as err:       # names the profile file and its key; say which recipe key pointed there
-        raise UserError(f"names a device profile that does not load: {err}", where=where, key="train.device_profile",
+        return load_profile(name, where=where, key=key)
+    except UserError as err:
+        if err.key == key:         # the name itself: no built-in profile and no YAML file
+            raise
+        # the YAML profile's own error names its file and key; say which recipe key pointed there
+        told = ": ".join(str(x) for x in (err.where, err.key and f"key '{err.key}'", err.message) if x)
+        raise UserError(f"names a device profile that does not load: {told}", where=where, key=key,
                         rule=err.rule or "a built-in profile or a YAML profile that loads") from None
 
 
-def load_profile(name_or_path: str) -> DeviceProfile:
-    """A built-in profile by name, or a YAML file with the DeviceProfile fields."""
+def load_profile(name_or_path: str, where: str = "command line", key: str = "--profile") -> DeviceProfile:
+    """A built-in profile by name, or a YAML file with the DeviceProfile fields; an unknown name is refused as
+    ``key`` of ``where`` (the flag or recipe key that gave it)."""
     if name_or_path in PROFILES:
         return PROFILES[name_or_path]
     if not name_or_path.endswith((".yaml", ".yml")):
         raise UserError(f"unknown device profile '{name_or_path}'.{did_you_mean(name_or_path, PROFILES)} "
-                        f"Built-in: {', '.join(PROFILES)}; or give a YAML file.", where="command line",
-                        key="--profile", rule="known profile")
+                        f"Built-in: {', '.join(PROFILES)}; or give a YAML file.", where=where,
+                        key=key, rule="known profile")
     raw = read_yaml(name_or_path, "device profile")
     names = [f.name for f in fields(DeviceProfile)]
     validate.known_keys(raw, ["base", *names], name_or_path)

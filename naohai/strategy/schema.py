@@ -350,13 +350,11 @@ def parse_strategy(raw: Dict[str, Any], where: str = "strategy") -> Strategy:
     model = raw.get("model")
     if model is not None and not isinstance(model, str):
         ctx.fail("model", f"must be a preset name, got {model!r}", "type")
-    for key in ("name", "comment"):       # str() of a list or a mapping was taken as the text; null = left out
-        value = raw.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
-            ctx.fail(key, f"must be a line of text, got {value!r}", "type: string")
+    name = validate.text(raw.get("name"), where, "name", default="strategy")
+    comment = validate.text(raw.get("comment"), where, "comment")
     return Strategy(
         mesh=mesh,
-        name=str("strategy" if raw.get("name") is None else raw["name"]),
+        name=name,
         source=where,
         model=model,
         devices=None if devices is None else ctx.integer(devices, "devices", 1, validate.MAX_DEVICES),
@@ -372,7 +370,7 @@ def parse_strategy(raw: Dict[str, Any], where: str = "strategy") -> Strategy:
         require_full_coverage=ctx.boolean(raw.get("require_full_coverage", False), "require_full_coverage"),
         layers=parse_layers(ctx, raw.get("layers"), mesh),
         ops=ops,
-        comment=str("" if raw.get("comment") is None else raw["comment"]),
+        comment=comment,
     )
 
 
