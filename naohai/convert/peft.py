@@ -31,6 +31,7 @@ import numpy as np
 
 from naohai import validate
 from naohai.config import MAX_LORA_SCALE
+from naohai.convert.hf.folder import read_safetensors
 from naohai.errors import UserError
 from naohai.model.config import ModelConfig
 
@@ -111,19 +112,13 @@ def _read_weights(weights_path: str) -> Dict[str, np.ndarray]:
     if not os.path.isfile(weights_path):
         raise UserError(f"is missing ({WEIGHTS}: naohai reads safetensors, not adapter_model.bin)",
                         where=weights_path)
-    try:
-        from safetensors.numpy import load_file
-        tensors = load_file(weights_path)
-    except Exception as exc:     # noqa: BLE001 - any unreadable file is the same user error
-        raise UserError(f"cannot be read as safetensors ({type(exc).__name__}: {exc})", where=weights_path) from None
+    tensors = read_safetensors(weights_path)       # BF16 and F16 adapters as float32, as PEFT's upcast does
     out = {}
     for name, value in tensors.items():
         if value.dtype.kind != "f":
             raise UserError(f"holds {name!r} as {value.dtype}; an adapter's tensors are floating point (read as "
                             f"float32, they would be its numbers silently)", where=weights_path, key=name,
                             rule="floating-point tensors")
-        with np.errstate(over="ignore"):     # beyond float32's range: inf, refused below
-            value = np.asarray(value, np.float32)
         bad = int(value.size - np.count_nonzero(np.isfinite(value)))
         if bad:
             raise UserError(f"holds {name!r} with {bad} of its {value.size} values NaN or infinite (in float32, "

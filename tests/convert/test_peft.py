@@ -124,6 +124,36 @@ def test_peft_trained_adapter_imports_with_equal_logits_and_serves(imported_llam
     assert np.abs(exported - theirs).max() <= 1e-5
 
 
+def test_bfloat16_and_float16_adapters_import_as_peft_reads_them(imported_llama, tmp_path):
+    """PEFT saves an adapter in its model's dtype: a bf16 or fp16 model's adapter is BF16 / F16 in the safetensors
+    (numpy has no bfloat16).  naohai reads each value exactly, as float32, and its logits equal PEFT's over the
+    float32 base (PEFT upcasts a half-precision adapter to float32 on load)."""
+    import torch
+    from mindspore import Tensor
+    from transformers import AutoModelForCausalLM
+    from naohai.checkpoint.weights import load_model
+
+    _, src, base = imported_llama
+    adapter = _peft_adapter(src, str(tmp_path / "adapter32"), targets=("q_proj", "down_proj"))
+    model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(src), adapter)
+    ids = hf_models.windows()[:2, :-1]
+    for dtype in (torch.bfloat16, torch.float16):
+        half = str(tmp_path / f"adapter-{str(dtype)[6:]}")
+        model.to(dtype).save_pretrained(half)
+        stored = {k: v.float().numpy() for k, v in peft.utils.load_peft_weights(half).items()}
+        out = str(tmp_path / f"naohai-{str(dtype)[6:]}")
+        assert main(["ckpt", "import", "--from", "peft", half, "--base", base, "--out", out]) == 0
+        found, ours = load_model(out)
+        got = {n: np.asarray(v) for n, v in found.adapters().items()}
+        a = stored["base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"]
+        assert any(np.array_equal(v, a) for v in got.values())        # bit for bit the stored half values
+        ours.set_train(False)
+        logits = ours.logits(Tensor(ids.astype(np.int32))).asnumpy()
+        theirs = hf_models.hf_logits(peft.PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(src), half).eval(), ids)
+        assert np.abs(logits - theirs).max() <= 1e-4, (dtype, np.abs(logits - theirs).max())
+
+
 def _edit_config(folder, **changes):
     path = os.path.join(folder, CONFIG)
     config = json.load(open(path))
@@ -144,6 +174,9 @@ def _edit_config(folder, **changes):
     ("int_weights", "adapter_model.safetensors", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
     ("nan_weights", "adapter_model.safetensors", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
     ("f64_overflow", "adapter_model.safetensors", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
+    ("header_beyond_file", "adapter_model.safetensors", None),
+    ("offsets_beyond_data", "adapter_model.safetensors", None),
+    ("shape_not_bytes", "adapter_model.safetensors", None),
 ])
 def test_bad_peft_imports_exit_2_naming_the_file(imported_llama, tmp_path, capsys, damage, where, key):
     from safetensors.numpy import load_file, save_file
@@ -164,6 +197,21 @@ def test_bad_peft_imports_exit_2_naming_the_file(imported_llama, tmp_path, capsy
         _edit_config(adapter, use_dora=True)
     elif damage == "garbage_weights":
         open(weights, "wb").write(b"\x00garbage")
+    elif damage in ("header_beyond_file", "offsets_beyond_data", "shape_not_bytes"):
+        raw = open(weights, "rb").read()
+        size = int(np.frombuffer(raw[:8], "<u8")[0])
+        header = json.loads(raw[8:8 + size])
+        entry = header["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+        if damage == "header_beyond_file":
+            raw = np.array([len(raw) * 4], "<u8").tobytes() + raw[8:]
+        else:
+            if damage == "offsets_beyond_data":
+                entry["data_offsets"] = [entry["data_offsets"][0], len(raw) * 2]
+            else:
+                entry["shape"] = [entry["shape"][0] + 1, entry["shape"][1]]
+            text = json.dumps(header).encode()
+            raw = np.array([len(text)], "<u8").tobytes() + text + raw[8 + size:]
+        open(weights, "wb").write(raw)
     elif damage == "wrong_rank":
         _edit_config(adapter, r=3)
     elif damage == "other_base":

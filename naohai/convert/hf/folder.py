@@ -58,12 +58,17 @@ def read_json(path: str) -> Dict[str, Any]:
 
 
 def read_safetensors(path: str) -> Dict[str, np.ndarray]:
-    """Every tensor of one ``.safetensors`` file; floating ones as float32."""
+    """Every tensor of one ``.safetensors`` file; floating ones as float32 (``BF16`` included).  A header
+    that does not describe its bytes (a wrong dtype, shape or offsets) exits 2 naming the file and tensor."""
     try:
         with open(path, "rb") as fh:
             size = int(np.frombuffer(fh.read(8), "<u8")[0])
+            if size > os.path.getsize(path) - 8:
+                raise ValueError(f"its header length {size} is beyond the file's end")
             header = json.loads(fh.read(size).decode("utf-8"))
-    except (OSError, ValueError, IndexError, UnicodeDecodeError) as exc:
+        if not isinstance(header, dict):
+            raise ValueError("its header is not a JSON object")
+    except (OSError, ValueError, IndexError, UnicodeDecodeError, OverflowError) as exc:
         raise UserError(f"is not a readable safetensors file ({exc})", where=path) from None
     data = np.memmap(path, np.uint8, mode="r", offset=8 + size) if os.path.getsize(path) > 8 + size else \
         np.zeros(0, np.uint8)
@@ -71,16 +76,27 @@ def read_safetensors(path: str) -> Dict[str, np.ndarray]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        start, end = entry["data_offsets"]
-        raw, dtype, shape = data[start:end], entry["dtype"], tuple(entry["shape"])
-        if dtype == "BF16":
-            value = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-        elif dtype in _DTYPES:
-            value = raw.view(np.dtype(_DTYPES[dtype]).newbyteorder("<"))
+        try:
+            start, end = (int(v) for v in entry["data_offsets"])
+            dtype, shape = entry["dtype"], tuple(int(n) for n in entry["shape"])
+            if not 0 <= start <= end <= data.size:
+                raise ValueError(f"data_offsets [{start}, {end}] outside the file's {data.size} data bytes")
+            raw = data[start:end]
+            if dtype == "BF16":
+                value = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+            elif dtype in _DTYPES:
+                value = raw.view(np.dtype(_DTYPES[dtype]).newbyteorder("<"))
+            else:
+                raise UserError(f"tensor '{name}' has dtype {dtype}, which naohai does not read", where=path)
+            value = value.reshape(shape)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"tensor '{name}': its header entry does not describe its bytes ({exc})",
+                            where=path, rule="dtype, shape and data_offsets of each tensor") from None
+        if value.dtype.kind == "f":
+            with np.errstate(over="ignore"):        # float64 beyond float32's range: inf, for the caller to refuse
+                out[name] = value.astype(np.float32)
         else:
-            raise UserError(f"tensor '{name}' has dtype {dtype}, which naohai does not read", where=path)
-        value = value.reshape(shape)
-        out[name] = value.astype(np.float32) if value.dtype.kind == "f" else np.array(value)
+            out[name] = np.array(value)
     return out
 
 
