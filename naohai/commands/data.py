@@ -327,33 +327,55 @@ def run_info(args) -> int:
     from naohai.data.prepared_dir import open_prepared
     from naohai.data.tokenizer import Tokenizer
 
-    if args.held_out_text is not None:
-        _check_new_file(args.held_out_text, "--held-out-text")
+    held_out = args.held_out_text
+    if held_out is not None and not os.path.isfile(held_out):
+        _check_new_file(held_out, "--held-out-text")       # an existing file is compared with the text below
     prep = open_prepared(args.dir)
     path = prep.meta["tokenizer"]["path"]
-    if args.held_out_text is not None and not (path and os.path.exists(path)):
-        raise UserError(f"--held-out-text needs the tokenizer the data was made with, and {path} does not "
-                        f"exist", where=args.dir, key="--held-out-text")
-    print(_summary(prep))
-    if path and os.path.exists(path):
-        tok = Tokenizer.load(path)
-        print("first training window, decoded:")
-        print(repr(tok.decode(prep.window("train", 0))))
-    if args.held_out_text is not None:
+    tok = Tokenizer.load(path) if path and os.path.exists(path) else None
+    if held_out is not None:
+        if tok is None:
+            raise UserError(f"--held-out-text needs the tokenizer the data was made with, and {path} does not "
+                            f"exist", where=args.dir, key="--held-out-text")
         docs = _split_documents(prep.tokens("valid"), prep.eod_id)
         text = "\n\n".join(tok.decode(doc) for doc in docs) + "\n"
-        try:   # "x": never replaces a file, even one made since the check above
-            with open(args.held_out_text, "x", encoding="utf-8") as fh:
-                fh.write(text)
-        except FileExistsError:
-            raise UserError("exists; give a new file name (it is never replaced)", where=args.held_out_text,
-                            key="--held-out-text", rule="a file that does not exist yet") from None
-        except OSError as exc:
-            raise UserError(f"cannot be written: {exc.strerror or exc}", where=args.held_out_text,
-                            key="--held-out-text") from None
-        print(f"held-out split: {len(docs)} documents, {int(prep.tokens('valid').size)} tokens -> "
-              f"{args.held_out_text}")
+        rerun = _same_text(held_out, text)                   # a rerun: the file already holds this split
+        if os.path.lexists(held_out) and not rerun:
+            raise UserError("exists and holds other text; give a new file name (it is never replaced)",
+                            where=held_out, key="--held-out-text",
+                            rule="a new file, or one that holds this held-out split already")
+    print(_summary(prep))
+    if tok is not None:
+        print("first training window, decoded:")
+        print(repr(tok.decode(prep.window("train", 0))))
+    if held_out is None:
+        return 0
+    if rerun:
+        print(f"held-out split: {len(docs)} documents, already in {held_out} (unchanged)")
+        return 0
+    try:   # "x": never replaces a file, even one made since the check above
+        with open(held_out, "x", encoding="utf-8") as fh:
+            fh.write(text)
+    except FileExistsError:
+        raise UserError("was made by another process while this one ran; it is left as it is", where=held_out,
+                        key="--held-out-text", rule="a new file, or one that holds this split already") from None
+    except OSError as exc:
+        raise UserError(f"cannot be written: {exc.strerror or exc}", where=held_out, key="--held-out-text") from None
+    print(f"held-out split: {len(docs)} documents, {int(prep.tokens('valid').size)} tokens -> {held_out}")
     return 0
+
+
+def _same_text(path: str, text: str) -> bool:
+    """Whether the regular file ``path`` holds exactly ``text`` (UTF-8); its size is compared first, so a
+    large file that differs is never read."""
+    data = text.encode("utf-8")
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) != len(data):
+            return False
+        with open(path, "rb") as fh:
+            return fh.read() == data
+    except OSError:
+        return False
 
 
 def _check_new_file(path: str, flag: str) -> None:

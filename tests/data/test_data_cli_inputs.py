@@ -55,11 +55,23 @@ def test_held_out_text_bad_paths(prepared, tmp_path, capsys, where):
     assert _tree(tmp_path) == before and not (tmp_path / "missing").exists()
 
 
-def test_held_out_text_writes_a_new_file(prepared, tmp_path, capsys):
+def test_held_out_text_writes_a_new_file_and_a_rerun_keeps_it(prepared, tmp_path, capsys):
+    """The README's tour run twice: the second `data info --held-out-text held_out.txt` finds its own text there
+    and exits 0 without writing; a file that holds anything else, one byte changed, is refused and kept."""
     _, run = prepared
     out = tmp_path / "held.txt"
     assert main(["data", "info", str(run / "data"), "--held-out-text", str(out)]) == 0
-    assert out.read_text(encoding="utf-8").strip()
+    text = out.read_text(encoding="utf-8")
+    assert text.strip()
+    mtime = os.stat(out).st_mtime_ns
+    capsys.readouterr()
+    assert main(["data", "info", str(run / "data"), "--held-out-text", str(out)]) == 0
+    assert "(unchanged)" in capsys.readouterr().out and os.stat(out).st_mtime_ns == mtime
+    other = text[:-2] + ("x" if text[-2] != "x" else "y") + "\n"
+    out.write_text(other, encoding="utf-8")
+    got = _fails(capsys, ["data", "info", str(run / "data"), "--held-out-text", str(out)], "--held-out-text")
+    assert "holds other text" in got.err and got.out == ""
+    assert out.read_text(encoding="utf-8") == other
 
 
 # --------------------------------------------------------------------------- data tokenizer
