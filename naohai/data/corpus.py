@@ -148,10 +148,12 @@ def _supported(path: str, mixtures: bool = True) -> bool:
 
 
 def _walk_visible(path: str):
-    """os.walk without hidden directories (e.g. the .work/ of a `naohai data clean` output)."""
+    """os.walk without hidden entries: no folder (e.g. the .work/ of a `naohai data clean` output) or file
+    (an editor's lock or swap file, macOS's ``._name`` copies) whose name starts with '.', as
+    :func:`naohai.data.reader.walk_visible` reads a folder for `data clean` and `data score`."""
     for d, dirs, files in os.walk(path):
         dirs[:] = sorted(x for x in dirs if not x.startswith("."))
-        yield d, dirs, files
+        yield d, dirs, [f for f in files if not f.startswith(".")]
 
 
 def resolve_source(source: str, index: Optional[int] = None) -> List[str]:

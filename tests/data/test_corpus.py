@@ -63,6 +63,20 @@ def test_text_files_split_at_two_blank_lines_and_globs(tmp_path):
     assert list(iter_documents([str(tmp_path)])) == expected
 
 
+def test_a_folder_leaves_hidden_files_and_folders_out(tmp_path):
+    """macOS's ._name copies (binary), editors' lock files and the .work/ of a clean output are not corpus
+    documents: a folder source leaves every hidden entry out, as a glob does; named directly, a file is read."""
+    (tmp_path / "doc.txt").write_text("the document", encoding="utf-8")
+    (tmp_path / "._doc.txt").write_bytes(b"\x00\x05\x16\x07\xff\xfe Mac OS X")
+    (tmp_path / ".~lock.doc.txt").write_text("lock", encoding="utf-8")
+    (tmp_path / ".work").mkdir()
+    (tmp_path / ".work" / "unit-0.jsonl").write_text('{"text": "a copy"}\n', encoding="utf-8")
+    assert list(iter_documents([str(tmp_path)])) == ["the document"]
+    assert list(iter_documents([str(tmp_path / "*.txt")])) == ["the document"]
+    (tmp_path / ".notes.md").write_text("named directly", encoding="utf-8")
+    assert list(iter_documents([str(tmp_path / ".notes.md")])) == ["named directly"]
+
+
 def test_missing_sources_and_empty_corpus(tmp_path):
     with pytest.raises(UserError) as err:
         list(iter_documents(["builtin:pydoc", str(tmp_path / "nope.txt")]))
