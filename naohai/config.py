@@ -467,6 +467,12 @@ class FinetuneConfig:
                             "virtual tokens would belong to the first document of a packed window only; use "
                             "method: prefix, or turn the resets off", where=where, key="finetune.method")
         if method == "llama_adapter":
+            if int(self.num_virtual_tokens) > cfg.positions:
+                raise UserError(f"is {self.num_virtual_tokens}: the adaption prompt's keys join every window's "
+                                f"keys in the adapted layers, and a prompt longer than the {cfg.positions} positions "
+                                f"the model numbers (model.max_positions) is not an adapter but a second context",
+                                where=where, key="finetune.num_virtual_tokens",
+                                rule="num_virtual_tokens <= model.max_positions")
             if not 1 <= int(self.adapter_layers) <= cfg.num_layers:
                 raise UserError(f"is {self.adapter_layers}; it must be between 1 and the model's {cfg.num_layers} layers",
                                 where=where, key="finetune.adapter_layers", rule="1 <= adapter_layers <= num_layers")

@@ -84,6 +84,8 @@ def test_initial_values_come_from_seed_and_name(tmp_path):
     ("adapter", {"bottleneck": 0}, None, "finetune.bottleneck", "positive integer"),
     ("llama_adapter", {"adapter_layers": 3}, None, "finetune.adapter_layers", "between 1 and"),
     ("llama_adapter", {"adapter_layers": 0}, None, "finetune.adapter_layers", "positive integer"),
+    ("llama_adapter", {"num_virtual_tokens": 41}, None, "finetune.num_virtual_tokens", "longer than the 40"),
+    ("llama_adapter", {"num_virtual_tokens": 10 ** 9}, None, "finetune.num_virtual_tokens", "longer than the 40"),
     ("prefix", {"rank": 4}, None, "finetune.rank", "not a key of method prefix"),
     ("prompt", {"num_virtual_tokens": 4}, {"eod_reset": True, "eod_id": 1}, "finetune.method", "EOD resets"),
     ("prefix", {"num_virtual_tokens": 4}, {"position": "alibi"}, "finetune.method", "ALiBi"),
