@@ -31,6 +31,7 @@ from naohai.checkpoint import relayout
 from naohai.checkpoint import store as ckpt_store
 from naohai.config import Recipe
 from naohai.errors import UserError
+from naohai.train import schedule
 from naohai.train.builder import TrainSetup
 from naohai.train.callbacks import Callback, CallbackList
 
@@ -242,7 +243,7 @@ class Trainer:
             return result
         self.callbacks.on_start(self)
         self.log(f"layout: {self.manifest['layout']['describe']}; {self.steps.rows} rows per rank per step")
-        for note in self.steps.notes:
+        for note in self.steps.notes + schedule.notes(t):
             self.log(f"note: {note}")
         if self.step == 0:
             ev = self.evaluate()

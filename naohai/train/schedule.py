@@ -35,6 +35,21 @@ def learning_rate(train: TrainConfig, step: int) -> float:
     return _decayed(cfg, (step - cfg.warmup_steps) / span)
 
 
+def notes(train: TrainConfig) -> list:
+    """What a run's length does to its schedule that a user may not mean: a warmup as long as the run, so the
+    rate never reaches ``lr`` (a short override of ``train.steps`` on a long recipe, the usual way), or a decay
+    that ends long before the run (``decay_steps`` below ``steps``), so most steps run at ``min_lr``."""
+    cfg, out = train.lr_schedule, []
+    if cfg.warmup_steps >= train.steps > 0:
+        peak = max(learning_rate(train, s) for s in range(train.steps))
+        out.append(f"train.warmup_steps={cfg.warmup_steps} is not shorter than train.steps={train.steps}: the "
+                   f"learning rate rises through the whole run and peaks at {peak:.3g}, not train.lr={cfg.lr:g}")
+    elif cfg.decay_steps is not None and cfg.decay != "constant" and 2 * cfg.decay_steps <= train.steps:
+        out.append(f"train.decay_steps={cfg.decay_steps} is at most half of train.steps={train.steps}: steps "
+                   f"{cfg.decay_steps}-{train.steps} run at train.min_lr={cfg.min_lr:g}")
+    return out
+
+
 def _pangu(cfg: LRScheduleConfig, total: int, step: int) -> float:
     if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps

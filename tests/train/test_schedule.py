@@ -110,3 +110,25 @@ def test_schedule_errors_name_the_key(changes, key):
     with pytest.raises(UserError) as e:
         cfg.validate()
     assert key in str(e.value)
+
+
+@pytest.mark.parametrize("steps, warmup, decay_steps, decay, says", [
+    (20, 30, None, "cosine", "peaks at 0.002, not train.lr=0.003"),     # naohai warmup: 3e-3 x 20 / 30
+    (30, 30, None, "cosine", "peaks at 0.003, not train.lr=0.003"),     # the last step reaches lr: still all warmup
+    (600, 30, 300, "cosine", "steps 300-600 run at train.min_lr=0.0003"),
+    (31, 30, None, "cosine", None),
+    (600, 30, 301, "linear", None),
+    (600, 30, 100, "constant", None),                                    # no decay to end early
+])
+def test_a_schedule_the_run_cannot_follow_is_noted(steps, warmup, decay_steps, decay, says):
+    """`naohai train` logs a note when the run's length bends its schedule: a warmup at least as long as the
+    run (the rate's peak computed as 3e-3 x steps / warmup by hand) or a decay over half the run or less."""
+    from naohai.train.schedule import notes
+    cfg = TrainConfig(steps=steps)
+    cfg.lr_schedule.lr, cfg.lr_schedule.min_lr = 3e-3, 3e-4
+    cfg.lr_schedule.warmup_steps, cfg.lr_schedule.decay_steps, cfg.lr_schedule.decay = warmup, decay_steps, decay
+    got = notes(cfg)
+    if says is None:
+        assert got == []
+    else:
+        assert len(got) == 1 and says in got[0], got
