@@ -136,3 +136,32 @@ def test_held_out_text_of_a_prepared_folder(tmp_path, micro_data, capsys):
     text = out.read_text(encoding="utf-8")
     assert text == "\n\n".join(tokenizer.decode(d.tolist()) for d in docs) + "\n"
     assert len(docs) >= 2 and prep.meta["splits"]["valid"]["documents"] == len(docs)
+
+
+def test_a_model_too_big_for_the_machine_is_refused_before_it_is_read(tmp_path, micro_data, capsys, monkeypatch):
+    """eval, generate and score load a model's weights with `load_model`: a model whose float32 weights and the
+    float32 tensors read into them (8 bytes a parameter) exceed MemTotal is refused, exit 2 naming the folder,
+    before any tensor is read; a machine 1 byte larger loads it."""
+    from naohai import devices
+    from naohai.checkpoint import weights
+    from naohai.model.params import count_params
+
+    prepared, tok = micro_data
+    run = tmp_path / "run"
+    recipe = micro_recipe(run, prepared, tok, steps=1, save_every=1)
+    start(plan_run(recipe), log=lambda *_: None, progress=False).run()
+    need = 8 * count_params(recipe.model)
+    read = []
+    monkeypatch.setattr(weights.Weights, "tensors", lambda self: read.append(1) or {})
+    monkeypatch.setattr(devices, "machine_memory", lambda path=devices.MEMINFO: need - 1)
+    text = tmp_path / "held.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")
+    for argv in (["eval", str(run), "--text", str(text), "--json"], ["generate", str(run), "--prompt", "a"]):
+        capsys.readouterr()
+        assert main(argv + ["--device", "CPU"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "cannot be loaded in this machine's memory" in err and str(run) in err and "Traceback" not in err, err
+    assert read == []
+    monkeypatch.setattr(devices, "machine_memory", lambda path=devices.MEMINFO: need)
+    found = weights.find_weights(str(run))
+    weights.check_loads_in_memory(found)                   # fits exactly

@@ -37,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from naohai import devices
 from naohai.checkpoint import adapters as ad
 from naohai.checkpoint import store
 from naohai.checkpoint.files import sha256_file, write_json
@@ -237,6 +238,7 @@ def load_model(path: str, seed: int = 0, verify: bool = True):
     from naohai.model.transformer import NaohaiLM
 
     found = find_weights(path, verify)
+    check_loads_in_memory(found)
     model = NaohaiLM(found.recipe.model, seed=seed)       # LoRA adapters come merged into the weights
     ft = found.recipe.finetune
     if ft is not None and ft.method != "lora":          # the other methods' tensors come beside the base's
@@ -244,6 +246,29 @@ def load_model(path: str, seed: int = 0, verify: bool = True):
         apply_finetune(model, ft, seed, where=found.path)
     assign_weights(model, found.tensors(), where=found.path)
     return found, model
+
+
+#: bytes a loaded model holds per parameter at the least: the model's float32 weights and the float32 tensors read
+#: to fill them (a 187M-parameter model built alone held 1.1 x its float32 bytes, 2026-11-30)
+LOAD_BYTES_PER_PARAM = 8
+
+
+def check_loads_in_memory(found: Weights, total: Optional[int] = None) -> None:
+    """Refuse (exit 2) a model whose weights cannot be held in this machine's memory while they are read
+    (:data:`LOAD_BYTES_PER_PARAM` per parameter, against ``MemTotal``), before any tensor is read: a 7B model
+    on a 24 GB machine was read until the kernel killed the process, with no message."""
+    from naohai.model.params import count_params
+
+    total = devices.machine_memory() if total is None else total
+    params = count_params(found.recipe.model)
+    need = LOAD_BYTES_PER_PARAM * params
+    if total and need > total:
+        gb = 1024.0 ** 3
+        raise UserError(f"this model cannot be loaded in this machine's memory: its {params:,} parameters are read "
+                        f"as float32 tensors and held by the model in float32 as well, at least {need / gb:,.1f} GB, "
+                        f"and the machine has {total / gb:,.1f} GB (MemTotal). Run it on a machine with more "
+                        f"memory; nothing was read", where=found.path,
+                        rule=f"{LOAD_BYTES_PER_PARAM} bytes per parameter <= MemTotal")
 
 
 def check_fits(found: Weights, recipe: Recipe, where: str) -> None:
