@@ -40,7 +40,8 @@ def register(subparsers) -> None:
                     "Credentials come from HUAWEICLOUD_SDK_AK, HUAWEICLOUD_SDK_SK, "
                     "HUAWEICLOUD_SDK_PROJECT_ID.")
     p.add_argument("target", metavar="RECIPE|status|logs|stop|list",
-                   help="recipe to submit, or an action on existing jobs")
+                   help="recipe to submit, or an action on existing jobs (a recipe file named like an action "
+                        "is given as ./NAME)")
     p.add_argument("rest", nargs="*", metavar="key=value|JOB_ID",
                    help="recipe overrides, or the job id for status/logs/stop")
     p.add_argument("--strategy", help="strategy file (inside the code directory)")
@@ -75,7 +76,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    action = args.target if args.target in ACTIONS and not os.path.isfile(args.target) else None
+    action = args.target if args.target in ACTIONS else None      # a recipe file named so: ./stop
     _refuse_unread_flags(args, action)       # before any credential, SDK or network
     if action:
         return _action(args, action)

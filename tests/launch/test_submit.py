@@ -340,6 +340,18 @@ def test_action_dry_run_prints_the_request_and_sends_nothing(action, cloud, cred
 
 
 @pytest.mark.parametrize("action", sorted(ACTION_ARGV))
+def test_an_action_word_is_the_action_even_beside_a_file_of_that_name(action, cloud, creds, job, capsys, tmp_path,
+                                                                      monkeypatch):
+    """A file named `stop` (or list, logs, status) in the current folder used to turn `naohai submit stop JOB`
+    into the creation of a job from that file; the word is now always the action."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / action).write_text("name: not-a-recipe\n")
+    argv, method, path, body = ACTION_ARGV[action]
+    assert main(["submit", *argv, "--dry-run", "--endpoint", cloud.url]) == 0
+    assert _printed_request(capsys.readouterr().out) == (method, cloud.url + path, body)
+
+
+@pytest.mark.parametrize("action", sorted(ACTION_ARGV))
 def test_action_dry_run_is_the_request_a_real_run_sends(action, cloud, creds, job, capsys):
     argv, _, _, _ = ACTION_ARGV[action]
     assert main(["submit", *argv, "--dry-run", "--endpoint", cloud.url]) == 0
