@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -258,6 +259,9 @@ def _reshard(args, path) -> int:
                 shutil.copyfile(src, strategy_dir / store.rank_file(r))
             out = reshard_checkpoint(path, args.out, str(strategy_dir), layout, hash_files=not args.no_verify)
         else:
+            if args.compiled:
+                print(f"note: --compiled {args.compiled} is not read: {layout['describe']} keeps every tensor "
+                      f"whole, so no compile of the strategy is needed", file=sys.stderr)
             out = reshard_checkpoint(path, args.out, hash_files=not args.no_verify)
         print(f"resharded {path} -> {out} for {layout['describe']}")
         return 0

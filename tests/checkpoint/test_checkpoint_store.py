@@ -223,6 +223,14 @@ def test_ckpt_inspect_merge_export(trained, tmp_path, capsys):
         np.testing.assert_array_equal(exported[k].asnumpy(), a[k].asnumpy())
     # nothing already written is overwritten
     assert main(["ckpt", "merge", ckpt, "--out", str(tmp_path / "merged")]) == 2
+    # resharding to a data-parallel layout keeps full tensors: --compiled is not read, and the command says so
+    capsys.readouterr()
+    assert main(["ckpt", "reshard", ckpt, "train.micro_batch_size=2", "--to", str(ROOT / "strategies" / "tiny-dp2.yaml"),
+                 "--compiled", str(tmp_path / "no-such-compile"), "--out", str(tmp_path / "dp2")]) == 0
+    err = capsys.readouterr().err
+    assert "--compiled" in err and "is not read" in err, err
+    c = ms.load_checkpoint(str(tmp_path / "dp2" / "rank_0.ckpt"))
+    assert all(np.array_equal(a[k].asnumpy(), c[k].asnumpy()) for k in model_names)
 
 
 class PoisonFrom(Callback):
