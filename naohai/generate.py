@@ -229,20 +229,28 @@ class Generator:
         ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
         found, self.model = load_model(checkpoint, verify=verify)
         recipe, self.step = found.recipe, found.step
+        self.conversational = recipe.data.format == "sft"      # trained on rendered conversations
         self.tokenizer = Tokenizer.load(found.tokenizer_file())
         self.cfg = recipe.model
         self.model.set_train(False)
         self.decoder = CachedDecoder(self.model, self.cfg, pad_id=self.tokenizer.pad_id)
 
-    def _ids(self, prompts: Sequence[str]) -> List[List[int]]:
+    def _ids(self, prompts: Sequence[str], chat: bool = False, system: Optional[str] = None) -> List[List[int]]:
+        """Each prompt's ids: its text, or with ``chat`` a user turn (after ``system``'s turn) rendered as
+        supervised fine-tuning renders conversations (:func:`naohai.data.sft.prompt_ids`)."""
+        if chat:
+            from naohai.data.sft import prompt_ids
+            head = [{"role": "system", "content": system}] if system else []
+            return [prompt_ids(head + [{"role": "user", "content": p}], self.tokenizer) for p in prompts]
         ids = [self.tokenizer.encode(p) if p else [] for p in prompts]
         return [x or [self.tokenizer.eod_id] for x in ids]
 
-    def window_notes(self, prompts: Sequence[str], max_new_tokens: int) -> List[str]:
+    def window_notes(self, prompts: Sequence[str], max_new_tokens: int, chat: bool = False,
+                     system: Optional[str] = None) -> List[str]:
         """What the model's window will cut, said before generating: a prompt longer than the window is read
         from its end, and generation stops once the longest prompt's row fills the window."""
         limit = self.cfg.positions - self.decoder.virtual
-        lengths = [len(x) for x in self._ids(prompts)]
+        lengths = [len(x) for x in self._ids(prompts, chat, system)]
         notes = [f"prompt {i} has {n} tokens, more than the model's window of {limit} positions holds: only "
                  f"its last {limit - 1} are read" for i, n in enumerate(lengths, 1) if n > limit - 1]
         room = limit - min(max(lengths), limit - 1) + 1
@@ -252,8 +260,11 @@ class Generator:
         return notes
 
     def generate_batch(self, prompts: Sequence[str], cfg: SamplingConfig,
-                       stream: Optional[Callable[[int, str], None]] = None) -> List[str]:
-        ids = self._ids(prompts)
+                       stream: Optional[Callable[[int, str], None]] = None, chat: bool = False,
+                       system: Optional[str] = None) -> List[str]:
+        """The new text of each prompt (up to EOD or ``cfg.max_new_tokens``); ``chat`` / ``system`` as for
+        :meth:`_ids`."""
+        ids = self._ids(prompts, chat, system)
         on_token = None if stream is None else (lambda row, tok: stream(row, self.tokenizer.decode([tok])))
         new = self.decoder.generate_ids(ids, cfg, self.tokenizer.vocab_size, self.tokenizer.eod_id, on_token)
         return [self.tokenizer.decode(x) for x in new]

@@ -92,6 +92,55 @@ def test_generate_from_checkpoint(tmp_path, micro_data, capsys):
     assert main(["generate", str(tmp_path / "run"), "--prompt", "ok", "--prompt", "caf\udce9"]) == 2
 
 
+def test_chat_asks_a_fine_tuned_run_as_its_data_did_from_any_folder(tmp_path, micro_data, capsys, monkeypatch):
+    """`generate --chat`: each prompt is a user turn rendered as SFT data was (`prompt_ids`), and the answer
+    alone is printed, ending at EOD.  The run was trained in its project folder with a relative
+    data.tokenizer (as recipes/sft-tiny.yaml's `runs/tiny/tokenizer.model`); read from another folder it
+    failed ('tokenizer model not found'), and a file at the same relative path there is not taken for it."""
+    import json
+    import shutil
+    from naohai.cli import main
+    from naohai.config import recipe_from_dict
+    from naohai.data.sft import prompt_ids
+
+    _, tok = micro_data
+    work, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(tok, work / "tok.model")
+    rows = [{"prompt": f"echo {i}", "response": f"{i}"} for i in range(100)]
+    (work / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    raw = micro_recipe("run", steps=2, global_batch_size=4, micro_batch_size=4, eval_every=2).to_dict()
+    raw["data"].update(format="sft", corpus=["chat.jsonl"], tokenizer="tok.model", holdout_fraction=0.1)
+    monkeypatch.chdir(work)
+    start(plan_run(recipe_from_dict(raw, where="test recipe")), log=lambda *_: None, progress=False).run()
+    monkeypatch.chdir(elsewhere)
+    (elsewhere / "tok.model").write_bytes(b"not this run's tokenizer")
+    run = str(work / "run")
+    gen = Generator(run)
+    asked = prompt_ids([{"role": "user", "content": "echo 7"}], gen.tokenizer)
+    assert gen.tokenizer.decode(asked) == "User: echo 7\nAssistant: "
+    want = gen.decoder.generate_ids([asked], SamplingConfig(max_new_tokens=6, temperature=0),
+                                    gen.tokenizer.vocab_size, gen.tokenizer.eod_id)[0]
+    capsys.readouterr()
+    assert main(["generate", run, "--chat", "--prompt", "echo 7", "--max-new-tokens", "6", "--temperature", "0"]) == 0
+    got = capsys.readouterr()
+    assert got.out == gen.tokenizer.decode(want).rstrip("\n") + "\n" and "--chat asks" not in got.err
+    assert main(["generate", run, "--chat", "--system", "be short", "--prompt", "echo 7", "--prompt", "echo 8",
+                 "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("=== prompt 1 of 2: 'echo 7' ===\n") and "=== prompt 2 of 2: 'echo 8' ===" in out
+    # without --chat the text is continued as it is, and the command points at --chat
+    assert main(["generate", run, "--prompt", "echo 7", "--max-new-tokens", "2", "--temperature", "0"]) == 0
+    got = capsys.readouterr()
+    assert got.out.startswith("echo 7") and "--chat asks it as its training data did" in got.err
+    # --system without --chat, or an empty user turn: exit 2 naming the flag
+    for argv, key in ((["--system", "be short", "--prompt", "x"], "--system"), (["--chat", "--prompt", " "], "--prompt")):
+        assert main(["generate", run, *argv]) == 2
+        err = capsys.readouterr().err
+        assert f"key '{key}'" in err and "Traceback" not in err, err
+
+
 def test_a_prompt_that_is_not_utf8_is_one_paragraph(capsys):
     from naohai.cli import main
     assert main(["generate", "/nonexistent", "--prompt", "\udcff\udcfe"]) == 2

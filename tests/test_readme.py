@@ -124,6 +124,8 @@ CHECKS = {
         os.path.join(clone, "runs", "tiny-vs-lr.png")) > 10_000 else "no runs/tiny-vs-lr.png",
     r"^naohai generate runs/tiny --prompt \"a\" --prompt \"b\"": lambda out, clone: "" if "=== prompt 2 of 2: 'b' ===" in out
     else "no header for the second prompt",
+    r"^naohai generate runs/sft-tiny --chat ": lambda out, clone: "" if out.startswith("Repeated: ")
+    else "the fine-tuned run did not answer in its trained form ('Repeated: ...')",
     r"^naohai submit ": lambda out, clone: "" if "files that would be uploaded:\n  .ci/run (" in out
     else "no list of files to upload",
 }

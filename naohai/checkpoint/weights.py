@@ -70,15 +70,54 @@ class Weights:
     def tokenizer_file(self) -> str:
         """The tokenizer of this model: the recipe's ``data.tokenizer``, else ``tokenizer.model`` or
         ``tokenizer.json`` in the run folder (a checkpoint being ``<run>/checkpoints/step_N``) or in the
-        model folder, else the recipe's default place."""
+        model folder, else the recipe's default place.
+
+        A relative ``data.tokenizer`` (``runs/tiny/tokenizer.model`` in ``recipes/sft-tiny.yaml``) was relative
+        to the folder training ran in, which the run folder gives back (it is that folder joined with the
+        recorded ``train.output_dir``): it is read there first, then from the current folder, and a file whose
+        SHA-256 is not the one the weights were trained with (when the checkpoint records it) is passed over, so
+        `generate` / `eval` of a fine-tuning run work from any folder and never read another run's tokenizer."""
         from naohai.data.pipeline import default_tokenizer_path
         folder = os.path.dirname(os.path.dirname(os.path.abspath(self.checkpoint))) if self.checkpoint else self.path
-        if self.recipe.data.tokenizer and os.path.exists(self.recipe.data.tokenizer):
-            return self.recipe.data.tokenizer
+        given = self.recipe.data.tokenizer
+        if given:
+            places = [given] if os.path.isabs(given) else [os.path.join(p, given) for p in self._training_dirs()]
+            wrong = []
+            for place in places:
+                if os.path.exists(place):
+                    if self._same_tokenizer(place):
+                        return place
+                    wrong.append(place)
+            if wrong:
+                raise UserError(f"is not the tokenizer these weights were trained with (its SHA-256 differs from "
+                                f"{str(self.tokenizer_sha256)[:12]}..., recorded with them)", where=wrong[0],
+                                key="data.tokenizer")
         for name in ("tokenizer.model", "tokenizer.json"):
             if os.path.exists(os.path.join(folder, name)):
                 return os.path.join(folder, name)
         return default_tokenizer_path(self.recipe)
+
+    def _training_dirs(self) -> List[str]:
+        """Where the recipe's relative paths may point from: the folder training ran in (known when the run
+        folder's path ends with the recorded relative ``train.output_dir``), then the current folder."""
+        out = []
+        recorded = self.recipe.train.output_dir
+        if self.checkpoint and recorded and not os.path.isabs(recorded):
+            run = os.path.dirname(os.path.dirname(os.path.abspath(self.checkpoint)))
+            tail = os.sep + os.path.normpath(recorded)
+            if run.endswith(tail):
+                out.append(run[:-len(tail)] or os.sep)
+        return out + [os.getcwd()]
+
+    def _same_tokenizer(self, path: str) -> bool:
+        """Whether the tokenizer file ``path`` is the one recorded with the weights (True when none is)."""
+        if not self.tokenizer_sha256:
+            return True
+        from naohai.data.tokenizer import Tokenizer
+        try:
+            return Tokenizer.load(path).sha256 == self.tokenizer_sha256
+        except UserError:
+            return False
 
 
 @dataclass(frozen=True)

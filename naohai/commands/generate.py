@@ -15,6 +15,11 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=0.95, help="1 = off")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="PanGu-alpha used 1.5")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="PanGu-alpha used 0.3")
+    p.add_argument("--chat", action="store_true",
+                   help="for a fine-tuned (SFT) model: each --prompt is a user turn, rendered as the SFT data was "
+                        "(the tokenizer's chat template, else naohai's 'User: ...' / 'Assistant: '); prints the answer "
+                        "alone, which ends at the EOD the model learned")
+    p.add_argument("--system", default=None, help="with --chat: a system turn before each prompt")
     p.add_argument("--stream", action="store_true", help="print tokens as they come (one prompt)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "CPU", "GPU", "Ascend"), default="auto",
@@ -36,6 +41,12 @@ def run(args) -> int:
             bad = prompt[exc.start].encode("utf-8", "surrogateescape")
             raise UserError(f"prompt {i + 1} is not valid UTF-8 text (byte 0x{bad.hex()} at character "
                             f"{exc.start}); pass UTF-8 text", where="command line", key="--prompt") from None
+    if args.system is not None and not args.chat:
+        raise UserError("--system is a turn of a chat; add --chat (or drop --system)", where="command line",
+                        key="--system", rule="--system with --chat")
+    if args.chat and not all(p.strip() for p in prompts):
+        raise UserError("with --chat every --prompt is a user turn and must hold text", where="command line",
+                        key="--prompt")
     if args.stream and len(prompts) > 1:
         raise UserError("--stream prints one prompt's tokens; give one --prompt", where="command line",
                         key="--stream")
@@ -43,16 +54,21 @@ def run(args) -> int:
                          args.frequency_penalty, args.presence_penalty)
     cfg.validate()
     gen = Generator(args.checkpoint, device=args.device, verify=not args.no_verify)
-    for note in gen.window_notes(prompts, cfg.max_new_tokens):
+    chat = {"chat": args.chat, "system": args.system}
+    if gen.conversational and not args.chat:
+        print("naohai: note: this model was fine-tuned on conversations (data.format: sft); --chat asks it as "
+              "its training data did", file=sys.stderr)
+    for note in gen.window_notes(prompts, cfg.max_new_tokens, **chat):
         print(f"naohai: note: {note}", file=sys.stderr)
     if args.stream:
-        sys.stdout.write(prompts[0])
-        gen.generate_batch(prompts, cfg, stream=lambda _row, text: (sys.stdout.write(text), sys.stdout.flush()))
+        sys.stdout.write("" if args.chat else prompts[0])
+        gen.generate_batch(prompts, cfg, stream=lambda _row, text: (sys.stdout.write(text), sys.stdout.flush()),
+                           **chat)
         sys.stdout.write("\n")
         return 0
-    texts = gen.generate_batch(prompts, cfg)
+    texts = gen.generate_batch(prompts, cfg, **chat)
     for i, (prompt, text) in enumerate(zip(prompts, texts), 1):
         if len(prompts) > 1:     # one header per prompt: continuations may hold blank lines of their own
             print(f"{'' if i == 1 else chr(10)}=== prompt {i} of {len(prompts)}: {prompt!r} ===")
-        print(prompt + text)
+        print(text.rstrip("\n") if args.chat else prompt + text)
     return 0

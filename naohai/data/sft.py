@@ -196,6 +196,28 @@ def render(messages: Sequence[Dict[str, str]], tokenizer) -> Tuple[List[int], Li
     return ids, learned
 
 
+def prompt_ids(messages: Sequence[Dict[str, str]], tokenizer) -> List[int]:
+    """The token ids that ask a fine-tuned model for the next assistant turn after ``messages`` (system / user /
+    assistant turns, the last one not the assistant's): what :func:`render` puts before an assistant message's
+    text, so the model sees the prompt as it saw it in training and answers up to the EOD it learned.  The
+    tokenizer's chat template renders it with ``add_generation_prompt`` (encoded whole, as transformers
+    encodes such a prompt), else naohai's template segment by segment, ending ``Assistant: ``."""
+    if getattr(tokenizer, "chat_template", None):
+        import jinja2
+        try:
+            text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+        except jinja2.TemplateError as exc:
+            raise UserError(f"the chat template does not render: {exc}", where=tokenizer.path,
+                            key="chat_template") from None
+        return list(tokenizer.backend.encode(text, add_special_tokens=False).ids)
+    ids: List[int] = []
+    for m in messages:
+        head = tokenizer.encode(NAOHAI_TEMPLATE[m["role"]]) if m["role"] != "assistant" else \
+            tokenizer.encode(NAOHAI_TEMPLATE["assistant"])
+        ids += head + tokenizer.encode(m["content"] + "\n")
+    return ids + tokenizer.encode(NAOHAI_TEMPLATE["assistant"])
+
+
 def _truncate(ids: List[int], learned: List[int], size: int) -> Tuple[List[int], List[int]]:
     """The first ``size`` tokens, the learned run cut by the end unlearned."""
     ids, learned = ids[:size], list(learned[:size])

@@ -7,7 +7,8 @@ import pytest
 
 from naohai.data.hf_tokenizer import train_byte_bpe
 from naohai.data.prepare import holdout_mask
-from naohai.data.sft import IGNORE, SFTLoader, load_sft, masked_labels, prepare_sft, render, report_text
+from naohai.data.sft import (IGNORE, SFTLoader, load_sft, masked_labels, prepare_sft, prompt_ids, render,
+                             report_text)
 from naohai.data.tokenizer import Tokenizer
 from naohai.errors import UserError
 
@@ -174,6 +175,26 @@ def test_loader_batches_and_masked_labels(bpe, jsonl, tmp_path):
     np.testing.assert_array_equal(labels == IGNORE, mask[:, 1:] == 0)
     np.testing.assert_array_equal(labels[mask[:, 1:] == 1], tokens[:, 1:][mask[:, 1:] == 1])
     assert loader.state_dict()["sample"] == 2
+
+
+def test_generation_prompt_is_what_training_put_before_an_answer(bpe, tok):
+    """`naohai generate --chat` asks with prompt_ids: with a chat template, transformers' own
+    apply_chat_template(..., add_generation_prompt=True) ids; with naohai's template, the ids training put
+    before the first learned token of the same conversation with its answer."""
+    ours, theirs = bpe
+    for c in CONVS[:5]:
+        msgs = _messages(c)
+        asked = msgs[:max(i for i, m in enumerate(msgs) if m["role"] == "user") + 1]
+        want = theirs.apply_chat_template(asked, tokenize=True, add_generation_prompt=True)
+        assert prompt_ids(asked, ours) == list(want["input_ids"] if hasattr(want, "keys") else want)
+    for msgs in ([{"role": "user", "content": "hi"}],
+                 [{"role": "system", "content": "be short"}, {"role": "user", "content": "翻译: cat"}],
+                 [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+                  {"role": "user", "content": "again"}]):
+        ids, learned = render(msgs + [{"role": "assistant", "content": "the answer"}], tok)
+        first = max(i for i, f in enumerate(learned) if not f) + 1      # the answer and EOD: the last learned run
+        assert prompt_ids(msgs, tok) == ids[:first]
+        assert tok.decode(prompt_ids(msgs, tok)).endswith("Assistant: ")
 
 
 def test_naohai_template_without_chat_template(tok):
