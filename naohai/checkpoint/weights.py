@@ -386,10 +386,14 @@ def start_checkpoint(path: str, recipe: Recipe, tokenizer_sha256: Optional[str],
                         f"({(found.recipe.train.init_from or 'the base it names')}) or resume the run itself",
                         where=where, key="train.init_from")
     if found.tokenizer_sha256 and tokenizer_sha256 and found.tokenizer_sha256 != tokenizer_sha256:
+        try:
+            source_tokenizer = found.tokenizer_file()
+        except UserError:            # its recorded file is no longer the one it was trained with
+            source_tokenizer = found.recipe.data.tokenizer or "the source's own tokenizer"
         raise UserError(f"the weights of {found.describe()} were trained with another tokenizer (SHA-256 "
                         f"{found.tokenizer_sha256[:12]}..., this run's is {tokenizer_sha256[:12]}...): their token "
                         f"ids mean other pieces here. Give the source's tokenizer as data.tokenizer "
-                        f"({found.tokenizer_file()}) in a new output folder", where=where, key="train.init_from")
+                        f"({source_tokenizer}) in a new output folder", where=where, key="train.init_from")
     if found.checkpoint is not None and found.adapters is None:     # adapters: merged into a full one first
         return found, found.checkpoint
     # named after the source's files as they are now: a source changed in place gets a new full copy, never
