@@ -146,6 +146,7 @@ class HFTokenizer:
             raise UserError("has no chat_template (tokenizer_config.json or chat_template.jinja)",
                             where=os.path.dirname(self.path or "."), key="chat_template")
         import jinja2
+        import jinja2.ext           # not imported by jinja2 itself (transformers imports it, so tests missed it)
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):

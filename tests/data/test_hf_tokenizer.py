@@ -69,6 +69,22 @@ def test_chat_template_renders_as_transformers(both):
         ours.apply_chat_template([{"role": "tool", "content": "x"}])
 
 
+def test_chat_template_renders_in_a_process_without_transformers(both, bpe_dir):
+    """A training run never imports transformers; jinja2 does not import its own jinja2.ext, which the
+    template's loop controls need (every SFT run with a chat template died with AttributeError)."""
+    import subprocess
+    import sys
+    ours, _ = both
+    messages = [{"role": "user", "content": "hi 👋"}, {"role": "assistant", "content": "ok"}]
+    code = ("import json, sys\nfrom naohai.data.tokenizer import Tokenizer\n"
+            f"text = Tokenizer.load({os.path.join(bpe_dir, 'tokenizer.json')!r}).apply_chat_template("
+            f"json.loads({json.dumps(json.dumps(messages))}), True)\n"
+            "print(json.dumps([text, 'transformers' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [ours.apply_chat_template(messages, True), False]
+
+
 def test_prepare_trains_a_byte_bpe_and_packs_with_it(tmp_path, mixed_docs):
     """data.tokenizer_type: byte_bpe -> <output_dir>/tokenizer.json; windows decode back to the corpus."""
     from naohai.config import recipe_from_dict
