@@ -36,12 +36,13 @@ def learning_rate(train: TrainConfig, step: int) -> float:
 
 
 def notes(train: TrainConfig) -> list:
-    """What a run's length does to its schedule that a user may not mean: a warmup as long as the run, so the
-    rate never reaches ``lr`` (a short override of ``train.steps`` on a long recipe, the usual way), or a decay
+    """What a run's length does to its schedule that a user may not mean: a warmup at least as long as the run,
+    so the rate never reaches ``lr`` (a short override of ``train.steps`` on a long recipe, the usual way), or a decay
     that ends long before the run (``decay_steps`` below ``steps``), so most steps run at ``min_lr``."""
     cfg, out = train.lr_schedule, []
-    if cfg.warmup_steps >= train.steps > 0:
-        peak = max(learning_rate(train, s) for s in range(train.steps))
+    peak = max(learning_rate(train, s) for s in range(min(train.steps, cfg.warmup_steps + 1))) \
+        if cfg.warmup_steps >= train.steps > 0 else cfg.lr
+    if peak < cfg.lr * (1 - 1e-9):
         out.append(f"train.warmup_steps={cfg.warmup_steps} is not shorter than train.steps={train.steps}: the "
                    f"learning rate rises through the whole run and peaks at {peak:.3g}, not train.lr={cfg.lr:g}")
     elif cfg.decay_steps is not None and cfg.decay != "constant" and 2 * cfg.decay_steps <= train.steps:

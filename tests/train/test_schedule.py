@@ -114,9 +114,11 @@ def test_schedule_errors_name_the_key(changes, key):
 
 @pytest.mark.parametrize("steps, warmup, decay_steps, decay, says", [
     (20, 30, None, "cosine", "peaks at 0.002, not train.lr=0.003"),     # naohai warmup: 3e-3 x 20 / 30
-    (30, 30, None, "cosine", "peaks at 0.003, not train.lr=0.003"),     # the last step reaches lr: still all warmup
+    (29, 30, None, "cosine", "peaks at 0.0029, not train.lr=0.003"),
+    (30, 30, None, "cosine", None),                                      # the last step reaches lr
     (600, 30, 300, "cosine", "steps 300-600 run at train.min_lr=0.0003"),
     (31, 30, None, "cosine", None),
+    (30, 30, None, "cosine-pangu", "peaks at 0.0029, not train.lr=0.003"),   # lr x step / warmup: 3e-3 x 29 / 30
     (600, 30, 301, "linear", None),
     (600, 30, 100, "constant", None),                                    # no decay to end early
 ])
@@ -126,6 +128,8 @@ def test_a_schedule_the_run_cannot_follow_is_noted(steps, warmup, decay_steps, d
     from naohai.train.schedule import notes
     cfg = TrainConfig(steps=steps)
     cfg.lr_schedule.lr, cfg.lr_schedule.min_lr = 3e-3, 3e-4
+    if decay.endswith("-pangu"):
+        decay, cfg.lr_schedule.schedule = decay[:-len("-pangu")], "pangu"
     cfg.lr_schedule.warmup_steps, cfg.lr_schedule.decay_steps, cfg.lr_schedule.decay = warmup, decay_steps, decay
     got = notes(cfg)
     if says is None:
