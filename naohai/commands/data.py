@@ -109,7 +109,8 @@ def register(subparsers) -> None:
     i.add_argument("dir", help="prepared data directory")
     i.add_argument("--held-out-text", metavar="FILE",
                    help="also write the held-out split, decoded, to FILE (one document after another, a blank "
-                        "line between them): text the run never trained on, e.g. for `naohai eval --text`")
+                        "line between them): text the run never trained on, e.g. for `naohai eval --text`. FILE is "
+                        "never replaced; one that holds this split already is left as it is (a rerun)")
     i.set_defaults(run=run_info)
 
     p.set_defaults(run=lambda args: (p.print_help(), 2)[1])

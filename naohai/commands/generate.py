@@ -1,4 +1,5 @@
-"""`naohai generate CHECKPOINT --prompt TEXT [--prompt TEXT ...]`: sample text from a model."""
+"""`naohai generate CHECKPOINT --prompt TEXT [--prompt TEXT ...] [--chat [--system TEXT]]`: sample text from a model;
+with ``--chat`` each prompt is a user turn of a conversation, rendered as supervised fine-tuning rendered them."""
 from __future__ import annotations
 
 import sys

@@ -19,7 +19,8 @@ An imported folder is user input: every number naohai reads from ``adapter_confi
 ``num_transformer_submodules``) goes through :mod:`naohai.validate` (no booleans, strings, NaN,
 Infinity, fractions for integers, or values out of range), ``lora_alpha / r`` keeps the recipe's
 bound (:data:`naohai.config.MAX_LORA_SCALE`), and the safetensors' tensors must be floating point
-with finite values in float32; else exit 2 naming the file, the key and the rule.
+(F32, F16 or BF16, as PEFT saves a half-precision model's adapter; each read exactly as float32) with finite
+values in float32; else exit 2 naming the file, the key and the rule.
 """
 from __future__ import annotations
 
