@@ -94,7 +94,8 @@ def adopt_token_ids(recipe: Recipe, prepared_dir: str, log) -> Recipe:
             log(f"model.{key}: {before} -> {after} (the tokenizer's id for the same role)")
     if meta.get("format") == SFT_FORMAT and not model.eod_reset:
         log("warning: model.eod_reset is off, so each packed conversation also attends to the conversations "
-            "before it in its window (set model.eod_reset: true and model.eod_id to keep them apart)")
+            f"before it in its window (set model.eod_reset=true model.eod_id={tok['eod_id']}, this tokenizer's EOD "
+            "id, to keep them apart)")
     return dataclasses.replace(recipe, model=model)
 
 

@@ -38,7 +38,8 @@ def test_sft_lora_run_learns_saves_adapters_and_resumes(tmp_path, micro_data):
     meta = load_sft(str(Path(tmp_path) / "sft")).meta
     assert meta["report"]["malformed"] == 1 and any("1 malformed" in line for line in logs)
     # the micro model does not reset attention at EOD: packed conversations see each other, and it says so
-    assert any("model.eod_reset is off" in line for line in logs)
+    assert any("model.eod_reset is off" in line and f"model.eod_id={meta['tokenizer']['eod_id']}," in line
+               for line in logs)
     quiet = []
     kept = adopt_token_ids(_recipe(tmp_path, tok, eod_reset=True, eod_id=0), str(Path(tmp_path) / "sft"), quiet.append)
     assert kept.model.eod_id == meta["tokenizer"]["eod_id"] and not any("eod_reset" in line for line in quiet)
