@@ -330,6 +330,7 @@ def _export_peft(args) -> int:
     ft = found.recipe.finetune
     files = write_peft(args.out, found.recipe.model, ft, tensors, base_model=found.recipe.train.init_from or "",
                        where=args.checkpoint)
+    _conventions_note(found.recipe.model)
     print(f"exported the {ft.method} adapter ({len(tensors)} tensors) of {found.describe()} -> {args.out} "
           f"(PEFT: {', '.join(files)})")
     return 0
@@ -424,13 +425,21 @@ def _export_hf(args, path) -> int:
         found = find_weights(path, verify=not args.no_verify)
         _refuse_unmergeable(found, args.checkpoint, "export")
         recipe, weights, base = found.recipe, found.tensors(), None
-        tok = recipe.data.tokenizer
+        tok = found.tokenizer_file() if recipe.data.tokenizer else None     # where training read it, any folder
         tokenizer_dir = os.path.dirname(os.path.abspath(tok)) if tok and tok.endswith(".json") else None
     files = write_hf(args.out, recipe.model, weights, where=args.checkpoint, tokenizer_dir=tokenizer_dir,
                      base_config=base,
                      shard_bytes=_shard_bytes(DEFAULT_SHARD_SIZE if args.shard_size is None else args.shard_size))
+    _conventions_note(recipe.model)
     print(f"exported {args.checkpoint} -> {args.out} (Hugging Face: {', '.join(files)})")
     return 0
+
+
+def _conventions_note(cfg) -> None:
+    """Say on stderr what of the recipe's packing and loss the exported model does not carry."""
+    from naohai.convert.hf.arch import training_conventions
+    for note in training_conventions(cfg):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _export(args, path) -> int:

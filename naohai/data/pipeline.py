@@ -91,7 +91,8 @@ def _ensure_sft(recipe, tok: Tokenizer, out_dir: str, rebuild: bool, log: Log) -
     d = recipe.data
     source = dict(fingerprint(expand_paths(d.corpus), "sft"), truncation=d.truncation)
     if not rebuild and is_sft_dir(out_dir):
-        if _made_for(load_sft(out_dir).meta, tok, recipe, source):
+        meta = load_sft(out_dir).meta
+        if _made_for(meta, tok, recipe, source) and "eod_inside" in meta:   # older folders: made again, same windows
             if log:
                 log(f"prepared SFT data in {out_dir} is up to date")
             return

@@ -37,7 +37,8 @@ the report counts both.
 Layout of a prepared SFT directory::
 
     meta.json        format naohai-sft-v1, tokenizer, seq_length, per split: file, mask,
-                     conversations, windows, learned tokens; report (malformed lines, truncation)
+                     conversations, windows, learned tokens; report (malformed lines, truncation);
+                     eod_inside (conversations whose template puts the EOD id inside them)
     train.npy        [windows, seq_length + 1] token ids (uint16 / uint32)
     train.mask.npy   [windows, seq_length + 1] uint8, 1 where the token is a learned target
     valid.npy, valid.mask.npy
@@ -268,6 +269,20 @@ def pack(conversations: Iterable[Tuple[List[int], List[int]]], seq_length: int, 
     return np.asarray(rows_ids, np.int64), np.asarray(rows_mask, np.uint8), stats
 
 
+def eod_inside(rendered: Sequence[Tuple[List[int], List[int]]], tokenizer) -> Dict[str, Any]:
+    """How many rendered conversations hold the EOD id before their own closing EOD, and the first one's text up
+    to it: a chat template that ends each turn with the tokenizer's EOS, where EOS is the EOD (Qwen's
+    ``<|im_end|>``, Llama-2's ``</s>``...).  Resetting attention at EOD (``model.eod_reset``) would cut such a
+    conversation at its turns, so an answer could not see its question (:func:`naohai.train.job.adopt_token_ids`
+    refuses it)."""
+    hits = [ids for ids, _ in rendered if tokenizer.eod_id in ids[:-1]]
+    example = None
+    if hits:
+        ids = hits[0]
+        example = tokenizer.decode(ids[:ids.index(tokenizer.eod_id) + 1])[-200:]
+    return {"conversations": len(hits), "example": example}
+
+
 # --------------------------------------------------------------------------- preparing
 def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int, holdout_fraction: float = 0.05,
                 seed: int = 1234, *, truncation: str = "drop", overwrite: bool = False,
@@ -337,6 +352,7 @@ def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int
             "splits": splits,
             "report": {"lines_read": lines_read, **totals, "malformed": len(malformed),
                        "malformed_lines": malformed[:MAX_LISTED]},
+            "eod_inside": eod_inside(rendered, tokenizer),
             "source": source or {"files": expand_paths(sources)},
         }
         return publish(tmp, out_dir, meta)

@@ -317,3 +317,26 @@ def test_lora_config_numbers_at_the_bounds_import(lora_adapter, imported_llama, 
     assert ft.rank == 4 and isinstance(ft.rank, int)
     assert ft.alpha == changes.get("lora_alpha", 16) and ft.dropout == 0.0
     assert ft.alpha / ft.rank <= FLOAT16_MAX and np.isfinite(np.float16(ft.alpha / ft.rank))
+
+
+def test_a_model_trained_with_eod_resets_exports_and_says_what_the_export_does_not_carry(imported_llama, tmp_path):
+    """model.eod_reset / eod_reset_positions / loss_pad_id are how naohai packed windows and counted the loss,
+    not the network: an SFT run sets eod_reset, and its adapter must leave naohai (the export refused it).  It is
+    written, with a note for each; query_layer, which is the network, is still refused."""
+    import dataclasses
+    from naohai.checkpoint.weights import find_weights
+    from naohai.convert.hf.arch import training_conventions
+    _, _, base = imported_llama
+    cfg = find_weights(base).recipe.model
+    assert training_conventions(cfg) == []
+    trained = dataclasses.replace(cfg, eod_reset=True, eod_reset_positions=True, eod_id=1, loss_pad_id=0)
+    notes = training_conventions(trained)
+    assert len(notes) == 2 and "attention and positions at each EOD (id 1)" in notes[0] and "loss_pad_id 0" in notes[1]
+    a = np.zeros((4, 144), np.float32)
+    b = np.zeros((144, 4), np.float32)
+    files = write_peft_lora(str(tmp_path / "adapter"), trained, {"layers.0.attention.q.lora_a": a,
+                                                                  "layers.0.attention.q.lora_b": b}, rank=4, alpha=8.0)
+    assert files == [CONFIG, "adapter_model.safetensors"]
+    with pytest.raises(UserError, match="no top query layer"):
+        write_peft_lora(str(tmp_path / "other"), dataclasses.replace(cfg, query_layer=True),
+                        {"layers.0.attention.q.lora_a": a, "layers.0.attention.q.lora_b": b}, rank=4, alpha=8.0)

@@ -224,3 +224,30 @@ def test_bad_inputs_are_user_errors(bpe, tmp_path):
             prepare_sft([str(tmp_path / "ok.jsonl")], ours, str(tmp_path / "o"), SEQ)
     finally:
         ours.chat_template = broken
+
+
+def test_a_template_that_puts_eod_inside_conversations_is_counted_and_refuses_eod_reset(bpe, jsonl, tmp_path, tok):
+    """This file's template ends every turn with EOS, the EOD (as Qwen's <|im_end|> or Llama-2's </s> do):
+    prepare_sft counts the conversations that hold EOD before their end, and training refuses model.eod_reset
+    with such data (attention restarting at each turn's EOD hid every question from its answer; a LoRA run over
+    an imported llama learned nothing); naohai's template puts none inside, and eod_reset stays allowed."""
+    import dataclasses
+    from naohai.train.job import adopt_token_ids
+    from tests.conftest import micro_recipe
+    ours, _ = bpe
+    path, _ = jsonl
+    meta = prepare_sft([path], ours, str(tmp_path / "tpl"), SEQ)
+    usable = meta["report"]["lines_read"] - meta["report"]["malformed"]
+    assert meta["eod_inside"]["conversations"] == usable          # every conversation: EOS after each turn
+    assert meta["eod_inside"]["example"].endswith("<eod>")
+    plain = prepare_sft([path], tok, str(tmp_path / "plain"), SEQ)
+    assert plain["eod_inside"] == {"conversations": 0, "example": None}
+    recipe = micro_recipe(tmp_path / "run")
+    on = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, eod_reset=True, eod_id=0))
+    with pytest.raises(UserError, match="answer could not see its question") as info:
+        adopt_token_ids(on, str(tmp_path / "tpl"), lambda *_: None)
+    assert info.value.key == "model.eod_reset"
+    logs = []
+    adopt_token_ids(recipe, str(tmp_path / "tpl"), logs.append)       # off: a note, and no advice to turn it on
+    assert any("cannot keep them apart" in line for line in logs) and not any("eod_reset=true" in line for line in logs)
+    assert adopt_token_ids(on, str(tmp_path / "plain"), lambda *_: None).model.eod_reset

@@ -164,11 +164,25 @@ def shape_keys(cfg: ModelConfig, **names: str) -> Dict[str, Any]:
 
 def common_fits(cfg: ModelConfig) -> List[Tuple[str, bool, str]]:
     return [("query_layer", not cfg.query_layer, "the architecture has no top query layer"),
-            ("eod_reset", not cfg.eod_reset, "its attention does not reset at EOD inside a window"),
-            ("eod_reset_positions", not cfg.eod_reset_positions, "its positions do not restart at EOD"),
-            ("final_norm", cfg.final_norm == "after", "its final norm follows the last layer"),
-            ("loss_pad_id", cfg.loss_pad_id is None, "its loss averages every token (naohai's loss_pad_id "
-                                                     "masking would change what evaluation measures)")]
+            ("final_norm", cfg.final_norm == "after", "its final norm follows the last layer")]
+
+
+def training_conventions(cfg: ModelConfig) -> List[str]:
+    """What a model's recipe sets about how its windows were packed and its loss counted, which the exported
+    network does not carry: the weights and the network are the same, and the outputs equal naohai's on an
+    input with no EOD before its last token (a prompt, one conversation).  Said, not refused: an SFT run
+    packs conversations with ``model.eod_reset``, and its adapter or merged model is meant for Hugging Face."""
+    notes = []
+    if cfg.eod_reset or cfg.eod_reset_positions:
+        what = " and ".join(w for w, on in (("attention", cfg.eod_reset), ("positions", cfg.eod_reset_positions))
+                            if on)
+        notes.append(f"model.eod_reset{'_positions' if not cfg.eod_reset else ''}: naohai restarts {what} at each "
+                     f"EOD (id {cfg.eod_id}) inside a window, a Hugging Face model does not; outputs are equal on "
+                     f"inputs with no EOD before their last token (a prompt, one conversation)")
+    if cfg.loss_pad_id is not None:
+        notes.append(f"model.loss_pad_id {cfg.loss_pad_id}: naohai's loss and evaluation leave out targets equal to "
+                     f"it; a Hugging Face loss counts every token")
+    return notes
 
 
 def same(x):
