@@ -94,9 +94,20 @@ def _check_switches() -> None:
     interrupt.grace_seconds()
 
 
+def _given_here(err: UserError, args) -> str:
+    """Where a key an error names came from, when it was a command-line override of the recipe (the error
+    names the recipe file, where the user would look for it in vain)."""
+    if "command line" in str(err.where or ""):
+        return ""
+    given = [o for o in (getattr(args, "overrides", None) or []) if isinstance(o, str) and "=" in o]
+    match = [o for o in given if err.key and o.split("=", 1)[0].strip() == err.key]
+    return f" [{err.key} was set on the command line: {match[-1]}]" if match else ""
+
+
 def main(argv=None) -> int:
     as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
     try:
         if argv[:1] == ["lm-eval"]:          # every later word is lm-eval's own (argparse cannot pass "--x" on)
             from naohai.commands import harness
@@ -112,7 +123,8 @@ def main(argv=None) -> int:
     except UserError as err:
         # one paragraph, wrapped at 100 columns on a terminal; one line elsewhere (logs, pipes), so that
         # where it breaks never depends on the length of a path in it
-        text = textwrap.fill(f"naohai: error: {err}", width=100 if sys.stderr.isatty() else 1 << 30,
+        text = textwrap.fill(f"naohai: error: {err}{_given_here(err, args)}",
+                             width=100 if sys.stderr.isatty() else 1 << 30,
                              break_long_words=False, break_on_hyphens=False)
         print(text, file=sys.stderr)
         return err.exit_code

@@ -70,3 +70,28 @@ def test_a_wrong_kernel_switch_stops_the_command_before_it_starts(capsys, monkey
     monkeypatch.setenv("NAOHAI_CPU_KERNELS", "0")
     assert main(["train", str(tmp_path / "nope.yaml")]) == 2
     assert "no such recipe file" in capsys.readouterr().err
+
+
+def test_an_error_on_a_key_set_on_the_command_line_says_so(capsys, monkeypatch, tmp_path):
+    """Errors found after the recipe is read (the memory check, the run plan, the data) name the recipe file; a
+    key the user set as an override is not in that file, so the message says where it came from."""
+    from naohai import devices
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(devices, "machine_memory", lambda path=devices.MEMINFO: 1 << 30)
+    assert main(["train", "tiny", "model.hidden_size=4096", "model.ffn_hidden_size=16384", "model.num_heads=32"]) == 2
+    err = capsys.readouterr().err
+    assert "recipes/tiny.yaml" in err and "cannot fit in this machine's memory" in err
+    assert "[model.ffn_hidden_size was set on the command line: model.ffn_hidden_size=16384]" in err, err
+    assert os.listdir(tmp_path) == []
+    # a key from the recipe file itself gets no such remark; an error already about the override neither
+    import pathlib
+    text = (pathlib.Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml").read_text()
+    wide = text.replace("  preset: tiny", "  preset: tiny\n  hidden_size: 4096\n  ffn_hidden_size: 16384\n"
+                                           "  num_heads: 32", 1)
+    (tmp_path / "wide.yaml").write_text(wide)
+    assert main(["train", str(tmp_path / "wide.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot fit in this machine's memory" in err and "was set on the command line" not in err, err
+    assert main(["train", "tiny", "train.adam_eps=0"]) == 2
+    err = capsys.readouterr().err
+    assert "command line override 'train.adam_eps=0'" in err and "was set on the command line" not in err
