@@ -140,25 +140,25 @@ def read_conversations(paths: Sequence[str]) -> Tuple[List[Tuple[str, List[Dict[
 
 
 # --------------------------------------------------------------------------- rendering
+def _template_text(tokenizer, messages, generation_prompt: bool) -> str:
+    """``messages`` rendered by the tokenizer's chat template; a template error exits 2 naming it."""
+    import jinja2
+    try:
+        return tokenizer.apply_chat_template(list(messages), add_generation_prompt=generation_prompt)
+    except jinja2.TemplateError as exc:
+        raise UserError(f"the chat template does not render: {exc}", where=tokenizer.path,
+                        key="chat_template") from None
+
+
 def _template_spans(messages, tokenizer) -> Tuple[str, List[Tuple[int, int]]]:
     """Full text by the tokenizer's chat template and the character spans of the assistant turns."""
-    import jinja2
-
-    def render(msgs, gen):
-        try:
-            return tokenizer.apply_chat_template(msgs, add_generation_prompt=gen)
-        except UserError:
-            raise
-        except jinja2.TemplateError as exc:
-            raise UserError(f"the chat template does not render: {exc}", where=tokenizer.path,
-                            key="chat_template") from None
-
-    full = render(messages, False)
+    full = _template_text(tokenizer, messages, False)
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before, after = render(messages[:i], True), render(messages[:i + 1], False)
+        before = _template_text(tokenizer, messages[:i], True)
+        after = _template_text(tokenizer, messages[:i + 1], False)
         if not (after.startswith(before) and full.startswith(after)):
             raise UserError("the chat template does not render conversations incrementally (the text up to an "
                             "assistant turn is not a prefix of the whole), so the assistant tokens cannot be "
@@ -166,6 +166,14 @@ def _template_spans(messages, tokenizer) -> Tuple[str, List[Tuple[int, int]]]:
                             key="chat_template")
         spans.append((len(before), len(after)))
     return full, spans
+
+
+def _naohai_turn(message: Dict[str, str], tokenizer) -> Tuple[List[int], List[int]]:
+    """(ids, learned flags) of one turn in naohai's template: its role's head, then ``content`` and a newline,
+    encoded segment by segment; the body is learned in an assistant turn."""
+    head = tokenizer.encode(NAOHAI_TEMPLATE[message["role"]])
+    body = tokenizer.encode(message["content"] + "\n")
+    return head + body, [0] * len(head) + [int(message["role"] == "assistant")] * len(body)
 
 
 def render(messages: Sequence[Dict[str, str]], tokenizer) -> Tuple[List[int], List[int]]:
@@ -178,18 +186,9 @@ def render(messages: Sequence[Dict[str, str]], tokenizer) -> Tuple[List[int], Li
     else:
         ids, learned = [], []
         for m in messages:
-            head = tokenizer.encode(NAOHAI_TEMPLATE[m["role"]]) if m["role"] != "assistant" else []
-            if m["role"] == "assistant":
-                prompt = tokenizer.encode(NAOHAI_TEMPLATE["assistant"])
-                ids += prompt
-                learned += [0] * len(prompt)
-                body = tokenizer.encode(m["content"] + "\n")
-                ids += body
-                learned += [1] * len(body)
-            else:
-                body = head + tokenizer.encode(m["content"] + "\n")
-                ids += body
-                learned += [0] * len(body)
+            turn_ids, turn_learned = _naohai_turn(m, tokenizer)
+            ids += turn_ids
+            learned += turn_learned
     ids.append(tokenizer.eod_id)
     learned.append(int(messages[-1]["role"] == "assistant"))
     if learned:
@@ -202,20 +201,11 @@ def prompt_ids(messages: Sequence[Dict[str, str]], tokenizer) -> List[int]:
     assistant turns, the last one not the assistant's): what :func:`render` puts before an assistant message's
     text, so the model sees the prompt as it saw it in training and answers up to the EOD it learned.  The
     tokenizer's chat template renders it with ``add_generation_prompt`` (encoded whole, as transformers
-    encodes such a prompt), else naohai's template segment by segment, ending ``Assistant: ``."""
+    encodes such a prompt), else naohai's template turn by turn, ending ``Assistant: ``."""
     if getattr(tokenizer, "chat_template", None):
-        import jinja2
-        try:
-            text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
-        except jinja2.TemplateError as exc:
-            raise UserError(f"the chat template does not render: {exc}", where=tokenizer.path,
-                            key="chat_template") from None
+        text = _template_text(tokenizer, messages, True)
         return list(tokenizer.backend.encode(text, add_special_tokens=False).ids)
-    ids: List[int] = []
-    for m in messages:
-        head = tokenizer.encode(NAOHAI_TEMPLATE[m["role"]]) if m["role"] != "assistant" else \
-            tokenizer.encode(NAOHAI_TEMPLATE["assistant"])
-        ids += head + tokenizer.encode(m["content"] + "\n")
+    ids = [i for m in messages for i in _naohai_turn(m, tokenizer)[0]]
     return ids + tokenizer.encode(NAOHAI_TEMPLATE["assistant"])
 
 

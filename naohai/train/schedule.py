@@ -40,8 +40,8 @@ def notes(train: TrainConfig) -> list:
     so the rate never reaches ``lr`` (a short override of ``train.steps`` on a long recipe, the usual way), or a decay
     that ends long before the run (``decay_steps`` below ``steps``), so most steps run at ``min_lr``."""
     cfg, out = train.lr_schedule, []
-    peak = max(learning_rate(train, s) for s in range(min(train.steps, cfg.warmup_steps + 1))) \
-        if cfg.warmup_steps >= train.steps > 0 else cfg.lr
+    peak = max(learning_rate(train, s) for s in range(train.steps)) if cfg.warmup_steps >= train.steps > 0 \
+        else cfg.lr
     if peak < cfg.lr * (1 - 1e-9):
         out.append(f"train.warmup_steps={cfg.warmup_steps} is not shorter than train.steps={train.steps}: the "
                    f"learning rate rises through the whole run and peaks at {peak:.3g}, not train.lr={cfg.lr:g}")
