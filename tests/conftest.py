@@ -1,5 +1,5 @@
-"""Shared fixtures: a small prepared corpus and recipes built on it, the session's simulated-device compiles
-(``compiled_layout``); how the tests are split between the two workers of the README's test command
+"""Shared fixtures: the CPU device named once per worker, a small prepared corpus and recipes built on it,
+the session's simulated-device compiles (``compiled_layout``); how the tests are split between the two workers of the README's test command
 (pytest-xdist) and the lock that keeps two 8-rank compiles from running at once."""
 from __future__ import annotations
 
@@ -59,6 +59,19 @@ def simulated_compile_slot(tmp_path_factory):
 def compile_slot(tmp_path_factory):
     """``with compile_slot(): ...`` around a command that compiles on 8 simulated devices."""
     return lambda: simulated_compile_slot(tmp_path_factory)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_device():
+    """MindSpore runs tests in-process on the CPU, and it refuses ``set_device`` once any kernel has run in
+    the process (``RuntimeError: The runtime has been initialized``).  Which modules share a pytest-xdist
+    worker changes from run to run, so a test whose first kernel runs without naming the device (an
+    ``astype`` in tests/checkpoint/test_ckpt_format.py) broke every later ``set_device`` of its worker: 40
+    failures and 155 errors in one CI run.  Naming the device once per worker, before any test, removes
+    that dependence on order.  Commands that set it again with the same device are unaffected."""
+    import mindspore as ms
+    ms.set_device("CPU")
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)
