@@ -3,9 +3,12 @@ downstream row are metrics."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from typing import Any, Dict, List
+
+from naohai.errors import UserError
 
 
 def _summary_writer_class():
@@ -91,11 +94,30 @@ class RunLog:
 
 
 def read_metrics(output_dir: str) -> List[Dict[str, float]]:
+    """The rows of ``output_dir/metrics.jsonl`` ([] without the file).  A last line cut short (no newline: a
+    run killed while writing it) is left out, as a resumed run drops it; any other line that is not a JSON
+    object with a whole, non-negative ``step`` is a UserError naming the file and the line."""
     path = os.path.join(output_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return []
-    with open(path, "r", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    rows = []
+    with open(path, "r", encoding="utf-8", errors="replace") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                if not line.endswith("\n"):
+                    break                      # the row a kill cut short
+                row = None
+            step = row.get("step") if isinstance(row, dict) else None
+            if not (isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step)
+                    and step >= 0 and float(step).is_integer()):
+                raise UserError(f"line {number} is not a metrics row (a JSON object with a whole step >= 0, "
+                                f"as training writes it): {line.strip()[:80]!r}", where=path)
+            rows.append(row)
+    return rows
 
 
 def downstream_metrics(row: Dict[str, Any]) -> Dict[str, float]:

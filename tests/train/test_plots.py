@@ -104,3 +104,25 @@ def test_plot_out_that_cannot_be_a_png_file_is_named(two_runs, tmp_path, capsys)
         err = _err(capsys)
         assert "key '--out'" in err and words in err and "Traceback" not in err
     assert (tmp_path / "afile.txt").read_text() == "mine" and not (a / "loss.png").exists()
+
+
+def test_a_run_killed_while_logging_still_plots_and_a_broken_row_is_named(tmp_path, capsys):
+    """A run killed in the middle of writing a row leaves a last line without its newline: the plot leaves it out,
+    as a resumed run does.  Any other line that is not a row (text, a list, a step that is no whole number: 1e400
+    read as infinity) was a traceback (JSONDecodeError, OverflowError); it is now exit 2 naming the file and the
+    line."""
+    run = tmp_path / "killed"
+    run.mkdir()
+    rows = [{"step": 1, "loss": 5.0, "lr": 1e-3}, {"step": 2, "loss": float("nan"), "lr": 1e-3}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "lo')
+    assert main(["plot", str(run)]) == 0
+    assert (run / "loss.png").exists()
+    for n, bad in enumerate(['garbage', '[1, 2]', '{"step": 1e400, "loss": 1}', '{"step": 2.5}', '{"loss": 1}',
+                             '{"step": -1}', '{"step": true}']):
+        broken = tmp_path / f"broken{n}"
+        broken.mkdir()
+        (broken / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n" + bad + "\n" + json.dumps(rows[1]) + "\n")
+        assert main(["plot", str(broken)]) == 2
+        err = _err(capsys)
+        assert f"{broken / 'metrics.jsonl'}: line 2 is not a metrics row" in err and "Traceback" not in err, err
+        assert not (broken / "loss.png").exists()
