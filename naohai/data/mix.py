@@ -157,6 +157,14 @@ def build_mixture(sources: Sequence[MixSource], out: str, seed: int = 0, text_ke
         if not (math.isfinite(s.max_epochs) and 0 < s.max_epochs <= 1000):
             raise UserError(f"max_epochs must be in (0, 1000], got {s.max_epochs}", where=s.path)
     files = [source_files(s.path) for s in sources]
+    owner: Dict[str, int] = {}
+    for i, fs in enumerate(files):
+        for f in fs:
+            j = owner.setdefault(os.path.realpath(f), i)
+            if j != i:
+                raise UserError(f"{f} is a file of two sources, '{sources[j].path}' (source {j + 1}) and "
+                                f"'{sources[i].path}' (source {i + 1}): it would be mixed twice, past the epoch "
+                                f"caps; give each file one source and one weight", where="command line")
     counts, sizes = [], []
     for s, fs in zip(sources, files):
         fidx, _, nbytes = _line_offsets(fs)

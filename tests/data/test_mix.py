@@ -54,3 +54,20 @@ def test_changed_source_and_bad_specs(tmp_path):
     assert parse_source_spec("d/x.jsonl:0.3:2") == MixSource("d/x.jsonl", 0.3, 2.0)
     with pytest.raises(UserError, match="weight"):
         build_mixture([MixSource(str(tmp_path / "a.jsonl"), float("nan"))], str(tmp_path / "n.json"))
+
+
+def test_a_file_in_two_sources_is_refused(tmp_path):
+    """The same file named twice (or reached by a glob, a clean folder's link, a symbolic link) was mixed twice,
+    each copy under its own cap: 'a.jsonl:1 a.jsonl:1' took every document of a twice at 'cap 1.0'.  Refused
+    before anything is written, naming both sources."""
+    import os
+    _source(tmp_path / "a.jsonl", 10, 50)
+    _source(tmp_path / "b.jsonl", 10, 50)
+    os.symlink(tmp_path / "a.jsonl", tmp_path / "link.jsonl")
+    a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
+    for second in (a, str(tmp_path / "*.jsonl"), str(tmp_path / "link.jsonl")):
+        with pytest.raises(UserError, match="is a file of two sources") as info:
+            build_mixture([MixSource(a, 1.0), MixSource(second, 2.0)], str(tmp_path / "m.json"))
+        assert f"'{a}' (source 1)" in str(info.value) and f"'{second}' (source 2)" in str(info.value)
+    assert not (tmp_path / "m.json").exists() and not (tmp_path / "m.order.npy").exists()
+    assert build_mixture([MixSource(a, 1.0), MixSource(b, 2.0)], str(tmp_path / "m.json"))["documents"] > 0
