@@ -8,6 +8,8 @@ the rule, which the CLI prints as one paragraph with exit code 2.
 * YAML is read with :func:`load_yaml`, which refuses duplicate keys (plain
   PyYAML keeps the last one and silently drops the first) and documents whose aliases
   expand beyond :data:`MAX_YAML_NODES` values (an alias bomb), before expanding them.
+* JSON files users hand over (a Hugging Face ``config.json``, a PEFT ``adapter_config.json``) are read with
+  :func:`unique_json_object`, which refuses duplicate keys the same way.
 * :func:`integer` and :func:`number` refuse booleans, strings, ``.nan`` and
   ``.inf``, fractions where an integer is meant, and values outside the range
   (every integer has an upper bound, so ``1e21`` devices is an error, not a plan;
@@ -99,6 +101,22 @@ def load_yaml(stream) -> Any:
         return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+class DuplicateJSONKey(ValueError):
+    """A JSON object that names one key twice (``json.load`` keeps the last and drops the first)."""
+
+
+def unique_json_object(pairs) -> Dict[str, Any]:
+    """``object_pairs_hook`` for ``json.load`` / ``json.loads``: the object, or :class:`DuplicateJSONKey`
+    naming the repeated key."""
+    out: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateJSONKey(f"the key {key!r} is written twice (JSON readers keep the last one and drop "
+                                   f"the first, so which one was meant is unknown)")
+        out[key] = value
+    return out
 
 
 # --------------------------------------------------------------------------- values

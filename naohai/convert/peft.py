@@ -100,7 +100,9 @@ def _read_config(folder: str):
         raise UserError(f"is not a PEFT adapter folder: it needs {CONFIG} and {WEIGHTS}", where=folder)
     try:
         with open(config_path, encoding="utf-8") as fh:
-            config = json.load(fh)
+            config = json.load(fh, object_pairs_hook=validate.unique_json_object)
+    except validate.DuplicateJSONKey as exc:
+        raise UserError(str(exc), where=config_path) from None
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot be read as JSON ({exc})", where=config_path) from None
     if not isinstance(config, dict):

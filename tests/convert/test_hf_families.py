@@ -136,6 +136,14 @@ def test_bad_folders_exit_2_naming_file_and_key(built, tmp_path, capsys):
     attempt(_with(copy("shape"), intermediate_size=201), "model.safetensors", "mlp.gate_proj.weight", "(201, 144)",
             "config.json")
     attempt(_with(copy("act"), hidden_act="relu"), "key 'hidden_act'", "'relu'")
+    # a head count of 0 was a ZeroDivisionError traceback; the shape keys are positive integers
+    attempt(_with(copy("heads0"), num_attention_heads=0), "key 'num_attention_heads'", "positive integer, got 0")
+    attempt(_with(copy("vocab-1"), vocab_size=-1), "key 'vocab_size'", "positive integer, got -1")
+    # a key written twice: json keeps the last silently (here hidden_size 96), naohai refuses to guess
+    twice = copy("twice")
+    text = open(os.path.join(twice, "config.json")).read()
+    open(os.path.join(twice, "config.json"), "w").write(text.replace("{", '{"hidden_size": 96, ', 1))
+    attempt(twice, "config.json", "'hidden_size' is written twice")
     sharded = str(tmp_path / "sharded")
     assert main(["ckpt", "import", src, "--from", "hf", "--out", str(tmp_path / "imp")]) == 0
     assert main(["ckpt", "export", str(tmp_path / "imp"), "--to", "hf", "--out", sharded, "--shard-size", "200KB"]) == 0

@@ -165,6 +165,7 @@ def _edit_config(folder, **changes):
     ("missing", "nowhere", None),
     ("no_config", "adapter", None),
     ("bad_json", "adapter_config.json", None),
+    ("key_twice", "adapter_config.json", "r"),
     ("rank0", "adapter_config.json", "r"),
     ("dora", "adapter_config.json", "use_dora"),
     ("garbage_weights", "adapter_model.safetensors", None),
@@ -191,6 +192,9 @@ def test_bad_peft_imports_exit_2_naming_the_file(imported_llama, tmp_path, capsy
         os.remove(os.path.join(adapter, CONFIG))
     elif damage == "bad_json":
         open(os.path.join(adapter, CONFIG), "w").write("{not json")
+    elif damage == "key_twice":      # json keeps the last 'r' silently
+        text = open(os.path.join(adapter, CONFIG)).read()
+        open(os.path.join(adapter, CONFIG), "w").write(text.replace("{", '{"r": 64, ', 1))
     elif damage == "rank0":
         _edit_config(adapter, r=0)
     elif damage == "dora":

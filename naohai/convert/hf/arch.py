@@ -47,6 +47,13 @@ class HFConfig:
             raise self.bad(key, f"must be {kind.__name__}, got {value!r}")
         return float(value) if kind is float else value
 
+    def count(self, key: str) -> int:
+        """A size that must be a positive integer (vocabulary, widths, layers, heads)."""
+        value = self.get(key)
+        if value <= 0:
+            raise self.bad(key, f"must be a positive integer, got {value}")
+        return value
+
     def first(self, keys: Sequence[str], default: Any = _MISSING, kind: type = int) -> Any:
         """The first of ``keys`` present (old and new names of one setting)."""
         for key in keys:
@@ -126,8 +133,8 @@ def common_fields(c: HFConfig, *, vocab: str, hidden: str, layers: str, heads: s
     """The shape fields every architecture has, and naohai's settings for an imported model: the
     vocabulary unpadded, float32 compute, no dropout, the plain mean loss."""
     max_pos = c.first(tuple(positions), DEFAULT_SEQ_LENGTH)
-    return dict(vocab_size=c.get(vocab), vocab_pad_multiple=1, hidden_size=c.get(hidden), num_layers=c.get(layers),
-                num_heads=c.get(heads), seq_length=min(max_pos, DEFAULT_SEQ_LENGTH),
+    return dict(vocab_size=c.count(vocab), vocab_pad_multiple=1, hidden_size=c.count(hidden),
+                num_layers=c.count(layers), num_heads=c.count(heads), seq_length=min(max_pos, DEFAULT_SEQ_LENGTH),
                 tie_embeddings=c.get("tie_word_embeddings", tie_default, bool), compute_dtype="float32",
                 dropout=0.0, init_std=c.get("initializer_range", 0.02, float), eod_reset=False,
                 eod_reset_positions=False, eod_id=None, loss_pad_id=None, query_layer=False)

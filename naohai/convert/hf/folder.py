@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from naohai.errors import UserError
+from naohai.validate import DuplicateJSONKey, unique_json_object
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -49,7 +50,9 @@ def read_config(folder: str) -> Dict[str, Any]:
 def read_json(path: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as fh:
-            config = json.load(fh)
+            config = json.load(fh, object_pairs_hook=unique_json_object)
+    except DuplicateJSONKey as exc:
+        raise UserError(str(exc), where=path) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"is not readable JSON ({exc})", where=path) from None
     if not isinstance(config, dict):
