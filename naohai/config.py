@@ -56,6 +56,7 @@ class DataConfig:
     format: str = "text"              # text: documents packed for pretraining | sft: .jsonl conversations
     #                                   with a loss mask (naohai/data/sft.py)
     truncation: str = "drop"          # sft: a conversation longer than a window is dropped | truncate
+    packing: bool = True              # sft: conversations share windows | false: one conversation a window
 
     def validate(self, where: str = "recipe", prefix: str = "data") -> None:
         if not self.corpus:
@@ -75,6 +76,9 @@ class DataConfig:
         if self.truncation not in ("drop", "truncate"):
             raise UserError(f"'{self.truncation}' is not one of drop, truncate", where=where,
                             key=f"{prefix}.truncation")
+        if not self.packing and self.format != "sft":
+            raise UserError("false applies only to data.format: sft (pretraining text is always packed)",
+                            where=where, key=f"{prefix}.packing", rule="packing: false with format: sft")
         if self.tokenizer_type not in TOKENIZER_TYPES:
             raise UserError(f"'{self.tokenizer_type}' is not one of {', '.join(TOKENIZER_TYPES)}."
                             f"{did_you_mean(self.tokenizer_type, TOKENIZER_TYPES)}", where=where,

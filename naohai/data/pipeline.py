@@ -86,10 +86,10 @@ def is_up_to_date(prepared_dir: str, tokenizer: Tokenizer, recipe) -> bool:
 
 def _ensure_sft(recipe, tok: Tokenizer, out_dir: str, rebuild: bool, log: Log) -> None:
     """``data.format: sft``: conversations prepared by :func:`naohai.data.sft.prepare_sft` unless up to date
-    (same tokenizer, seq_length, corpus fingerprint, holdout, seed, truncation)."""
+    (same tokenizer, seq_length, corpus fingerprint, holdout, seed, truncation, packing)."""
     from naohai.data.sft import expand_paths, is_sft_dir, prepare_sft, report_text, load_sft
     d = recipe.data
-    source = dict(fingerprint(expand_paths(d.corpus), "sft"), truncation=d.truncation)
+    source = dict(fingerprint(expand_paths(d.corpus), "sft"), truncation=d.truncation, packing=d.packing)
     if not rebuild and is_sft_dir(out_dir):
         meta = load_sft(out_dir).meta
         if _made_for(meta, tok, recipe, source) and "eod_inside" in meta:   # older folders: made again, same windows
@@ -102,7 +102,7 @@ def _ensure_sft(recipe, tok: Tokenizer, out_dir: str, rebuild: bool, log: Log) -
     if log:
         log(f"preparing conversations {', '.join(d.corpus)} with seq_length {recipe.model.seq_length} -> {out_dir}")
     meta = prepare_sft(d.corpus, tok, out_dir, recipe.model.seq_length, d.holdout_fraction, d.shuffle_seed,
-                       truncation=d.truncation, overwrite=True, source=source)
+                       truncation=d.truncation, packing=d.packing, overwrite=True, source=source)
     if log:
         log(report_text(meta))
 

@@ -29,15 +29,18 @@ order, a new window started when the next one does not fit; the rest of a window
 id, never learned.  As every conversation ends with EOD, a model with ``model.eod_reset`` (the
 PanGu / PengCheng presets; ``recipes/sft-tiny.yaml`` sets it for the tiny one) keeps packed
 conversations from attending to each other; without it a conversation also sees the ones before
-it in its window (training then prints a warning).  A conversation longer than a window is
+it in its window (training then prints a warning).  Where resetting at EOD cannot separate
+them (a chat template that puts EOD inside conversations, see :func:`eod_inside`),
+``data.packing: false`` gives every conversation a window of its own, padded: nothing is seen
+across conversations, at the cost of the padding's compute.  A conversation longer than a window is
 ``truncation: drop`` (default: left out) or ``truncate`` (its head kept, the tokens of the
 assistant message cut by the window end unlearned; left out if nothing learned remains);
 the report counts both.
 
 Layout of a prepared SFT directory::
 
-    meta.json        format naohai-sft-v1, tokenizer, seq_length, per split: file, mask,
-                     conversations, windows, learned tokens; report (malformed lines, truncation);
+    meta.json        format naohai-sft-v1, tokenizer, seq_length, truncation, packing, per split: file,
+                     mask, conversations, windows, learned tokens; report (malformed lines, truncation);
                      eod_inside (conversations whose template puts the EOD id inside them)
     train.npy        [windows, seq_length + 1] token ids (uint16 / uint32)
     train.mask.npy   [windows, seq_length + 1] uint8, 1 where the token is a learned target
@@ -221,8 +224,9 @@ def _truncate(ids: List[int], learned: List[int], size: int) -> Tuple[List[int],
 
 # --------------------------------------------------------------------------- packing
 def pack(conversations: Iterable[Tuple[List[int], List[int]]], seq_length: int, pad_id: int,
-         truncation: str = "drop") -> Tuple[np.ndarray, np.ndarray, Dict[str, int]]:
-    """Windows ``[W, seq_length + 1]`` of ids and of learned flags, and counts (see the docstring)."""
+         truncation: str = "drop", packing: bool = True) -> Tuple[np.ndarray, np.ndarray, Dict[str, int]]:
+    """Windows ``[W, seq_length + 1]`` of ids and of learned flags, and counts (see the docstring); with
+    ``packing`` off every conversation has a window of its own."""
     size = int(seq_length) + 1
     rows_ids: List[List[int]] = []
     rows_mask: List[List[int]] = []
@@ -245,7 +249,7 @@ def pack(conversations: Iterable[Tuple[List[int], List[int]]], seq_length: int, 
                 stats["dropped_truncated"] += 1
                 continue
             stats["truncated"] += 1
-        if len(cur_ids) + len(ids) > size:
+        if cur_ids and (not packing or len(cur_ids) + len(ids) > size):
             close()
             cur_ids, cur_mask = [], []
         cur_ids = cur_ids + list(ids)
@@ -275,7 +279,7 @@ def eod_inside(rendered: Sequence[Tuple[List[int], List[int]]], tokenizer) -> Di
 
 # --------------------------------------------------------------------------- preparing
 def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int, holdout_fraction: float = 0.05,
-                seed: int = 1234, *, truncation: str = "drop", overwrite: bool = False,
+                seed: int = 1234, *, truncation: str = "drop", packing: bool = True, overwrite: bool = False,
                 source: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Render, split, pack and write ``sources`` (``.jsonl`` paths or globs) to ``out_dir``; returns meta."""
     if truncation not in TRUNCATION:
@@ -315,7 +319,7 @@ def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int
         totals = {"conversations": 0, "dropped_truncated": 0, "truncated": 0}
         for split, take in (("train", ~is_valid), ("valid", is_valid)):
             ids, mask, stats = pack((r for r, t in zip(rendered, take) if t), seq_length, tokenizer.pad_id,
-                                    truncation)
+                                    truncation, packing)
             if len(ids) == 0:
                 raise UserError(f"the {split} split holds no window: every conversation is longer than "
                                 f"seq_length + 1 = {seq_length + 1} tokens and data.truncation is "
@@ -339,6 +343,7 @@ def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int
             "holdout_fraction": float(holdout_fraction),
             "seed": int(seed),
             "truncation": truncation,
+            "packing": bool(packing),
             "splits": splits,
             "report": {"lines_read": lines_read, **totals, "malformed": len(malformed),
                        "malformed_lines": malformed[:MAX_LISTED]},
@@ -354,7 +359,8 @@ def prepare_sft(sources: Sequence[str], tokenizer, out_dir: str, seq_length: int
 def report_text(meta: Dict[str, Any]) -> str:
     """The preparation report as lines for the console."""
     r = meta["report"]
-    lines = [f"{r['lines_read']} lines: {r['conversations']} conversations packed, {r['malformed']} malformed, "
+    packed = "packed" if meta.get("packing", True) else "one a window (data.packing: false)"
+    lines = [f"{r['lines_read']} lines: {r['conversations']} conversations {packed}, {r['malformed']} malformed, "
              f"{r['dropped_truncated']} dropped as too long, {r['truncated']} truncated (truncation: "
              f"{meta['truncation']})"]
     for split, info in meta["splits"].items():

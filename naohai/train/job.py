@@ -101,13 +101,16 @@ def adopt_token_ids(recipe: Recipe, prepared_dir: str, log) -> Recipe:
                 f"{inside} of its conversations, at the end of each turn (e.g. "
                 f"{meta['eod_inside'].get('example')!r}), and resetting at EOD would cut every conversation at its "
                 f"turns, so an answer could not see its question (a LoRA run over an imported llama with it learned "
-                f"nothing: held-out loss 0.41 against 0.03 without it). Set {key}=false: packed conversations then "
-                f"also see the ones before them in their window, as most trainers pack", where=recipe.source or
+                f"nothing: held-out loss 0.41 against 0.03 without it). Set {key}=false, and data.packing=false "
+                f"to give each conversation a window of its own (else packed conversations also see the ones "
+                f"before them in their window, as most trainers pack)", where=recipe.source or
                 "recipe", key=key, rule="no EOD reset when the template puts EOD inside a conversation")
-        if not model.eod_reset and inside:
+        if meta.get("packing", True) is False:
+            pass                  # one conversation a window: nothing to keep apart
+        elif not model.eod_reset and inside:
             log("note: model.eod_reset is off, so each packed conversation also attends to the conversations "
                 "before it in its window (the chat template puts EOD inside conversations, so resetting at EOD "
-                "cannot keep them apart)")
+                "cannot keep them apart; data.packing=false gives each conversation a window of its own)")
         elif not model.eod_reset:
             log("warning: model.eod_reset is off, so each packed conversation also attends to the conversations "
                 f"before it in its window (set model.eod_reset=true model.eod_id={tok['eod_id']}, this tokenizer's "

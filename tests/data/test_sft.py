@@ -80,14 +80,15 @@ def _reference_conversation(theirs, msgs):
     return list(ids) + [theirs.eos_token_id], list(learned) + [int(msgs[-1]["role"] == "assistant")]
 
 
-def _reference_pack(convs, seq, pad):
-    """Windows of seq+1 tokens, conversations in order, a new window when one does not fit, pad after."""
+def _reference_pack(convs, seq, pad, packing=True):
+    """Windows of seq+1 tokens, conversations in order, a new window when one does not fit (unpacked: for
+    every conversation), pad after."""
     size = seq + 1
     windows, masks, fill = [], [], size
     for ids, learned in convs:
         if len(ids) > size:
             continue
-        if fill + len(ids) > size:
+        if fill + len(ids) > size or not packing:
             windows.append(np.full(size, pad, np.int64))
             masks.append(np.zeros(size, np.uint8))
             fill = 0
@@ -110,18 +111,22 @@ def test_render_matches_transformers_chat_template(bpe):
     assert text == "4<eod>\nsix, 6 🚀<eod>\n<eod>"        # the answers, their end-of-turn, the final EOD
 
 
-def test_prepared_windows_and_masks_equal_reference(bpe, jsonl, tmp_path):
+@pytest.mark.parametrize("packing", [True, False])
+def test_prepared_windows_and_masks_equal_reference(bpe, jsonl, tmp_path, packing):
+    """data.packing: false (one conversation a window) for templates that put EOD inside conversations,
+    where resetting attention at EOD cannot keep packed conversations apart."""
     ours, theirs = bpe
     path, lines = jsonl
-    meta = prepare_sft([path], ours, str(tmp_path / "sft"), SEQ, holdout_fraction=0.1, seed=3)
+    meta = prepare_sft([path], ours, str(tmp_path / "sft"), SEQ, holdout_fraction=0.1, seed=3, packing=packing)
     good = [_messages(c) for c in CONVS if c.get("response") != "REFUSE"]
     ref = [_reference_conversation(theirs, m) for m in good]
     held = holdout_mask(np.array([len(r[0]) for r in ref]), 0.1, 3)
     prep = load_sft(str(tmp_path / "sft"))
     for split, take in (("train", ~held), ("valid", held)):
-        ids, mask = _reference_pack([r for r, t in zip(ref, take) if t], SEQ, ours.pad_id)
+        ids, mask = _reference_pack([r for r, t in zip(ref, take) if t], SEQ, ours.pad_id, packing)
         np.testing.assert_array_equal(np.asarray(prep.tokens(split)), ids)
         np.testing.assert_array_equal(np.asarray(prep.mask(split)), mask)
+        assert (len(ids) == meta["splits"][split]["conversations"]) is not packing, (split, len(ids))
     rep = meta["report"]
     assert rep["malformed"] == len(BAD) and rep["lines_read"] == len(lines)
     listed = {m.split(": ")[0] for m in rep["malformed_lines"]}
@@ -132,6 +137,7 @@ def test_prepared_windows_and_masks_equal_reference(bpe, jsonl, tmp_path):
     assert rep["dropped_truncated"] == 1 and rep["truncated"] == 0
     assert rep["conversations"] == len(good) - 1
     assert "6 malformed, 1 dropped as too long" in report_text(meta)
+    assert meta["packing"] is packing and ("one a window (data.packing: false)" in report_text(meta)) is not packing
 
 
 def test_truncate_keeps_the_head_and_unlearns_the_cut_answer(bpe, jsonl, tmp_path):
@@ -251,3 +257,38 @@ def test_a_template_that_puts_eod_inside_conversations_is_counted_and_refuses_eo
     adopt_token_ids(recipe, str(tmp_path / "tpl"), logs.append)       # off: a note, and no advice to turn it on
     assert any("cannot keep them apart" in line for line in logs) and not any("eod_reset=true" in line for line in logs)
     assert adopt_token_ids(on, str(tmp_path / "plain"), lambda *_: None).model.eod_reset
+    # one conversation a window: nothing is seen across conversations, so no note; the reset stays refused
+    prepare_sft([path], ours, str(tmp_path / "alone"), SEQ, packing=False)
+    logs = []
+    adopt_token_ids(recipe, str(tmp_path / "alone"), logs.append)
+    assert not any("attends to the conversations" in line for line in logs), logs
+    with pytest.raises(UserError, match="data.packing=false"):
+        adopt_token_ids(on, str(tmp_path / "alone"), lambda *_: None)
+
+
+def test_packing_off_is_for_sft_data_and_a_change_prepares_again(tmp_path, micro_data):
+    """data.packing: false with pretraining text exits 2 naming the key; an SFT folder made with the other
+    setting is prepared again (the setting is part of what the folder was made for)."""
+    import dataclasses
+    from naohai.config import recipe_from_dict
+    from naohai.data.pipeline import ensure_prepared
+    with pytest.raises(UserError, match="applies only to data.format: sft") as info:
+        recipe_from_dict({"name": "t", "model": {"preset": "tiny"}, "data": {"packing": False}}, where="r.yaml")
+    assert info.value.key == "data.packing"
+    rows = [{"prompt": f"say {w}", "response": f"{w} {w}"} for w in ("alpha", "beta", "gamma", "delta") * 10]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from tests.conftest import micro_recipe
+    base = micro_recipe(tmp_path / "run", tokenizer=micro_data[1])
+    data = dataclasses.replace(base.data, format="sft", corpus=[str(tmp_path / "c.jsonl")])
+    recipe = dataclasses.replace(base, data=data, model=dataclasses.replace(base.model, seq_length=96))
+    logs = []
+    out, _ = ensure_prepared(recipe, log=logs.append)
+    packed = load_sft(out).meta
+    unpacked_recipe = dataclasses.replace(recipe, data=dataclasses.replace(data, packing=False))
+    logs.clear()
+    ensure_prepared(unpacked_recipe, log=logs.append)
+    alone = load_sft(out).meta
+    assert any(line.startswith("preparing conversations") for line in logs), logs
+    assert packed["packing"] and not alone["packing"]
+    assert alone["splits"]["train"]["windows"] == alone["splits"]["train"]["conversations"] > \
+        packed["splits"]["train"]["windows"]
