@@ -19,7 +19,7 @@ SEQ = 64
 def configs():
     """model_type -> transformers config (float32, tiny, odd shapes)."""
     from transformers import (BloomConfig, FalconConfig, GlmConfig, GPT2Config, GPTNeoXConfig, LlamaConfig,
-                              OlmoConfig)
+                              MistralConfig, OlmoConfig, Qwen2Config)
     ids = dict(bos_token_id=3, eos_token_id=1, pad_token_id=0)           # the byte BPE's <s>, <eod>, <pad>
     common = dict(vocab_size=VOCAB, max_position_embeddings=SEQ, **ids)
     llama_like = dict(common, hidden_size=144, intermediate_size=200, num_hidden_layers=2, num_attention_heads=6,
@@ -27,6 +27,10 @@ def configs():
     return {
         "llama": LlamaConfig(**llama_like, tie_word_embeddings=False, rms_norm_eps=1e-5,
                              rope_parameters={"rope_type": "default", "rope_theta": 5000.0}),
+        "qwen2": Qwen2Config(**llama_like, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                             rope_parameters={"rope_type": "default", "rope_theta": 20000.0}),
+        "mistral": MistralConfig(**llama_like, head_dim=24, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                                 sliding_window=None),
         "olmo": OlmoConfig(**llama_like, tie_word_embeddings=False, attention_bias=True),
         "glm": GlmConfig(**llama_like, head_dim=24, tie_word_embeddings=False, attention_bias=True,
                          rms_norm_eps=1e-5),
@@ -46,13 +50,16 @@ def configs():
     }
 
 
-def build(name: str, out: str, seed: int = 0):
-    """Build, perturb and ``save_pretrained`` the tiny model ``name`` into ``out``; returns the model."""
+def build(name: str, out: str, seed: int = 0, **changes):
+    """Build, perturb and ``save_pretrained`` the tiny model ``name`` (its config with ``changes``) into
+    ``out``; returns the model."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     cfg = configs()[name]
+    for key, value in changes.items():
+        setattr(cfg, key, value)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

@@ -75,6 +75,28 @@ def test_import_eval_logits_export(name, built, tmp_path, capsys):
     assert np.abs(hf_models.hf_logits(back.eval(), ids) - ref).max() <= 1e-5
 
 
+def test_a_sliding_window_is_the_imported_models_position_limit(tmp_path, capsys):
+    """Mistral-7B-v0.1 attends over a 4,096-token window; naohai attends to every earlier position, the same
+    computation on sequences no longer than the window.  A window of 32 in a 64-position model: the import
+    numbers 32 positions (seq_length 32), its logits on 32 tokens are transformers' (which differ from full
+    attention beyond them), and a longer model.seq_length exits 2."""
+    model = hf_models.build("mistral", str(tmp_path / "mistral-w32"), sliding_window=32)
+    out = str(tmp_path / "imported")
+    assert main(["ckpt", "import", str(tmp_path / "mistral-w32"), "--from", "hf", "--out", out]) == 0
+    recipe, ours = _naohai_logits(out, hf_models.windows()[:2, :32])
+    assert (recipe.model.max_positions, recipe.model.seq_length) == (32, 32)
+    assert np.abs(ours - hf_models.hf_logits(model, hf_models.windows()[:2, :32])).max() <= 1e-4
+    full = hf_models.build("mistral", str(tmp_path / "mistral-full"))     # same seed: the same weights
+    ids = hf_models.windows()[:1, :64]
+    assert np.abs(hf_models.hf_logits(model, ids)[:, 40:] - hf_models.hf_logits(full, ids)[:, 40:]).max() > 1e-3
+    capsys.readouterr()
+    assert main(["ckpt", "import", str(tmp_path / "mistral-w32"), "--from", "hf", "--out", str(tmp_path / "long"),
+                 "model.seq_length=64"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "seq_length" in err and "max_positions 32" in err and "Traceback" not in err, err
+    assert not os.path.exists(tmp_path / "long")
+
+
 def test_sharded_export_reads_back_and_half_precision_upcasts(built, tmp_path):
     """--shard-size splits the weights over shards + index; a bf16 / fp16 folder imports as float32."""
     import torch

@@ -11,6 +11,9 @@ from naohai.model.params import count_params
 #: preset -> parameters as the model cards / transformers' num_parameters() give them
 PUBLISHED = {
     "llama-7b": 6_738_415_616,       # huggyllama/llama-7b
+    "qwen2.5-0.5b": 494_032_768,     # Qwen/Qwen2.5-0.5B (model card: 0.49B)
+    "qwen2.5-7b": 7_615_616_512,     # Qwen/Qwen2.5-7B (model card: 7.61B)
+    "mistral-7b": 7_241_732_096,     # mistralai/Mistral-7B-v0.1
     "olmo-7b": 6_888_095_744,        # allenai/OLMo-7B-hf
     "glm-4-9b": 9_399_951_360,       # THUDM/glm-4-9b-hf
     "falcon-7b": 6_921_720_704,      # tiiuae/falcon-7b

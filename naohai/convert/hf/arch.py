@@ -140,6 +140,21 @@ def common_fields(c: HFConfig, *, vocab: str, hidden: str, layers: str, heads: s
                 eod_reset_positions=False, eod_id=None, loss_pad_id=None, query_layer=False)
 
 
+def window_as_position_limit(c: HFConfig, fields: Dict[str, Any], window: Optional[int]) -> None:
+    """Sliding-window attention (Mistral-7B-v0.1's 4,096 tokens, Qwen2's ``use_sliding_window``): naohai
+    attends to every earlier position, which is the same computation as long as no sequence is longer than
+    the window.  So a window shorter than ``max_position_embeddings`` becomes the model's position limit
+    (``max_positions``; ``seq_length`` at most that): a longer ``model.seq_length`` is then refused, and
+    generation stops at it."""
+    if window is None:
+        return
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise c.bad("sliding_window", f"must be a positive integer or null, got {window!r}")
+    longest = c.first(("max_position_embeddings",), DEFAULT_SEQ_LENGTH)
+    if window < longest:
+        fields.update(max_positions=window, seq_length=min(fields["seq_length"], window))
+
+
 def check_head_dim(c: HFConfig, fields: Dict[str, Any]) -> None:
     head_dim = c.get("head_dim", None)
     if fields["hidden_size"] % fields["num_heads"]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Dict
 
-from naohai.convert.hf import bloom, falcon, glm, gpt2, gpt_neox, llama, olmo  # noqa: F401  (they register)
+from naohai.convert.hf import (bloom, falcon, glm, gpt2, gpt_neox, llama, mistral, olmo,  # noqa: F401
+                              qwen2)  # (they register)
 from naohai.convert.hf.arch import Architecture, HFConfig, registered
 from naohai.errors import UserError, did_you_mean
 from naohai.model.config import ModelConfig

@@ -1,8 +1,8 @@
 """Model families: each one's architecture choices, published presets and checkpoint formats.
 
 A family is one :class:`Family` value in one file of this package (``pangu.py``,
-``pengcheng.py``, ``naohai.py``, and the Hugging Face architectures ``llama.py``, ``olmo.py``,
-``glm.py``, ``falcon.py``, ``gpt_neox.py``, ``bloom.py``, ``gpt2.py``, whose folders
+``pengcheng.py``, ``naohai.py``, and the Hugging Face architectures ``llama.py``, ``qwen2.py``,
+``mistral.py``, ``olmo.py``, ``glm.py``, ``falcon.py``, ``gpt_neox.py``, ``bloom.py``, ``gpt2.py``, whose folders
 :mod:`naohai.convert.hf` reads and writes).  ``defaults`` are the :class:`~naohai.model.config.ModelConfig`
 fields every model of the family shares (its spec builder choices: positions, activation,
 norm, query layer, EOD handling, ...); ``presets`` are its published configurations,
@@ -141,8 +141,10 @@ def model_fields(raw: Mapping[str, Any], where: str = "recipe") -> Dict[str, Any
 
 
 from naohai.model.families import (bloom as _bloom, falcon as _falcon, glm as _glm, gpt2 as _gpt2,  # noqa: E402
-                                   gpt_neox as _gpt_neox, llama as _llama, naohai as _naohai, olmo as _olmo,
-                                   pangu as _pangu, pengcheng as _pengcheng)
+                                   gpt_neox as _gpt_neox, llama as _llama, mistral as _mistral,
+                                   naohai as _naohai, olmo as _olmo, pangu as _pangu, pengcheng as _pengcheng,
+                                   qwen2 as _qwen2)
 
-for _module in (_pangu, _pengcheng, _naohai, _llama, _olmo, _glm, _falcon, _gpt_neox, _bloom, _gpt2):
+for _module in (_pangu, _pengcheng, _naohai, _llama, _qwen2, _mistral, _olmo, _glm, _falcon, _gpt_neox, _bloom,
+                _gpt2):
     register(_module.FAMILY)
