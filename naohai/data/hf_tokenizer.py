@@ -18,6 +18,8 @@ round-trips exactly) and writes ``tokenizer.json`` plus a ``tokenizer_config.jso
 """
 from __future__ import annotations
 
+import datetime
+import functools
 import hashlib
 import json
 import os
@@ -140,29 +142,56 @@ class HFTokenizer:
 
     def apply_chat_template(self, messages: Sequence[Dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt text of ``messages`` ([{"role": ..., "content": ...}]) by the folder's chat template,
-        rendered as transformers renders it (jinja2, trim_blocks / lstrip_blocks, the special tokens as
-        variables, ``raise_exception``)."""
+        rendered as transformers renders it: jinja2's sandbox with trim_blocks / lstrip_blocks, loop controls
+        and the ``{% generation %}`` block, the special tokens as variables, ``tools`` and ``documents`` none,
+        ``raise_exception``, ``strftime_now`` (today's date, as Llama 3's templates print it) and a
+        ``tojson`` that keeps non-ASCII text and takes ``indent``, ``separators`` and ``sort_keys``."""
         if not self.chat_template:
             raise UserError("has no chat_template (tokenizer_config.json or chat_template.jinja)",
                             where=os.path.dirname(self.path or "."), key="chat_template")
-        import jinja2
-        import jinja2.ext           # not imported by jinja2 itself (transformers imports it, so tests missed it)
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message):
-            raise UserError(f"the chat template refused the messages: {message}",
-                            where=os.path.dirname(self.path or "."), key="chat_template")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
-        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = raise_exception
         specials = {k: _token_text(v) for k, v in self.config.items() if k.endswith("_token")}
-        return env.from_string(self.chat_template).render(messages=list(messages),
-                                                          add_generation_prompt=add_generation_prompt, **specials)
+        template = _compiled_template(self.chat_template, os.path.dirname(self.path or "."))
+        return template.render(messages=list(messages), tools=None, documents=None,
+                               add_generation_prompt=add_generation_prompt, **specials)
 
     def __repr__(self) -> str:
         return f"HFTokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_template(text: str, where: str):
+    """A chat template compiled once in the environment transformers renders it in (see
+    :meth:`HFTokenizer.apply_chat_template`); ``raise_exception`` is a UserError naming ``where``."""
+    import jinja2
+    import jinja2.ext           # not imported by jinja2 itself (transformers imports it, so tests missed it)
+    import jinja2.nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise UserError(f"the chat template refused the messages: {message}", where=where, key="chat_template")
+
+    class Generation(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}``: transformers marks assistant text with it (for its
+        assistant-token mask); rendered as its body."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env.from_string(text)
 
 
 def train_byte_bpe(documents: Iterable[str], vocab_size: int, out_path: Optional[str] = None, *,

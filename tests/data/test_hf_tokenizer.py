@@ -69,6 +69,34 @@ def test_chat_template_renders_as_transformers(both):
         ours.apply_chat_template([{"role": "tool", "content": "x"}])
 
 
+#: what published templates use beyond CHAT: Llama 3's date (strftime_now), tool-calling templates' test of
+#: ``tools`` (transformers passes none), tojson's options, the {% generation %} block, loop controls
+RICH = ("{% if tools is not none %}TOOLS {{ tools | tojson }}{% endif %}{% if documents is none %}[no docs]"
+        "{% endif %}year {{ strftime_now('%Y') }}\n{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{% continue %}{% endif %}{{ m | tojson(separators=(',', ':'), sort_keys=True) }}"
+        "{% if m['role'] == 'assistant' %}{% generation %}<a>{{ m['content'] }}</a>{% endgeneration %}"
+        "{% endif %}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}")
+
+
+def test_published_templates_features_render_as_transformers(both):
+    """transformers renders templates with strftime_now, tools / documents set to none, tojson's
+    separators and sort_keys, and the {% generation %} block; naohai's renderer lacked all four, so a
+    Llama 3 template printed another date, a tool-calling template took the tools branch and a template with
+    {% generation %} did not compile."""
+    ours, theirs = both
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "你好 \"x\""},
+                {"role": "assistant", "content": "ok"}]
+    saved = ours.chat_template, theirs.chat_template
+    try:
+        ours.chat_template = theirs.chat_template = RICH
+        for prompt in (True, False):
+            want = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+            assert ours.apply_chat_template(messages, prompt) == want
+        assert "TOOLS" not in want and "[no docs]" in want and '"content":"你好 \\"x\\"","role":"user"' in want
+    finally:
+        ours.chat_template, theirs.chat_template = saved
+
+
 def test_chat_template_renders_in_a_process_without_transformers(both, bpe_dir):
     """A training run never imports transformers; jinja2 does not import its own jinja2.ext, which the
     template's loop controls need (every SFT run with a chat template died with AttributeError)."""
