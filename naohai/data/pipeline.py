@@ -35,12 +35,20 @@ def default_prepared_dir(recipe) -> str:
 
 
 def _check_tokenizer(tok: Tokenizer, recipe, path: str) -> None:
+    """The tokenizer fits the model: as many pieces as ``model.vocab_size`` for one naohai trained into the
+    run folder (another count means it was trained for another model); at most that many for a given
+    ``data.tokenizer``, as published models pad their embedding past their tokenizer (Qwen2.5 151,936 rows
+    for 151,665 tokens, BLOOM 250,880 for 250,680, OLMo, GLM-4, Pythia): the rows past it are never an
+    input or a label."""
     where = recipe.source or "recipe"
-    if tok.vocab_size != recipe.model.vocab_size:
+    exact = not recipe.data.tokenizer
+    if tok.vocab_size > recipe.model.vocab_size or (exact and tok.vocab_size != recipe.model.vocab_size):
         raise UserError(f"is {recipe.model.vocab_size}, but the tokenizer {path} has {tok.vocab_size} pieces; "
                         f"set model.vocab_size={tok.vocab_size}" +
                         ("" if recipe.data.tokenizer else " or delete that file to train a new tokenizer"),
-                        where=where, key="model.vocab_size", rule="model.vocab_size == tokenizer vocab size")
+                        where=where, key="model.vocab_size",
+                        rule="model.vocab_size == tokenizer vocab size" if exact else
+                        "model.vocab_size >= the pieces of data.tokenizer")
     if tok.scheme not in ("raw", "hf") and tok.jieba != recipe.data.jieba:
         raise UserError(f"is {str(recipe.data.jieba).lower()}, but the tokenizer {path} was trained with "
                         f"jieba={str(tok.jieba).lower()}", where=where, key="data.jieba")
@@ -126,7 +134,8 @@ def ensure_prepared(recipe, progress: bool = True, *, out_dir: Optional[str] = N
     elif log:
         log(f"prepared data in {out_dir} is up to date")
     prep = open_prepared(out_dir, verify=False)
-    check_compatible(prep.meta, recipe.model.vocab_size, recipe.model.seq_length, where=recipe.source)
+    check_compatible(prep.meta, recipe.model.vocab_size, recipe.model.seq_length, where=recipe.source,
+                     exact_vocab=not recipe.data.tokenizer)
     if prep.num_windows("train") < recipe.train.global_batch_size:
         raise UserError(f"the corpus is too small: {prep.num_windows('train')} training windows, fewer than "
                         f"one global batch of {recipe.train.global_batch_size}", where=recipe.source,

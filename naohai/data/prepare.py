@@ -322,12 +322,15 @@ def load_prepared(path: str, *, verify: bool = True) -> Prepared:
     return prep
 
 
-def check_compatible(meta: Any, vocab_size: int, seq_length: int, where: Optional[str] = None) -> None:
-    """Raise UserError if prepared data (meta dict or Prepared) does not fit the model settings."""
+def check_compatible(meta: Any, vocab_size: int, seq_length: int, where: Optional[str] = None,
+                     exact_vocab: bool = True) -> None:
+    """Raise UserError if prepared data (meta dict or Prepared) does not fit the model settings; with
+    ``exact_vocab`` false the tokenizer may have fewer pieces than the model has rows (a published model's
+    padded embedding)."""
     if isinstance(meta, Prepared):
         meta = meta.meta
     tok_vocab = int(meta["tokenizer"]["vocab_size"])
-    if tok_vocab != int(vocab_size):
+    if tok_vocab > int(vocab_size) or (exact_vocab and tok_vocab != int(vocab_size)):
         raise UserError(f"is {vocab_size}, but the prepared data was tokenized with a vocabulary of "
                         f"{tok_vocab} ({meta['tokenizer'].get('path')}); set model.vocab_size={tok_vocab} or "
                         f"use a tokenizer with {vocab_size} pieces", where=where, key="model.vocab_size",

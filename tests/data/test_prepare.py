@@ -95,6 +95,11 @@ def test_check_compatible(prepared):
     with pytest.raises(UserError) as err:
         check_compatible(meta, 1024, 64, where="r.yaml")
     assert err.value.key == "model.seq_length"
+    # a given tokenizer may have fewer pieces than the model's rows (a published model's padded embedding)
+    check_compatible(meta, 2048, SEQ, where="r.yaml", exact_vocab=False)
+    with pytest.raises(UserError) as err:
+        check_compatible(meta, 512, SEQ, where="r.yaml", exact_vocab=False)
+    assert err.value.key == "model.vocab_size"
 
 
 def test_refuses_other_tokenizer_or_seq_length_and_keeps_old(tok, tok_jieba, mixed_docs, tmp_path):

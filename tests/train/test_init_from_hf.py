@@ -65,6 +65,22 @@ def test_twenty_steps_from_a_hugging_face_folder(tmp_path, hf_llama):
     assert result.losses[20] < result.losses[1]
 
 
+def test_a_published_models_padded_embedding_trains_from_its_folder(tmp_path, hf_llama):
+    """Qwen2.5 has 151,936 embedding rows for a 151,665-token tokenizer (BLOOM, OLMo, GLM-4 and Pythia pad
+    too): training from such a folder was refused ('set model.vocab_size=...', which its shapes forbid).  A
+    qwen2 folder with 320 rows over the 300-token tokenizer: the first loss is transformers' NLL of the
+    batch, over all 320 rows."""
+    _, _, corpus = hf_llama
+    folder = str(tmp_path / "qwen2-padded")
+    model = hf_models.build("qwen2", folder, vocab_size=320)
+    recipe = _recipe(tmp_path / "run", folder, corpus, steps=2)
+    assert recipe.model.vocab_size == 320
+    result = train(plan_run(recipe), log=lambda *_: None, progress=False)
+    batch = TokenWindowLoader(default_prepared_dir(recipe), "train", 4, 0, 1, seed=recipe.data.shuffle_seed).next_batch()
+    assert batch.max() < 300
+    assert result.losses[1] == pytest.approx(hf_models.hf_mean_nll(model, batch), rel=1e-5)
+
+
 def test_a_hugging_face_folder_with_another_tokenizer_or_shape_is_refused(tmp_path, hf_llama, micro_data):
     _, folder, corpus = hf_llama
     prepared, tok = micro_data
