@@ -262,6 +262,14 @@ def test_each_small_train_config_names_its_flat_key(override, key, words):
     (["finetune.method=lora", "finetune.alpha=1e300"], "finetune.alpha", "float16's largest value"),
     (["finetune.method=lora", "finetune.targets="], "finetune.targets", "is empty"),
     (["finetune.method=adapter", "finetune.bottleneck=2147483647"], "finetune.bottleneck", "wider than"),
+    # RoPE scaling (Llama 3.1's llama3, linear): the kinds naohai computes, finite factors, ordered bands
+    (["model.rope_scaling=linear", "model.rope_factor=0.5"], "model.rope_factor", "between 1 and 1e6"),
+    (["model.rope_scaling=linear", "model.rope_factor=.nan"], "model.rope_factor", "finite number"),
+    (["model.rope_scaling=llama3", "model.rope_factor=8", "model.rope_low_freq_factor=4",
+      "model.rope_high_freq_factor=1"], "model.rope_high_freq_factor", "above rope_low_freq_factor"),
+    (["model.rope_scaling=llama3", "model.rope_original_positions=0"], "model.rope_original_positions",
+     "positive integer"),
+    (["model.rope_scaling=linear", "model.position=learned"], "model.rope_scaling", "position is 'learned'"),
 ])
 def test_each_model_data_and_finetune_key_names_its_rule(overrides, key, words):
     with pytest.raises(UserError) as info:

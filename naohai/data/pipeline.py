@@ -34,21 +34,29 @@ def default_prepared_dir(recipe) -> str:
     return recipe.data.prepared_dir or os.path.join(recipe.train.output_dir, "data")
 
 
+def padded_rows_allowed(recipe) -> bool:
+    """Whether the tokenizer may have fewer pieces than ``model.vocab_size``: when the weights come from
+    ``train.init_from`` and the tokenizer is given (``data.tokenizer``), as published models pad their
+    embedding past their tokenizer (Qwen2.5 151,936 rows for 151,665 tokens, BLOOM 250,880 for 250,680,
+    OLMo, GLM-4, Pythia) and the rows past it are never an input or a label.  A model trained from scratch
+    is sized to its tokenizer."""
+    return bool(recipe.data.tokenizer and recipe.train.init_from)
+
+
 def _check_tokenizer(tok: Tokenizer, recipe, path: str) -> None:
-    """The tokenizer fits the model: as many pieces as ``model.vocab_size`` for one naohai trained into the
-    run folder (another count means it was trained for another model); at most that many for a given
-    ``data.tokenizer``, as published models pad their embedding past their tokenizer (Qwen2.5 151,936 rows
-    for 151,665 tokens, BLOOM 250,880 for 250,680, OLMo, GLM-4, Pythia): the rows past it are never an
-    input or a label."""
+    """The tokenizer fits the model: as many pieces as ``model.vocab_size`` (naohai pads the rows itself,
+    ``vocab_pad_multiple``; a tokenizer naohai trained into the run folder with another count was trained for
+    another model), or at most that many where the model comes from ``train.init_from`` with its own
+    ``data.tokenizer`` (:func:`padded_rows_allowed`)."""
     where = recipe.source or "recipe"
-    exact = not recipe.data.tokenizer
+    exact = not padded_rows_allowed(recipe)
     if tok.vocab_size > recipe.model.vocab_size or (exact and tok.vocab_size != recipe.model.vocab_size):
         raise UserError(f"is {recipe.model.vocab_size}, but the tokenizer {path} has {tok.vocab_size} pieces; "
                         f"set model.vocab_size={tok.vocab_size}" +
                         ("" if recipe.data.tokenizer else " or delete that file to train a new tokenizer"),
                         where=where, key="model.vocab_size",
                         rule="model.vocab_size == tokenizer vocab size" if exact else
-                        "model.vocab_size >= the pieces of data.tokenizer")
+                        "model.vocab_size >= the pieces of data.tokenizer (train.init_from)")
     if tok.scheme not in ("raw", "hf") and tok.jieba != recipe.data.jieba:
         raise UserError(f"is {str(recipe.data.jieba).lower()}, but the tokenizer {path} was trained with "
                         f"jieba={str(tok.jieba).lower()}", where=where, key="data.jieba")
@@ -135,7 +143,7 @@ def ensure_prepared(recipe, progress: bool = True, *, out_dir: Optional[str] = N
         log(f"prepared data in {out_dir} is up to date")
     prep = open_prepared(out_dir, verify=False)
     check_compatible(prep.meta, recipe.model.vocab_size, recipe.model.seq_length, where=recipe.source,
-                     exact_vocab=not recipe.data.tokenizer)
+                     exact_vocab=not padded_rows_allowed(recipe))
     if prep.num_windows("train") < recipe.train.global_batch_size:
         raise UserError(f"the corpus is too small: {prep.num_windows('train')} training windows, fewer than "
                         f"one global batch of {recipe.train.global_batch_size}", where=recipe.source,

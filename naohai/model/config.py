@@ -42,6 +42,11 @@ class ModelConfig:
     max_positions: Optional[int] = None  # size of learned position tables; None = seq_length
     position: str = "rope"            # learned | rope | alibi | none
     rope_base: float = 10000.0
+    rope_scaling: str = "none"        # none | linear (frequencies / rope_factor) | llama3 (Llama 3.1's bands)
+    rope_factor: float = 1.0          # linear / llama3: how much longer a context than pretraining's
+    rope_low_freq_factor: float = 1.0   # llama3: wavelengths past original / low are divided by rope_factor
+    rope_high_freq_factor: float = 4.0  # llama3: wavelengths below original / high are kept; between: blended
+    rope_original_positions: int = 8192  # llama3: the context the model was pretrained on
     activation: str = "swiglu"        # gelu | gelu_tanh | fast_gelu | swiglu
     norm: str = "layernorm"           # layernorm | rmsnorm | nonparam_layernorm
     norm_eps: float = 1e-5
@@ -135,6 +140,7 @@ class ModelConfig:
             "compute_dtype": ("float32", "float16", "bfloat16"),
             "final_norm": ("after", "before_query_layer"),
             "rope_style": ("rotate_half", "interleaved"),
+            "rope_scaling": ("none", "linear", "llama3"),
         }
         if self.family not in families.names():
             bad("family", f"unknown model family '{self.family}'.{did_you_mean(str(self.family), families.names())} "
@@ -175,6 +181,23 @@ class ModelConfig:
                              f"rope_base^(-2i/d) radians per token, a real number only for a positive base (0 or "
                              f"below made the loss NaN) and slower for each later pair only above 1 (published: "
                              f"10,000 and up)", "rope_base > 1")
+        if self.rope_scaling != "none":
+            if self.position != "rope":
+                bad("rope_scaling", f"scales RoPE's frequencies, but position is '{self.position}'",
+                    "rope_scaling: none unless position: rope")
+            if not (math.isfinite(self.rope_factor) and 1 <= self.rope_factor <= 1e6):
+                bad("rope_factor", f"must be between 1 and 1e6, got {self.rope_factor}: the context is that many "
+                                   f"times pretraining's", "1 <= rope_factor <= 1e6")
+        if self.rope_scaling == "llama3":
+            if not (math.isfinite(self.rope_high_freq_factor) and 0 < self.rope_low_freq_factor
+                    < self.rope_high_freq_factor <= 1e6):
+                bad("rope_high_freq_factor", f"must be above rope_low_freq_factor, both above 0, got "
+                                             f"{self.rope_low_freq_factor} and {self.rope_high_freq_factor}: they split "
+                                             f"the wavelengths into kept, blended and scaled bands",
+                    "0 < rope_low_freq_factor < rope_high_freq_factor")
+            if self.rope_original_positions < 1:
+                bad("rope_original_positions", f"must be a positive integer, got {self.rope_original_positions}",
+                    "rope_original_positions >= 1")
         if not MIN_NORM_EPS <= self.norm_eps <= 1:
             bad("norm_eps", f"must be between {MIN_NORM_EPS:g} and 1, got {self.norm_eps}: it is added to the "
                             f"variance the norm divides by, so it must stay positive in float32 (below 0 the loss "

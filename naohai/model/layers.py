@@ -463,16 +463,40 @@ class RowSumSoftmax(nn.Cell):
 
 
 # ------------------------------------------------------------------------------ positions
-def rope_tables(positions: int, head_dim: int, base: float, style: str = "rotate_half", rotary_dim: int = 0):
+def rope_frequencies(rd: int, base: float, cfg=None) -> np.ndarray:
+    """theta_i = base^(-2i/rd) per rotated pair, then ``cfg``'s ``rope_scaling``: ``linear`` divides them by
+    ``rope_factor``; ``llama3`` (Llama 3.1 / 3.2) divides those whose wavelength 2 pi / theta is longer than
+    ``rope_original_positions / rope_low_freq_factor`` by it, keeps those shorter than ``... /
+    rope_high_freq_factor``, and blends the ones between, s * theta + (1 - s) * theta / factor with
+    s = (original / wavelength - low) / (high - low) (Meta's reference, as transformers computes it)."""
+    inv = 1.0 / (base ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
+    kind = getattr(cfg, "rope_scaling", "none")
+    if kind == "linear":
+        inv = inv / cfg.rope_factor
+    elif kind == "llama3":
+        factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+        original = cfg.rope_original_positions
+        wavelength = 2 * np.pi / inv
+        scaled = np.where(wavelength > original / low, inv / factor, inv)
+        smooth = (original / wavelength - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelength < original / high) & ~(wavelength > original / low)
+        inv = np.where(medium, blended, scaled)
+    return inv
+
+
+def rope_tables(positions: int, head_dim: int, base: float, style: str = "rotate_half", rotary_dim: int = 0,
+                cfg=None):
     """cos/sin tables [positions, head_dim]; theta_i = base^(-2i/r) for the i-th rotated pair of the
-    first ``r = rotary_dim`` dimensions (0 = all); the other dimensions pass through (cos 1, sin 0).
+    first ``r = rotary_dim`` dimensions (0 = all), scaled as ``cfg.rope_scaling`` says
+    (:func:`rope_frequencies`); the other dimensions pass through (cos 1, sin 0).
 
     rotate_half pairs dimension i with i + r/2 (angles laid out [a, a]); interleaved pairs 2i with
     2i + 1 (angles repeated element-wise), as PengCheng-Mind 200B's and GLM's RoPE do.  Partial
     rotation is GPT-NeoX's ``rotary_pct`` and GLM's ``partial_rotary_factor``.
     """
     rd = rotary_dim or head_dim
-    inv = 1.0 / (base ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
+    inv = rope_frequencies(rd, base, cfg)
     ang = np.outer(np.arange(positions, dtype=np.float64), inv)           # [s, r/2]
     if style == "interleaved":
         ang = np.repeat(ang, 2, axis=-1)                                  # [s, r]
@@ -607,7 +631,7 @@ class Attention(nn.Cell):
         self.cast = ops.Cast()
         self.rope = cfg.position == "rope"
         if self.rope:
-            cos, sin = rope_tables(cfg.positions, hd, cfg.rope_base, cfg.rope_style, cfg.rotary_dim)
+            cos, sin = rope_tables(cfg.positions, hd, cfg.rope_base, cfg.rope_style, cfg.rotary_dim, cfg)
             self.cos_table = Tensor(cos)                # [positions, d]
             self.sin_table = Tensor(sin)
             self.cos = Tensor(cos[None, None, : cfg.seq_length])          # [1, 1, s, d]
@@ -700,7 +724,7 @@ class Attention(nn.Cell):
         self.position_ids = Tensor(np.arange(o, o + s, dtype=np.int32)[None])
         if self.rope:
             cos, sin = rope_tables(self.cfg.positions, self.hd, self.cfg.rope_base, self.cfg.rope_style,
-                                   self.cfg.rotary_dim)
+                                   self.cfg.rotary_dim, self.cfg)
             self.cos = Tensor(cos[None, None, o:o + s])
             self.sin = Tensor(sin[None, None, o:o + s])
 

@@ -27,6 +27,13 @@ def configs():
     return {
         "llama": LlamaConfig(**llama_like, tie_word_embeddings=False, rms_norm_eps=1e-5,
                              rope_parameters={"rope_type": "default", "rope_theta": 5000.0}),
+        # Llama 3.1 / 3.2's frequency bands (original context 16 here: all three bands hold frequencies)
+        "llama3": LlamaConfig(**llama_like, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                              rope_parameters={"rope_type": "llama3", "rope_theta": 5000.0, "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 16}),
+        "llama-linear": LlamaConfig(**llama_like, tie_word_embeddings=False,
+                                    rope_parameters={"rope_type": "linear", "rope_theta": 5000.0, "factor": 4.0}),
         "qwen2": Qwen2Config(**llama_like, tie_word_embeddings=True, rms_norm_eps=1e-5,
                              rope_parameters={"rope_type": "default", "rope_theta": 20000.0}),
         "mistral": MistralConfig(**llama_like, head_dim=24, tie_word_embeddings=False, rms_norm_eps=1e-5,

@@ -75,6 +75,27 @@ def test_import_eval_logits_export(name, built, tmp_path, capsys):
     assert np.abs(hf_models.hf_logits(back.eval(), ids) - ref).max() <= 1e-5
 
 
+@pytest.mark.parametrize("kind", ["llama3", "linear"])
+def test_rope_frequencies_are_transformers(kind):
+    """Llama 3.1's own settings (head 128, theta 500,000, factor 8, bands 1 / 4 over 8,192 positions): naohai's
+    frequencies equal transformers' (float32 there, float64 here), and the scaling moves them."""
+    import torch
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from naohai.model.config import ModelConfig
+    from naohai.model.layers import rope_frequencies
+    params = {"rope_type": kind, "rope_theta": 500000.0, "factor": 8.0}
+    if kind == "llama3":
+        params.update(low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_parameters=params)
+    want, _ = ROPE_INIT_FUNCTIONS[kind](config, torch.device("cpu"))
+    cfg = ModelConfig(family="llama", hidden_size=4096, num_heads=32, rope_base=500000.0, rope_scaling=kind,
+                      rope_factor=8.0)
+    got = rope_frequencies(128, 500000.0, cfg)
+    np.testing.assert_allclose(got, want.double().numpy(), rtol=1e-6)
+    assert not np.allclose(got, rope_frequencies(128, 500000.0), rtol=1e-3)
+
+
 def test_a_sliding_window_is_the_imported_models_position_limit(tmp_path, capsys):
     """Mistral-7B-v0.1 attends over a 4,096-token window; naohai attends to every earlier position, the same
     computation on sequences no longer than the window.  A window of 32 in a 64-position model: the import

@@ -120,17 +120,21 @@ def test_sft_overwrite_never_replaces_a_folder_that_is_not_prepared_data(tok, tm
 def test_a_given_tokenizer_may_have_fewer_pieces_than_the_model_has_rows(tmp_path, micro_data):
     """Published models pad their embedding past their tokenizer (Qwen2.5: 151,936 rows, 151,665 tokens;
     BLOOM, OLMo, GLM-4, Pythia too), and fine-tuning one was refused ('set model.vocab_size=...', which the
-    checkpoint's shapes forbid).  A given data.tokenizer may now have fewer pieces than model.vocab_size; more
-    pieces (ids past the embedding), or a tokenizer naohai trained into the run folder for another size (a
-    stale one), is still exit 2."""
+    checkpoint's shapes forbid).  Starting from train.init_from, a given data.tokenizer may now have fewer
+    pieces than model.vocab_size; more pieces (ids past the embedding), fewer for a model trained from scratch,
+    or a tokenizer naohai trained into the run folder for another size (a stale one), is still exit 2."""
     import dataclasses
     from tests.conftest import micro_recipe
     recipe = micro_recipe(tmp_path / "run", tokenizer=micro_data[1])          # a 320-piece tokenizer
     padded = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, vocab_size=384))
+    with pytest.raises(UserError, match="has 320 pieces") as info:           # from scratch: sized to it
+        ensure_prepared(padded, progress=False)
+    assert info.value.rule == "model.vocab_size == tokenizer vocab size"
+    padded = dataclasses.replace(padded, train=dataclasses.replace(padded.train, init_from=str(tmp_path / "src")))
     out, tok = ensure_prepared(padded, progress=False)
     assert tok.vocab_size == 320 and load_prepared(out).meta["tokenizer"]["vocab_size"] == 320
-    small = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, vocab_size=256),
-                                train=dataclasses.replace(recipe.train, output_dir=str(tmp_path / "small")))
+    small = dataclasses.replace(padded, model=dataclasses.replace(recipe.model, vocab_size=256),
+                                train=dataclasses.replace(padded.train, output_dir=str(tmp_path / "small")))
     with pytest.raises(UserError, match="has 320 pieces") as info:
         ensure_prepared(small, progress=False)
     assert info.value.key == "model.vocab_size" and ">=" in info.value.rule

@@ -8,6 +8,7 @@ per head group, GPT-2's ``[in, out]`` Conv1D weights, GLM's ``gate_up_proj``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -19,6 +20,8 @@ from naohai.errors import UserError
 
 #: longest window an imported recipe trains on by default (``model.seq_length`` overrides it)
 DEFAULT_SEQ_LENGTH = 2048
+#: rope scalings naohai computes (transformers' rope_type names; :func:`naohai.model.layers.rope_frequencies`)
+SCALED_ROPE = ("linear", "llama3")
 _MISSING = object()
 
 
@@ -72,26 +75,52 @@ class HFConfig:
             raise self.bad(key, f"is {value!r}; naohai implements only {', '.join(map(repr, allowed))} here ({why})")
         return value
 
-    def rope(self, default_fraction: float = 1.0) -> Tuple[float, float]:
-        """(rope_theta, rotary fraction) from ``rope_parameters`` (transformers 5) or the older keys;
-        any rope scaling is refused."""
+    def _scaling(self) -> Tuple[Any, str, Dict[str, Any]]:
+        """(rope type, the key it was read from, the mapping holding its settings): the older
+        ``rope_scaling`` object where there is one, else transformers 5's ``rope_parameters``."""
         params = self.data.get("rope_parameters") or {}
         if not isinstance(params, dict):
             raise self.bad("rope_parameters", f"must be a JSON object, got {params!r}")
         scaling = self.data.get("rope_scaling")
-        kind = params.get("rope_type", params.get("type", "default"))
         if isinstance(scaling, dict):
-            kind, key = scaling.get("rope_type", scaling.get("type")), "rope_scaling"
-        else:
-            key = "rope_parameters.rope_type"
-        if kind not in (None, "default"):
-            raise self.bad(key, f"asks for rope scaling '{kind}', which naohai does not implement (only "
-                                f"unscaled RoPE, rope_type 'default'); import a model without it or remove the "
-                                f"scaling from config.json knowingly")
+            return scaling.get("rope_type", scaling.get("type")), "rope_scaling", scaling
+        return params.get("rope_type", params.get("type", "default")), "rope_parameters", params
+
+    def rope(self, default_fraction: float = 1.0) -> Tuple[float, float]:
+        """(rope_theta, rotary fraction) from ``rope_parameters`` (transformers 5) or the older keys;
+        a rope scaling other than ``linear`` and ``llama3`` (:meth:`rope_scaling`) is refused."""
+        params = self.data.get("rope_parameters") or {}
+        if not isinstance(params, dict):
+            raise self.bad("rope_parameters", f"must be a JSON object, got {params!r}")
+        kind, key, _ = self._scaling()
+        if kind not in (None, "default") + SCALED_ROPE:
+            raise self.bad(f"{key}.rope_type", f"asks for rope scaling '{kind}', which naohai does not implement "
+                                               f"(RoPE unscaled, 'linear' or 'llama3'); import a model without it "
+                                               f"or remove the scaling from config.json knowingly")
         theta = params.get("rope_theta", self.first(("rope_theta", "rotary_emb_base"), 10000.0, float))
         fraction = params.get("partial_rotary_factor",
                               self.first(("partial_rotary_factor", "rotary_pct"), default_fraction, float))
         return float(theta), float(fraction)
+
+    def rope_scaling(self) -> Dict[str, Any]:
+        """The ModelConfig fields of the config's rope scaling (none, ``linear``, or Llama 3.1's ``llama3``)."""
+        kind, key, params = self._scaling()
+        if kind in (None, "default"):
+            return {"rope_scaling": "none"}
+        sub = HFConfig(params, self.where)
+
+        def number(name):
+            value = sub.get(name, kind=float)
+            if not math.isfinite(value):
+                raise self.bad(f"{key}.{name}", f"must be a finite number, got {value!r}")
+            return value
+
+        fields = {"rope_scaling": kind, "rope_factor": number("factor")}
+        if kind == "llama3":
+            fields.update(rope_low_freq_factor=number("low_freq_factor"),
+                          rope_high_freq_factor=number("high_freq_factor"),
+                          rope_original_positions=sub.get("original_max_position_embeddings"))
+        return fields
 
 
 @dataclass(frozen=True)
@@ -167,9 +196,17 @@ def check_head_dim(c: HFConfig, fields: Dict[str, Any]) -> None:
 
 
 def rope_keys(cfg: ModelConfig, fraction_key: Optional[str] = None) -> Dict[str, Any]:
-    """RoPE settings in both the older keys and transformers 5's ``rope_parameters``."""
+    """RoPE settings in both the older keys (``rope_theta``, ``rope_scaling``) and transformers 5's
+    ``rope_parameters``."""
     params: Dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_base}
-    out: Dict[str, Any] = {"rope_theta": cfg.rope_base}
+    out: Dict[str, Any] = {"rope_theta": cfg.rope_base, "rope_scaling": None}
+    if cfg.rope_scaling != "none":
+        scaling: Dict[str, Any] = {"rope_type": cfg.rope_scaling, "factor": cfg.rope_factor}
+        if cfg.rope_scaling == "llama3":
+            scaling.update(low_freq_factor=cfg.rope_low_freq_factor, high_freq_factor=cfg.rope_high_freq_factor,
+                           original_max_position_embeddings=cfg.rope_original_positions)
+        params.update(scaling)
+        out["rope_scaling"] = dict(scaling)
     if fraction_key:
         params["partial_rotary_factor"] = cfg.rotary_fraction
         out[fraction_key] = cfg.rotary_fraction

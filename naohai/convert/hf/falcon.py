@@ -29,6 +29,7 @@ def read(c: HFConfig) -> Dict[str, Any]:
     if fields["hidden_size"] % heads:
         raise c.bad("num_attention_heads", f"{heads} does not divide hidden_size {fields['hidden_size']}")
     theta, _ = c.rope()
+    fields.update(c.rope_scaling())
     act = c.require("activation", ("gelu",), "gelu", "its MLP is exact GeLU")
     bias = c.get("bias", False, bool)
     fields.update(num_kv_heads=kv, ffn_hidden_size=c.get("ffn_hidden_size", 4 * fields["hidden_size"]),

@@ -17,6 +17,7 @@ def read(c: HFConfig) -> Dict[str, Any]:
     if fields["hidden_size"] % fields["num_heads"]:
         raise c.bad("num_attention_heads", f"{fields['num_heads']} does not divide hidden_size {fields['hidden_size']}")
     theta, fraction = c.rope(default_fraction=0.25)
+    fields.update(c.rope_scaling())
     bias = c.get("attention_bias", True, bool)
     fields.update(ffn_hidden_size=c.get("intermediate_size"), position="rope", rope_base=theta,
                   rotary_fraction=fraction, rope_style="rotate_half", activation=activation_of(c, "hidden_act", "gelu"),
