@@ -25,6 +25,7 @@ A shared file system between nodes is assumed (as MindFormers does for its saves
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -40,6 +41,7 @@ import numpy as np
 from naohai.checkpoint import ckpt_format
 from naohai.checkpoint.files import fsync_dir, fsync_file, sha256_file, write_json
 from naohai.errors import UserError
+from naohai.model.config import ModelConfig
 
 FORMAT = "naohai-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -176,7 +178,12 @@ class Verdict:
 
 
 def _model_dict(recipe_dict: Dict[str, Any]) -> Dict[str, Any]:
-    return dict(recipe_dict.get("model") or {})
+    """The model a manifest's recipe records, with the defaults of keys added to ModelConfig since it was
+    written (e.g. ``rope_scaling``: a checkpoint from before it was computed without scaling), so that an
+    upgrade does not make every earlier checkpoint 'another model'."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                if f.default is not dataclasses.MISSING}
+    return dict(defaults, **(recipe_dict.get("model") or {}))
 
 
 def verify(path: str, model: Optional[Dict[str, Any]] = None, files: Optional[Sequence[str]] = None,

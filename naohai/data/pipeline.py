@@ -105,7 +105,9 @@ def _ensure_sft(recipe, tok: Tokenizer, out_dir: str, rebuild: bool, log: Log) -
     (same tokenizer, seq_length, corpus fingerprint, holdout, seed, truncation, packing)."""
     from naohai.data.sft import expand_paths, is_sft_dir, prepare_sft, report_text, load_sft
     d = recipe.data
-    source = dict(fingerprint(expand_paths(d.corpus), "sft"), truncation=d.truncation, packing=d.packing)
+    source = dict(fingerprint(expand_paths(d.corpus), "sft"), truncation=d.truncation)
+    if not d.packing:              # only then: folders (and runs' data identities) from before the key stay valid
+        source["packing"] = False
     if not rebuild and is_sft_dir(out_dir):
         meta = load_sft(out_dir).meta
         if _made_for(meta, tok, recipe, source) and "eod_inside" in meta:   # older folders: made again, same windows

@@ -295,3 +295,18 @@ def test_async_save_gives_the_same_checkpoints_and_exact_resume(tmp_path, micro_
     second = trainer.run()
     for step in range(6, 9):
         assert second.losses[step] == sync.losses[step], step
+
+
+def test_a_checkpoint_from_before_a_model_key_existed_is_the_same_model():
+    """Keys added to ModelConfig later (rope_scaling and its factors, 2026-11-30) are missing from earlier
+    manifests; compared as missing they made every earlier checkpoint 'another model' after an upgrade, so a
+    run could not resume.  A missing key is its default (what the code that wrote it computed)."""
+    from naohai.checkpoint.store import identity_difference
+    from naohai.config import preset_recipe
+    now = preset_recipe("tiny").to_dict()["model"]
+    before = {k: v for k, v in now.items() if not k.startswith("rope_") or k in ("rope_base", "rope_style")}
+    assert len(before) < len(now)
+    assert identity_difference({"recipe": {"model": before}}, {"model": now}) == []
+    scaled = dict(now, rope_scaling="linear", rope_factor=4.0)
+    assert identity_difference({"recipe": {"model": before}}, {"model": scaled}) == [
+        "model.rope_factor: 1.0 in the checkpoint, 4.0 now", "model.rope_scaling: 'none' in the checkpoint, 'linear' now"]
