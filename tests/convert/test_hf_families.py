@@ -174,8 +174,14 @@ def test_bad_folders_exit_2_naming_file_and_key(built, tmp_path, capsys):
     attempt(_with(copy("unknown"), model_type="mamba"), "config.json", "key 'model_type'", "'mamba'")
     attempt(_with(copy("scaled"), rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}),
             "config.json", "rope_parameters.rope_type", "yarn")
-    attempt(_with(copy("legacy-scaled"), rope_scaling={"type": "linear", "factor": 2.0}), "key 'rope_scaling'",
-            "linear")
+    attempt(_with(copy("legacy-scaled"), rope_scaling={"type": "dynamic", "factor": 2.0}),
+            "key 'rope_scaling.rope_type'", "dynamic")
+    # the scalings naohai computes (linear, llama3) need their settings
+    attempt(_with(copy("llama3-no-bands"), rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+            "key 'rope_scaling.low_freq_factor'", "is missing")
+    attempt(_with(copy("linear-inf"), rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                                        "factor": float("inf")}),
+            "key 'rope_parameters.factor'", "finite number")
     attempt(_with(copy("shape"), intermediate_size=201), "model.safetensors", "mlp.gate_proj.weight", "(201, 144)",
             "config.json")
     attempt(_with(copy("act"), hidden_act="relu"), "key 'hidden_act'", "'relu'")

@@ -107,19 +107,20 @@ class HFConfig:
         kind, key, params = self._scaling()
         if kind in (None, "default"):
             return {"rope_scaling": "none"}
-        sub = HFConfig(params, self.where)
-
-        def number(name):
-            value = sub.get(name, kind=float)
-            if not math.isfinite(value):
-                raise self.bad(f"{key}.{name}", f"must be a finite number, got {value!r}")
-            return value
+        def number(name, whole=False):
+            value = params.get(name)
+            if value is None:
+                raise self.bad(f"{key}.{name}", f"is missing; rope_type '{kind}' needs it")
+            ok = isinstance(value, int) if whole else isinstance(value, (int, float))
+            if isinstance(value, bool) or not ok or not math.isfinite(value):
+                raise self.bad(f"{key}.{name}", f"must be a finite {'integer' if whole else 'number'}, got {value!r}")
+            return value if whole else float(value)
 
         fields = {"rope_scaling": kind, "rope_factor": number("factor")}
         if kind == "llama3":
             fields.update(rope_low_freq_factor=number("low_freq_factor"),
                           rope_high_freq_factor=number("high_freq_factor"),
-                          rope_original_positions=sub.get("original_max_position_embeddings"))
+                          rope_original_positions=number("original_max_position_embeddings", whole=True))
         return fields
 
 
