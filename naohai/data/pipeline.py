@@ -15,7 +15,7 @@ import os
 from typing import Callable, Optional, Tuple
 
 from naohai.data.corpus import fingerprint, iter_documents
-from naohai.data.prepare import check_compatible, prepare, read_meta
+from naohai.data.prepare import check_compatible, prepare, read_meta, vocab_fits
 from naohai.data.prepared_dir import open_prepared
 from naohai.data.tokenizer import Tokenizer, train_tokenizer
 from naohai.errors import UserError
@@ -50,7 +50,7 @@ def _check_tokenizer(tok: Tokenizer, recipe, path: str) -> None:
     ``data.tokenizer`` (:func:`padded_rows_allowed`)."""
     where = recipe.source or "recipe"
     exact = not padded_rows_allowed(recipe)
-    if tok.vocab_size > recipe.model.vocab_size or (exact and tok.vocab_size != recipe.model.vocab_size):
+    if not vocab_fits(tok.vocab_size, recipe.model.vocab_size, exact):
         raise UserError(f"is {recipe.model.vocab_size}, but the tokenizer {path} has {tok.vocab_size} pieces; "
                         f"set model.vocab_size={tok.vocab_size}" +
                         ("" if recipe.data.tokenizer else " or delete that file to train a new tokenizer"),

@@ -322,6 +322,12 @@ def load_prepared(path: str, *, verify: bool = True) -> Prepared:
     return prep
 
 
+def vocab_fits(pieces: int, vocab_size: int, exact: bool = True) -> bool:
+    """Whether a tokenizer of ``pieces`` fits a model of ``vocab_size`` rows: as many, or, not ``exact``, at
+    most as many (a published model's embedding padded past its tokenizer)."""
+    return int(pieces) == int(vocab_size) or (not exact and int(pieces) < int(vocab_size))
+
+
 def check_compatible(meta: Any, vocab_size: int, seq_length: int, where: Optional[str] = None,
                      exact_vocab: bool = True) -> None:
     """Raise UserError if prepared data (meta dict or Prepared) does not fit the model settings; with
@@ -330,7 +336,7 @@ def check_compatible(meta: Any, vocab_size: int, seq_length: int, where: Optiona
     if isinstance(meta, Prepared):
         meta = meta.meta
     tok_vocab = int(meta["tokenizer"]["vocab_size"])
-    if tok_vocab > int(vocab_size) or (exact_vocab and tok_vocab != int(vocab_size)):
+    if not vocab_fits(tok_vocab, vocab_size, exact_vocab):
         raise UserError(f"is {vocab_size}, but the prepared data was tokenized with a vocabulary of "
                         f"{tok_vocab} ({meta['tokenizer'].get('path')}); set model.vocab_size={tok_vocab} or "
                         f"use a tokenizer with {vocab_size} pieces", where=where, key="model.vocab_size",

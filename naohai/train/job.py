@@ -105,16 +105,15 @@ def adopt_token_ids(recipe: Recipe, prepared_dir: str, log) -> Recipe:
                 f"to give each conversation a window of its own (else packed conversations also see the ones "
                 f"before them in their window, as most trainers pack)", where=recipe.source or
                 "recipe", key=key, rule="no EOD reset when the template puts EOD inside a conversation")
-        if meta.get("packing", True) is False:
-            pass                  # one conversation a window: nothing to keep apart
-        elif not model.eod_reset and inside:
-            log("note: model.eod_reset is off, so each packed conversation also attends to the conversations "
-                "before it in its window (the chat template puts EOD inside conversations, so resetting at EOD "
-                "cannot keep them apart; data.packing=false gives each conversation a window of its own)")
-        elif not model.eod_reset:
-            log("warning: model.eod_reset is off, so each packed conversation also attends to the conversations "
-                f"before it in its window (set model.eod_reset=true model.eod_id={tok['eod_id']}, this tokenizer's "
-                "EOD id, to keep them apart)")
+        if meta.get("packing", True) and not model.eod_reset:     # packed windows, attention not reset at EOD
+            if inside:
+                log("note: model.eod_reset is off, so each packed conversation also attends to the conversations "
+                    "before it in its window (the chat template puts EOD inside conversations, so resetting at EOD "
+                    "cannot keep them apart; data.packing=false gives each conversation a window of its own)")
+            else:
+                log("warning: model.eod_reset is off, so each packed conversation also attends to the conversations "
+                    f"before it in its window (set model.eod_reset=true model.eod_id={tok['eod_id']}, this "
+                    "tokenizer's EOD id, to keep them apart)")
     return dataclasses.replace(recipe, model=model)
 
 

@@ -75,24 +75,19 @@ class HFConfig:
             raise self.bad(key, f"is {value!r}; naohai implements only {', '.join(map(repr, allowed))} here ({why})")
         return value
 
-    def _scaling(self) -> Tuple[Any, str, Dict[str, Any]]:
-        """(rope type, the key it was read from, the mapping holding its settings): the older
-        ``rope_scaling`` object where there is one, else transformers 5's ``rope_parameters``."""
+    def rope(self, default_fraction: float = 1.0) -> Dict[str, Any]:
+        """The ModelConfig fields of the RoPE: ``rope_base`` and ``rotary_fraction`` from ``rope_parameters``
+        (transformers 5) or the older keys, and its scaling (``rope_scaling``: none, ``linear`` or Llama 3.1's
+        ``llama3``, with their settings) from the older ``rope_scaling`` object where there is one, else from
+        ``rope_parameters``; any other scaling is refused."""
         params = self.data.get("rope_parameters") or {}
         if not isinstance(params, dict):
             raise self.bad("rope_parameters", f"must be a JSON object, got {params!r}")
         scaling = self.data.get("rope_scaling")
         if isinstance(scaling, dict):
-            return scaling.get("rope_type", scaling.get("type")), "rope_scaling", scaling
-        return params.get("rope_type", params.get("type", "default")), "rope_parameters", params
-
-    def rope(self, default_fraction: float = 1.0) -> Tuple[float, float]:
-        """(rope_theta, rotary fraction) from ``rope_parameters`` (transformers 5) or the older keys;
-        a rope scaling other than ``linear`` and ``llama3`` (:meth:`rope_scaling`) is refused."""
-        params = self.data.get("rope_parameters") or {}
-        if not isinstance(params, dict):
-            raise self.bad("rope_parameters", f"must be a JSON object, got {params!r}")
-        kind, key, _ = self._scaling()
+            kind, key, settings = scaling.get("rope_type", scaling.get("type")), "rope_scaling", scaling
+        else:
+            kind, key, settings = params.get("rope_type", params.get("type", "default")), "rope_parameters", params
         if kind not in (None, "default") + SCALED_ROPE:
             raise self.bad(f"{key}.rope_type", f"asks for rope scaling '{kind}', which naohai does not implement "
                                                f"(RoPE unscaled, 'linear' or 'llama3'); import a model without it "
@@ -100,15 +95,12 @@ class HFConfig:
         theta = params.get("rope_theta", self.first(("rope_theta", "rotary_emb_base"), 10000.0, float))
         fraction = params.get("partial_rotary_factor",
                               self.first(("partial_rotary_factor", "rotary_pct"), default_fraction, float))
-        return float(theta), float(fraction)
-
-    def rope_scaling(self) -> Dict[str, Any]:
-        """The ModelConfig fields of the config's rope scaling (none, ``linear``, or Llama 3.1's ``llama3``)."""
-        kind, key, params = self._scaling()
+        fields: Dict[str, Any] = {"rope_base": float(theta), "rotary_fraction": float(fraction)}
         if kind in (None, "default"):
-            return {"rope_scaling": "none"}
+            return dict(fields, rope_scaling="none")
+
         def number(name, whole=False):
-            value = params.get(name)
+            value = settings.get(name)
             if value is None:
                 raise self.bad(f"{key}.{name}", f"is missing; rope_type '{kind}' needs it")
             ok = isinstance(value, int) if whole else isinstance(value, (int, float))
@@ -116,7 +108,7 @@ class HFConfig:
                 raise self.bad(f"{key}.{name}", f"must be a finite {'integer' if whole else 'number'}, got {value!r}")
             return value if whole else float(value)
 
-        fields = {"rope_scaling": kind, "rope_factor": number("factor")}
+        fields.update(rope_scaling=kind, rope_factor=number("factor"))
         if kind == "llama3":
             fields.update(rope_low_freq_factor=number("low_freq_factor"),
                           rope_high_freq_factor=number("high_freq_factor"),

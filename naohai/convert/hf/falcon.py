@@ -28,12 +28,11 @@ def read(c: HFConfig) -> Dict[str, Any]:
     norms = c.get("num_ln_in_parallel_attn", 2 if new else 1) if parallel else 2
     if fields["hidden_size"] % heads:
         raise c.bad("num_attention_heads", f"{heads} does not divide hidden_size {fields['hidden_size']}")
-    theta, _ = c.rope()
-    fields.update(c.rope_scaling())
+    fields.update(c.rope())         # Falcon rotates whole heads: rotary_fraction 1.0 below
     act = c.require("activation", ("gelu",), "gelu", "its MLP is exact GeLU")
     bias = c.get("bias", False, bool)
     fields.update(num_kv_heads=kv, ffn_hidden_size=c.get("ffn_hidden_size", 4 * fields["hidden_size"]),
-                  position="rope", rope_base=theta, rotary_fraction=1.0, rope_style="rotate_half", activation=act,
+                  position="rope", rotary_fraction=1.0, rope_style="rotate_half", activation=act,
                   norm="layernorm", norm_eps=c.get("layer_norm_epsilon", 1e-5, float), bias=bias, qkv_bias=None,
                   out_bias=None, mlp_bias=None, embedding_norm=False,
                   block="parallel" if parallel else "sequential", parallel_norms=norms if parallel else 2)

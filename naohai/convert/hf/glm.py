@@ -13,8 +13,8 @@ from naohai.convert.hf.llama import llama_config, llama_fields, llama_fits, llam
 
 def read(c: HFConfig) -> Dict[str, Any]:
     fields = llama_fields(c)
-    theta, fraction = c.rope(default_fraction=0.5)
-    fields.update(rope_base=theta, rotary_fraction=fraction, rope_style="interleaved", bias=False,
+    fields.update(c.rope(default_fraction=0.5))
+    fields.update(rope_style="interleaved", bias=False,
                   qkv_bias=c.get("attention_bias", True, bool), out_bias=False, mlp_bias=False)
     return fields
 

@@ -16,11 +16,10 @@ def read(c: HFConfig) -> Dict[str, Any]:
                            heads="num_attention_heads", positions=("max_position_embeddings",), tie_default=False)
     if fields["hidden_size"] % fields["num_heads"]:
         raise c.bad("num_attention_heads", f"{fields['num_heads']} does not divide hidden_size {fields['hidden_size']}")
-    theta, fraction = c.rope(default_fraction=0.25)
-    fields.update(c.rope_scaling())
+    fields.update(c.rope(default_fraction=0.25))
     bias = c.get("attention_bias", True, bool)
-    fields.update(ffn_hidden_size=c.get("intermediate_size"), position="rope", rope_base=theta,
-                  rotary_fraction=fraction, rope_style="rotate_half", activation=activation_of(c, "hidden_act", "gelu"),
+    fields.update(ffn_hidden_size=c.get("intermediate_size"), position="rope", rope_style="rotate_half",
+                  activation=activation_of(c, "hidden_act", "gelu"),
                   norm="layernorm", norm_eps=c.get("layer_norm_eps", 1e-5, float), bias=True, qkv_bias=bias,
                   out_bias=bias, mlp_bias=True, embedding_norm=False, num_kv_heads=None,
                   block="parallel" if c.get("use_parallel_residual", True, bool) else "sequential", parallel_norms=2)

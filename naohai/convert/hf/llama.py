@@ -16,11 +16,9 @@ def llama_fields(c: HFConfig, norm_eps_key: str = "rms_norm_eps") -> Dict[str, A
                            heads="num_attention_heads", positions=("max_position_embeddings",), tie_default=False)
     check_head_dim(c, fields)
     c.require("hidden_act", ("silu",), "silu", "the gated MLP is SwiGLU")
-    theta, fraction = c.rope()
     fields.update(num_kv_heads=c.get("num_key_value_heads", fields["num_heads"]),
-                  ffn_hidden_size=c.get("intermediate_size"), position="rope", rope_base=theta,
-                  rotary_fraction=fraction, rope_style="rotate_half", activation="swiglu", norm="rmsnorm",
-                  block="sequential", embedding_norm=False, **c.rope_scaling())
+                  ffn_hidden_size=c.get("intermediate_size"), position="rope", rope_style="rotate_half",
+                  activation="swiglu", norm="rmsnorm", block="sequential", embedding_norm=False, **c.rope())
     if norm_eps_key:
         fields["norm_eps"] = c.get(norm_eps_key, 1e-6, float)
     return fields
