@@ -18,7 +18,7 @@ generated tokens) are applied before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -163,12 +163,13 @@ class CachedDecoder:
         return logits.asnumpy(), keys, values
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], cfg: SamplingConfig, vocab: int,
-                     stop_id: Optional[int] = None,
+                     stop_ids: Iterable[int] = (),
                      on_token: Optional[Callable[[int, int], None]] = None,
                      stop: Optional[Callable[[int, List[int]], bool]] = None) -> List[List[int]]:
-        """New ids per prompt (stopping at ``stop_id``, or once ``stop(row, its new ids)`` is true);
-        ``on_token(row, id)`` streams each one."""
+        """New ids per prompt (ending before any of ``stop_ids``, or once ``stop(row, its new ids)`` is
+        true); ``on_token(row, id)`` streams each one."""
         cfg.validate()
+        stop_ids = frozenset(int(i) for i in stop_ids)
         limit = self.cfg.positions - self.virtual          # the virtual positions come first
         prompts = [list(p)[-(limit - 1):] or [self.pad_id] for p in prompts]
         b, step = len(prompts), self.PROMPT_BUCKET
@@ -196,7 +197,7 @@ class CachedDecoder:
                     nxt[r, 0] = self.pad_id
                     continue
                 tok = sample_next(last[r], cfg, rng, vocab, counts[r])
-                if stop_id is not None and tok == stop_id:
+                if tok in stop_ids:
                     done[r] = True
                     nxt[r, 0] = self.pad_id
                     continue
@@ -262,11 +263,12 @@ class Generator:
     def generate_batch(self, prompts: Sequence[str], cfg: SamplingConfig,
                        stream: Optional[Callable[[int, str], None]] = None, chat: bool = False,
                        system: Optional[str] = None) -> List[str]:
-        """The new text of each prompt (up to EOD or ``cfg.max_new_tokens``); ``chat`` / ``system`` as for
-        :meth:`_ids`."""
+        """The new text of each prompt (up to one of the tokenizer's ``stop_ids`` -- EOD, and for a Hugging Face
+        folder its generation_config.json's ``eos_token_id`` -- or ``cfg.max_new_tokens``); ``chat`` / ``system``
+        as for :meth:`_ids`."""
         ids = self._ids(prompts, chat, system)
         on_token = None if stream is None else (lambda row, tok: stream(row, self.tokenizer.decode([tok])))
-        new = self.decoder.generate_ids(ids, cfg, self.tokenizer.vocab_size, self.tokenizer.eod_id, on_token)
+        new = self.decoder.generate_ids(ids, cfg, self.tokenizer.vocab_size, self.tokenizer.stop_ids, on_token)
         return [self.tokenizer.decode(x) for x in new]
 
     def generate(self, prompt: str, cfg: SamplingConfig) -> str:

@@ -121,7 +121,7 @@ def test_chat_asks_a_fine_tuned_run_as_its_data_did_from_any_folder(tmp_path, mi
     asked = prompt_ids([{"role": "user", "content": "echo 7"}], gen.tokenizer)
     assert gen.tokenizer.decode(asked) == "User: echo 7\nAssistant: "
     want = gen.decoder.generate_ids([asked], SamplingConfig(max_new_tokens=6, temperature=0),
-                                    gen.tokenizer.vocab_size, gen.tokenizer.eod_id)[0]
+                                    gen.tokenizer.vocab_size, gen.tokenizer.stop_ids)[0]
     capsys.readouterr()
     assert main(["generate", run, "--chat", "--prompt", "echo 7", "--max-new-tokens", "6", "--temperature", "0"]) == 0
     got = capsys.readouterr()

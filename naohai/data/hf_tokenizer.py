@@ -9,7 +9,9 @@ EOD id itself) and decoded with special tokens kept.  The special tokens come fr
 ``tokenizer_config.json`` (or ``special_tokens_map.json``) beside the file: EOD is the
 ``eos_token``, pad the ``pad_token`` (else EOD), as transformers reads them; so does the
 ``chat_template`` (or ``chat_template.jinja``), rendered by :meth:`HFTokenizer.apply_chat_template`
-with jinja2 the way transformers renders it.
+with jinja2 the way transformers renders it.  A ``generation_config.json`` beside it may name more
+ids that end a generation (``eos_token_id``, one or a list: Llama 3's ``<|eot_id|>``, GLM-4's
+``<|user|>``); :attr:`HFTokenizer.stop_ids` is EOD and those, where transformers' ``generate`` stops.
 
 :func:`train_byte_bpe` trains a byte-level BPE (GPT-2's byte alphabet, so every text
 round-trips exactly) and writes ``tokenizer.json`` plus a ``tokenizer_config.json`` that
@@ -27,9 +29,29 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from naohai.errors import UserError
 from naohai.runfiles import write_bytes_atomically
+from naohai.validate import DuplicateJSONKey, unique_json_object
 
 SPECIALS = ("<pad>", "<eod>", "<unk>", "<s>")
 CONFIG = "tokenizer_config.json"
+GENERATION = "generation_config.json"
+
+
+def _json_beside(folder: str, name: str) -> Dict[str, Any]:
+    """The JSON object in ``folder/name``, {} when there is no such file; unreadable JSON, another type or a
+    key written twice exits 2 naming the file."""
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh, object_pairs_hook=unique_json_object)
+    except DuplicateJSONKey as exc:
+        raise UserError(str(exc), where=path) from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"is not readable JSON ({exc})", where=path) from None
+    if not isinstance(data, dict):
+        raise UserError(f"must hold a JSON object, not {type(data).__name__}", where=path)
+    return data
 
 
 def _token_text(value: Any) -> Optional[str]:
@@ -46,7 +68,7 @@ class HFTokenizer:
     jieba = False
 
     def __init__(self, tokenizer_json: bytes, config: Dict[str, Any], path: Optional[str] = None,
-                 chat_template: Optional[str] = None):
+                 chat_template: Optional[str] = None, generation: Optional[Dict[str, Any]] = None):
         from tokenizers import Tokenizer as Backend
 
         self._json = bytes(tokenizer_json)
@@ -54,6 +76,7 @@ class HFTokenizer:
         self.path = path
         self.backend = Backend.from_str(self._json.decode("utf-8"))
         self.chat_template = chat_template if chat_template is not None else self.config.get("chat_template")
+        self.generation = dict(generation or {})       # generation_config.json beside the file, if any
 
     # ---- construction / persistence
     @classmethod
@@ -63,13 +86,8 @@ class HFTokenizer:
         folder = os.path.dirname(os.path.abspath(path))
         config: Dict[str, Any] = {}
         for name in ("special_tokens_map.json", CONFIG):       # tokenizer_config.json wins where both say
-            extra = os.path.join(folder, name)
-            if os.path.isfile(extra):
-                try:
-                    with open(extra, encoding="utf-8") as fh:
-                        config.update(json.load(fh))
-                except (OSError, ValueError) as exc:
-                    raise UserError(f"is not readable JSON ({exc})", where=extra) from None
+            config.update(_json_beside(folder, name))
+        generation = _json_beside(folder, GENERATION)
         template = None
         jinja = os.path.join(folder, "chat_template.jinja")
         if os.path.isfile(jinja):
@@ -78,10 +96,12 @@ class HFTokenizer:
         with open(path, "rb") as fh:
             raw = fh.read()
         try:
-            return cls(raw, config, path=os.path.abspath(path), chat_template=template)
+            made = cls(raw, config, path=os.path.abspath(path), chat_template=template, generation=generation)
         except Exception as exc:  # noqa: BLE001 - the tokenizers library raises its own Exception types
             raise UserError(f"is not a Hugging Face tokenizer.json ({str(exc).strip()[:160]})", where=path,
                             key=key) from None
+        made._generation_stops()    # a wrong generation_config.json is named now, not when a generation ends
+        return made
 
     def save(self, path: str) -> str:
         """Write tokenizer.json (and tokenizer_config.json beside it); returns the absolute path."""
@@ -113,6 +133,24 @@ class HFTokenizer:
             raise UserError("names no eos_token (or one not in the vocabulary); naohai joins documents with it",
                             where=os.path.join(os.path.dirname(self.path or "."), CONFIG), key="eos_token")
         return found
+
+    @property
+    def stop_ids(self) -> tuple:
+        """The ids that end a generation: EOD, then ``generation_config.json``'s ``eos_token_id`` (an id or a
+        list; transformers' ``generate`` stops at any of them)."""
+        ids = [self.eod_id]
+        ids += [i for i in self._generation_stops() if i not in ids]
+        return tuple(ids)
+
+    def _generation_stops(self) -> List[int]:
+        listed = self.generation.get("eos_token_id")
+        values = listed if isinstance(listed, list) else [] if listed is None else [listed]
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
+                raise UserError(f"must be a token id (0 to {self.vocab_size - 1}: the tokenizer's vocabulary) or a "
+                                f"list of them, got {listed!r}", key="eos_token_id", rule="generation stop ids",
+                                where=os.path.join(os.path.dirname(self.path or "."), GENERATION))
+        return list(values)
 
     @property
     def pad_id(self) -> int:

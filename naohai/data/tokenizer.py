@@ -210,6 +210,11 @@ class Tokenizer:
         return self.sp.eos_id()
 
     @property
+    def stop_ids(self) -> tuple:
+        """The ids that end a generation: EOD."""
+        return (self.eod_id,)
+
+    @property
     def pad_id(self) -> int:
         if self.scheme == "pangu":
             return self._piece_id("<pad>")

@@ -123,11 +123,12 @@ class Scorer:
 
     ``model`` is a :class:`~naohai.model.transformer.NaohaiLM` (either layer form; generation copies a
     layer-loop model's weights into a per-layer twin), ``cfg`` its ModelConfig; ``pad_id`` fills
-    padding, ``eod_id`` ends a generation.  ``forward`` defaults to :func:`packed_forward` of ``model``.
+    padding, ``eod_id`` stands for an empty prompt, and a generation ends before any of ``stop_ids``
+    (default: EOD; the tokenizer's ``stop_ids``).  ``forward`` defaults to :func:`packed_forward` of ``model``.
     """
 
     def __init__(self, model, cfg, *, pad_id: int, eod_id: int, batch: int = 16,
-                 forward: Optional[Callable] = None):
+                 forward: Optional[Callable] = None, stop_ids: Optional[Sequence[int]] = None):
         """``forward``: None = :func:`packed_forward` of ``model``; else a one-request-per-row forward
         (see the module docstring) or one with ``packs = True`` taking positions and bias too."""
         if batch <= 0:
@@ -136,6 +137,7 @@ class Scorer:
         self.cfg = cfg
         self.pad_id = int(pad_id)
         self.eod_id = int(eod_id)
+        self.stop_ids = frozenset(int(i) for i in (stop_ids if stop_ids is not None else (eod_id,)))
         self.batch = int(batch)
         self.max_length = int(cfg.seq_length)
         self._forward = forward
@@ -280,7 +282,7 @@ class Scorer:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  stop: Optional[Callable[[List[int]], bool]] = None) -> List[List[int]]:
         """Greedy new ids per prompt, ``batch`` prompts at a time (a short last batch is filled with dummy
-        rows, so the decode step keeps one shape); a row ends at EOD, at ``max_new_tokens`` or when
+        rows, so the decode step keeps one shape); a row ends at a stop id, at ``max_new_tokens`` or when
         ``stop(ids so far)`` says so."""
         if getattr(self._forward, "sharded", False):
             return self._generate_by_forward(prompts, max_new_tokens, stop)
@@ -303,7 +305,7 @@ class Scorer:
             chunk = cut[start:start + self.batch]
             filled = chunk + [[self.eod_id]] * (self.batch - len(chunk))
             row_stop = None if stop is None else (lambda r, ids: r < len(chunk) and stop(ids))
-            new = self._decoder.generate_ids(filled, sampling, self.cfg.vocab_size, self.eod_id, stop=row_stop)
+            new = self._decoder.generate_ids(filled, sampling, self.cfg.vocab_size, self.stop_ids, stop=row_stop)
             out.extend(new[:len(chunk)])
         return out
 
@@ -337,7 +339,7 @@ class Scorer:
                     if done[r]:
                         continue
                     tok = int(top[r, len(ids) - 1])
-                    if tok == self.eod_id:
+                    if tok in self.stop_ids:
                         done[r] = True
                         continue
                     new[r].append(tok)

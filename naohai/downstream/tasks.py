@@ -252,6 +252,6 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
     model.set_train(False)
     tok_file = tokenizer or found.tokenizer_file()
     tok = Tokenizer.load(tok_file, key="tokenizer" if tokenizer else "data.tokenizer")
-    scorer = Scorer(model, recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id, batch=batch)
+    scorer = Scorer(model, recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id, stop_ids=tok.stop_ids, batch=batch)
     scorer.checkpoint = ckpt
     return scorer, tok, step

@@ -79,7 +79,7 @@ class DownstreamEval(Callback):
 
         tok = Tokenizer.load(open_prepared(trainer.prepared_dir, verify=False).meta["tokenizer"]["path"])
         forward = trainer.steps.score_forward()
-        scorer = Scorer(trainer.built.model, self.recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id,
+        scorer = Scorer(trainer.built.model, self.recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id, stop_ids=tok.stop_ids,
                         batch=getattr(forward, "rows", self.cfg.batch), forward=forward)
         return NaohaiEvalLM(scorer=scorer, tok=tok, step=None)
 

@@ -96,12 +96,14 @@ def hf_greedy(model, ids, new: int = 32, stop: bool = True):
     ``stop`` false all ``new`` tokens (EOS generated like any token)."""
     import torch
     eos = model.generation_config.eos_token_id
+    ends = set(eos if isinstance(eos, list) else [eos])     # generation_config.json may list several
     kwargs = {} if stop else {"eos_token_id": None}
     with torch.no_grad():
         out = model.generate(torch.as_tensor([list(ids)]), do_sample=False, max_new_tokens=new, min_new_tokens=0,
                              attention_mask=torch.ones((1, len(ids)), dtype=torch.long), **kwargs)
     out = out[0, len(ids):].tolist()
-    return out[:out.index(eos)] if stop and eos in out else out
+    cut = next((i for i, t in enumerate(out) if t in ends), len(out)) if stop else len(out)
+    return out[:cut]
 
 
 def hf_logits(model, ids: np.ndarray) -> np.ndarray:

@@ -62,7 +62,7 @@ def test_import_eval_logits_export(name, built, tmp_path, capsys):
     from naohai.generate import Generator, SamplingConfig
     gen = Generator(out, device="CPU")
     got_ids = gen.decoder.generate_ids([tok.encode(prompt)], SamplingConfig(max_new_tokens=32, temperature=0),
-                                       hf_models.VOCAB, stop_id=None)[0]
+                                       hf_models.VOCAB, stop_ids=())[0]
     want_ids = hf_models.hf_greedy(model, tok.encode(prompt), stop=False)
     assert got_ids == want_ids and len(want_ids) == 32, (name, got_ids, want_ids)
 
@@ -237,3 +237,46 @@ def test_eval_text_encodes_with_the_folders_tokenizer(built, tmp_path, capsys):
     assert n >= 2 and got["windows"] == n
     want = hf_models.hf_mean_nll(model, ids[: n * (hf_models.SEQ + 1)].reshape(n, -1))
     assert abs(got["loss"] - want) <= 1e-5 * want
+
+
+def test_generation_stops_at_every_end_id_of_generation_config(built, tmp_path, capsys):
+    """A folder whose generation_config.json lists end ids besides the tokenizer's EOS (Llama 3's
+    <|eot_id|>, GLM-4's <|user|>): `naohai generate` and the downstream scorer stop before the first of
+    them, where transformers' `generate` stops; a wrong list or a key written twice exits 2 naming it."""
+    from transformers import AutoModelForCausalLM
+    from naohai.data.tokenizer import Tokenizer
+    from naohai.downstream.tasks import load_scorer
+    model, src = built["llama"]
+    out = str(tmp_path / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", out]) == 0
+    prompt = "The for statement"
+    tok = Tokenizer.load(os.path.join(out, "tokenizer.json"))
+    eos = tok.eod_id
+    free = hf_models.hf_greedy(model, tok.encode(prompt), stop=False)
+    head = free[:free.index(eos)] if eos in free else free
+    k = next(i for i, t in enumerate(head) if i >= 3 and t not in head[:i])    # first generated at position k
+    config_path = os.path.join(out, "generation_config.json")
+    with open(config_path, encoding="utf-8") as fh:
+        config = json.load(fh)
+    config["eos_token_id"] = [eos, head[k]]
+    with open(config_path, "w", encoding="utf-8") as fh:
+        json.dump(config, fh)
+    theirs = AutoModelForCausalLM.from_pretrained(src)
+    theirs.generation_config.eos_token_id = [eos, head[k]]     # as from_pretrained reads that file
+    want = hf_models.hf_greedy(theirs.eval(), tok.encode(prompt))
+    assert want == head[:k]                       # transformers stops at the listed id
+
+    capsys.readouterr()
+    assert main(["generate", out, "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "32"]) == 0
+    assert capsys.readouterr().out == prompt + tok.decode(want) + "\n"
+    scorer, scorer_tok, _ = load_scorer(out, device="CPU")
+    assert scorer.generate([scorer_tok.encode(prompt)], 32) == [want]
+
+    for wrong, said in (('{"eos_token_id": [1, "x"]}', "eos_token_id"), ('{"eos_token_id": 1, "eos_token_id": 2}',
+                                                                        "eos_token_id")):
+        with open(config_path, "w", encoding="utf-8") as fh:
+            fh.write(wrong)
+        capsys.readouterr()
+        assert main(["generate", out, "--prompt", prompt]) == 2
+        err = capsys.readouterr().err
+        assert "generation_config.json" in err and said in err and "Traceback" not in err, err
