@@ -57,6 +57,9 @@ class DataConfig:
     #                                   with a loss mask (naohai/data/sft.py)
     truncation: str = "drop"          # sft: a conversation longer than a window is dropped | truncate
     packing: bool = True              # sft: conversations share windows | false: one conversation a window
+    add_special_tokens: bool = False  # text with a Hugging Face tokenizer.json: each document as `tokenizer(text)`
+    #                                   encodes it (the tokens its post-processor adds: Llama's
+    #                                   BOS), then EOD; `ckpt import --from hf` sets it where those exist
 
     def validate(self, where: str = "recipe", prefix: str = "data") -> None:
         if not self.corpus:
@@ -79,6 +82,10 @@ class DataConfig:
         if not self.packing and self.format != "sft":
             raise UserError("false applies only to data.format: sft (pretraining text is always packed)",
                             where=where, key=f"{prefix}.packing", rule="packing: false with format: sft")
+        if self.add_special_tokens and self.format == "sft":
+            raise UserError("applies to data.format: text; SFT conversations are rendered by the chat template, "
+                            "which writes the model's special tokens itself", where=where,
+                            key=f"{prefix}.add_special_tokens", rule="add_special_tokens with format: text")
         if self.tokenizer_type not in TOKENIZER_TYPES:
             raise UserError(f"'{self.tokenizer_type}' is not one of {', '.join(TOKENIZER_TYPES)}."
                             f"{did_you_mean(self.tokenizer_type, TOKENIZER_TYPES)}", where=where,

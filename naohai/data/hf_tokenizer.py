@@ -7,7 +7,9 @@ here.  Text is encoded without added special tokens (as ``tokenizer(text,
 add_special_tokens=False)`` in transformers; the data pipeline joins documents with the
 EOD id itself) and decoded with special tokens kept.  The special tokens come from the
 ``tokenizer_config.json`` (or ``special_tokens_map.json``) beside the file: EOD is the
-``eos_token``, pad the ``pad_token`` (else EOD), as transformers reads them; so does the
+``eos_token``, pad the ``pad_token`` (else EOD), as transformers reads them (with
+``data.add_special_tokens`` a pretraining document is encoded as ``tokenizer(text)`` encodes it,
+:meth:`HFTokenizer.encode_documents`); so does the
 ``chat_template`` (or ``chat_template.jinja``), rendered by :meth:`HFTokenizer.apply_chat_template`
 with jinja2 the way transformers renders it.  A ``generation_config.json`` beside it may name more
 ids that end a generation (``eos_token_id``, one or a list: Llama 3's ``<|eot_id|>``, GLM-4's
@@ -174,6 +176,17 @@ class HFTokenizer:
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> List[List[int]]:
         return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_documents(self, texts: Sequence[str]) -> List[List[int]]:
+        """Each text as ``tokenizer(text)`` encodes it in transformers: with the tokens the tokenizer's
+        post-processor adds (a TemplateProcessing's: Llama's BOS; none for most byte-level BPEs)."""
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=True)]
+
+    @property
+    def adds_special_tokens(self) -> bool:
+        """Whether :meth:`encode_documents` adds tokens to a text (the post-processor has some to add)."""
+        return self.backend.encode("a", add_special_tokens=True).ids != self.backend.encode(
+            "a", add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)

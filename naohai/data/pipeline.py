@@ -6,7 +6,7 @@ not exist yet (vocabulary ``model.vocab_size``, jieba per ``data.jieba``).
 
 :func:`ensure_prepared` prepares shards in ``data.prepared_dir`` (default
 ``<train.output_dir>/data``) unless they are already up to date: same tokenizer
-(sha256), seq_length, corpus fingerprint, holdout fraction and seed.  Shards made
+(sha256), seq_length, corpus fingerprint (with ``data.add_special_tokens``), holdout fraction and seed.  Shards made
 with a different tokenizer or seq_length are never replaced silently.
 """
 from __future__ import annotations
@@ -81,7 +81,10 @@ def ensure_tokenizer(recipe, log: Log = None) -> Tokenizer:
 
 
 def _source(recipe) -> dict:
-    return fingerprint(recipe.data.corpus, recipe.data.jsonl_key)
+    source = fingerprint(recipe.data.corpus, recipe.data.jsonl_key)
+    if recipe.data.add_special_tokens:     # only then: folders (and runs' data identities) from before the key stay valid
+        source["add_special_tokens"] = True
+    return source
 
 
 def _made_for(meta: dict, tokenizer: Tokenizer, recipe, source: dict) -> bool:
@@ -132,6 +135,10 @@ def ensure_prepared(recipe, progress: bool = True, *, out_dir: Optional[str] = N
         raise UserError("fine-tuning data (data.format: sft) needs the base model's tokenizer; set data.tokenizer",
                         where=recipe.source or "recipe", key="data.tokenizer")
     tok = ensure_tokenizer(recipe, log)
+    if recipe.data.add_special_tokens and not hasattr(tok, "encode_documents"):
+        raise UserError(f"needs a Hugging Face tokenizer.json, whose post-processor says which tokens a document "
+                        f"gets; {tok.path} is a sentencepiece model", where=recipe.source or "recipe",
+                        key="data.add_special_tokens", rule="add_special_tokens with a tokenizer.json")
     out_dir = os.path.abspath(out_dir or default_prepared_dir(recipe))
     if recipe.data.format == "sft":
         _ensure_sft(recipe, tok, out_dir, rebuild or overwrite, log)
@@ -140,7 +147,8 @@ def ensure_prepared(recipe, progress: bool = True, *, out_dir: Optional[str] = N
             log(f"preparing {', '.join(recipe.data.corpus)} with seq_length {recipe.model.seq_length} -> {out_dir}")
         prepare(iter_documents(recipe.data.corpus, recipe.data.jsonl_key), tok, out_dir, recipe.model.seq_length,
                 recipe.data.holdout_fraction, recipe.data.shuffle_seed, overwrite=overwrite, progress=progress,
-                source=_source(recipe), min_train_windows=recipe.train.global_batch_size)
+                source=_source(recipe), min_train_windows=recipe.train.global_batch_size,
+                add_special_tokens=recipe.data.add_special_tokens)
     elif log:
         log(f"prepared data in {out_dir} is up to date")
     prep = open_prepared(out_dir, verify=False)

@@ -165,8 +165,12 @@ def publish(tmp: str, out_dir: str, meta: Dict[str, Any]) -> Dict[str, Any]:
 def prepare(documents: Iterable[str], tokenizer: Tokenizer, out_dir: str, seq_length: int,
             holdout_fraction: float = 0.05, seed: int = 1234, *, overwrite: bool = False,
             progress: bool = True, source: Optional[Dict[str, Any]] = None,
-            min_train_windows: int = 1, min_valid_windows: int = 1) -> Dict[str, Any]:
-    """Tokenize ``documents`` into packed train/valid shards in ``out_dir``; returns the meta dict."""
+            min_train_windows: int = 1, min_valid_windows: int = 1,
+            add_special_tokens: bool = False) -> Dict[str, Any]:
+    """Tokenize ``documents`` into packed train/valid shards in ``out_dir``; returns the meta dict.  Each
+    document is its tokens and EOD; with ``add_special_tokens`` its tokens are those ``tokenizer(text)``
+    gives in transformers (:meth:`~naohai.data.hf_tokenizer.HFTokenizer.encode_documents`), and EOD is not
+    added again where the tokenizer's post-processor already ends the document with it."""
     seq_length = int(seq_length)
     if seq_length <= 0:
         raise UserError(f"must be a positive integer, got {seq_length}", key="model.seq_length")
@@ -185,10 +189,12 @@ def prepare(documents: Iterable[str], tokenizer: Tokenizer, out_dir: str, seq_le
         lengths = []
         max_id = -1
         with open(scratch, "wb") as fh:
+            encode = tokenizer.encode_documents if add_special_tokens else tokenizer.encode_batch
             for batch in _batches(_progress(documents, progress, "tokenizing"), _BATCH_DOCS):
-                for ids in tokenizer.encode_batch(batch):
-                    arr = np.empty(len(ids) + 1, dtype=np.int64)
-                    arr[:-1] = ids
+                for ids in encode(batch):
+                    ended = add_special_tokens and len(ids) > 0 and ids[-1] == eod
+                    arr = np.empty(len(ids) + (not ended), dtype=np.int64)
+                    arr[:len(ids)] = ids
                     arr[-1] = eod
                     max_id = max(max_id, int(arr.max()))
                     arr.astype(dtype).tofile(fh)
@@ -243,6 +249,8 @@ def prepare(documents: Iterable[str], tokenizer: Tokenizer, out_dir: str, seq_le
             "splits": splits,
             "source": source or {},
         }
+        if add_special_tokens:
+            meta["add_special_tokens"] = True
         return publish(tmp, out_dir, meta)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

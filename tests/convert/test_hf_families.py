@@ -280,3 +280,23 @@ def test_generation_stops_at_every_end_id_of_generation_config(built, tmp_path, 
         assert main(["generate", out, "--prompt", prompt]) == 2
         err = capsys.readouterr().err
         assert "generation_config.json" in err and said in err and "Traceback" not in err, err
+
+
+def test_import_sets_add_special_tokens_where_the_tokenizer_adds_them(built, tmp_path):
+    """An imported recipe prepares text as the folder's tokenizer(text) encodes it: data.add_special_tokens
+    is true for a tokenizer whose post-processor adds a BOS (Llama's), false for one that adds nothing."""
+    import shutil
+    import yaml
+    from tokenizers import Tokenizer as Backend, processors
+    _, src = built["llama"]
+    with_bos = str(tmp_path / "with-bos")
+    shutil.copytree(src, with_bos)
+    backend = Backend.from_file(os.path.join(with_bos, "tokenizer.json"))
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", backend.token_to_id("<s>"))])
+    backend.save(os.path.join(with_bos, "tokenizer.json"))
+    for folder, adds in ((src, False), (with_bos, True)):
+        out = str(tmp_path / f"imported-{adds}")
+        assert main(["ckpt", "import", folder, "--from", "hf", "--out", out]) == 0
+        with open(os.path.join(out, "recipe.yaml"), encoding="utf-8") as fh:
+            assert yaml.safe_load(fh)["data"]["add_special_tokens"] is adds

@@ -167,3 +167,75 @@ def test_data_tokenizer_command_trains_a_byte_bpe(tmp_path, mixed_docs, capsys):
     assert ours.encode(MIXED) == theirs(MIXED, add_special_tokens=False)["input_ids"] and len(theirs) == 500
     assert main(["data", "tokenizer", "--corpus", str(corpus), "--vocab-size", "500", "--out", str(out),
                  "--type", "byte_bpe"]) == 2
+
+
+def with_post_processor(src_dir: str, dst_dir: str, template: str) -> str:
+    """A copy of the tokenizer folder ``src_dir`` whose tokenizer.json adds ``template``'s special tokens
+    to every text (``"<s> $A"``: Llama's BOS), a TemplateProcessing as published tokenizers have."""
+    import shutil
+    from tokenizers import Tokenizer as Backend, processors
+    shutil.copytree(src_dir, dst_dir)
+    path = os.path.join(dst_dir, "tokenizer.json")
+    backend = Backend.from_file(path)
+    specials = [(t, backend.token_to_id(t)) for t in template.split() if t != "$A"]
+    backend.post_processor = processors.TemplateProcessing(single=template, pair=f"{template} {template.replace('$A', '$B')}",
+                                                           special_tokens=sorted(set(specials)))
+    backend.save(path)
+    return path
+
+
+@pytest.mark.parametrize("template", ["<s> $A", "<s> $A <eod>"])
+def test_add_special_tokens_packs_each_document_as_auto_tokenizer_encodes_it(bpe_dir, tmp_path, mixed_docs, template):
+    """data.add_special_tokens: every document of the prepared splits is AutoTokenizer(text)['input_ids']
+    (a Llama-style BOS post-processor; one that also ends with EOD gets no second EOD), then EOD; without
+    the key the documents are encoded without them, as before."""
+    from collections import Counter
+    from transformers import AutoTokenizer
+    from naohai.config import recipe_from_dict
+    from naohai.data.pipeline import ensure_prepared
+    from naohai.data.prepare import load_prepared
+    path = with_post_processor(bpe_dir, str(tmp_path / "tok"), template)
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    docs = mixed_docs[:80]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    eod = Tokenizer.load(path).eod_id
+    want = Counter()
+    for d in docs:
+        ids = theirs(d)["input_ids"]
+        assert ids[0] == 3 and (ids[-1] == eod) == template.endswith("<eod>")
+        want[tuple(ids if ids[-1] == eod else ids + [eod])] += 1
+
+    def documents(add: bool, run: str) -> Counter:
+        recipe = recipe_from_dict({"model": {"preset": "tiny", "vocab_size": Tokenizer.load(path).vocab_size,
+                                             "seq_length": 64},
+                                   "data": {"corpus": [str(corpus)], "tokenizer": path, "add_special_tokens": add},
+                                   "train": {"output_dir": str(tmp_path / run), "global_batch_size": 4,
+                                             "micro_batch_size": 4}})
+        out, _ = ensure_prepared(recipe, progress=False)
+        prep = load_prepared(out)
+        assert prep.meta.get("add_special_tokens", False) is add
+        got = Counter()
+        for split in ("train", "valid"):
+            stream = [int(x) for x in np.load(os.path.join(out, f"{split}.npy"))]
+            cuts = [-1] + [j for j, x in enumerate(stream) if x == eod]
+            got.update(tuple(stream[a + 1:b + 1]) for a, b in zip(cuts, cuts[1:]))
+        return got
+
+    assert documents(True, "with") == want
+    without = documents(False, "without")
+    assert sum(without.values()) == len(docs) and not any(doc[0] == 3 for doc in without)
+
+
+def test_add_special_tokens_refusals(tmp_path, tok):
+    from naohai.config import recipe_from_dict
+    from naohai.data.pipeline import ensure_prepared
+    with pytest.raises(UserError, match="data.add_special_tokens") as err:
+        recipe_from_dict({"data": {"format": "sft", "add_special_tokens": True, "tokenizer": "t.json"}})
+    assert "chat template" in str(err.value)
+    recipe = recipe_from_dict({"model": {"preset": "tiny", "vocab_size": tok.vocab_size},
+                               "data": {"tokenizer": tok.path, "add_special_tokens": True},
+                               "train": {"output_dir": str(tmp_path / "run")}})
+    with pytest.raises(UserError, match="sentencepiece") as err:
+        ensure_prepared(recipe, progress=False)
+    assert err.value.key == "data.add_special_tokens"

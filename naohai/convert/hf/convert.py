@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from naohai.config import Recipe, recipe_from_dict
+from naohai.data.hf_tokenizer import HFTokenizer
 from naohai.model.config import ModelConfig
 from naohai.convert.hf import folder
 from naohai.convert.hf.arch import Architecture, HFConfig
@@ -147,7 +148,10 @@ def write_hf(out: str, cfg: ModelConfig, weights: Dict[str, np.ndarray], *, wher
 
 
 def import_recipe(cfg: ModelConfig, name: str, tokenizer: Optional[str]) -> Recipe:
-    """A recipe for an imported model: its model fields, the folder's tokenizer, naohai's train defaults."""
+    """A recipe for an imported model: its model fields, the folder's tokenizer (``data.add_special_tokens``
+    where its post-processor adds tokens to a text), naohai's train defaults."""
     model = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     data: Dict[str, Any] = {"tokenizer": tokenizer} if tokenizer else {}
+    if tokenizer:       # documents encoded as the model's own tokenizer(text) encodes them (Llama's BOS)
+        data["add_special_tokens"] = HFTokenizer.load(tokenizer).adds_special_tokens
     return recipe_from_dict({"name": name, "model": model, "data": data}, where=f"import of {name}")
