@@ -13,8 +13,11 @@ compiled scoring graph; ``auto`` means 16.
 
 Requests are answered by :class:`naohai.downstream.engine.Scorer`: ``loglikelihood`` with the
 tokenisation of lm-eval's ``TemplateLM`` (context and continuation encoded together, trailing
-spaces moved to the continuation, an empty context replaced by the EOD id), ``loglikelihood_rolling``
-over lm-eval's disjoint rolling windows of ``seq_length`` tokens with EOD as the prefix,
+spaces moved to the continuation, an empty context replaced by the prefix id), ``loglikelihood_rolling``
+over lm-eval's disjoint rolling windows of ``seq_length`` tokens after the prefix id (EOD, which joins
+naohai's documents; for a recipe with ``data.add_special_tokens`` texts are encoded as ``tokenizer(text)``
+and the prefix is the BOS its documents start with, as lm-eval's ``hf`` model does by default for such
+a tokenizer: :func:`naohai.downstream.engine.text_encoding`),
 ``generate_until`` greedily (sampling arguments are refused) up to ``max_gen_toks`` tokens, the
 text cut at the first stop string.
 """
@@ -86,11 +89,25 @@ class NaohaiEvalLM(TemplateLM):
         return int(self.tok.eod_id)
 
     @property
+    def prefix_token_id(self) -> int:
+        """Before an empty context and each rolling window: the scorer's ``prefix_id`` (EOD, or the BOS the
+        model's documents start with)."""
+        return self.scorer.prefix_id
+
+    @property
     def max_length(self) -> int:
         return self.scorer.max_length
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs) -> List[int]:
-        return list(self.tok.encode(string)) if string else []
+        """The text's ids as the model's documents were encoded: with the tokens the tokenizer adds (BOS) where
+        the scorer says so, unless asked not to or the text already starts with the prefix token's text, as
+        lm-eval's ``hf`` model encodes by default."""
+        if not string:
+            return []
+        if self.scorer.special_tokens and add_special_tokens is not False and \
+                not string.startswith(self.tok.decode([self.prefix_token_id])):
+            return list(self.tok.encode_documents([string])[0])
+        return list(self.tok.encode(string))
 
     def tok_decode(self, ids: List[int]) -> str:
         return self.tok.decode(list(ids))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -123,12 +123,15 @@ class Scorer:
 
     ``model`` is a :class:`~naohai.model.transformer.NaohaiLM` (either layer form; generation copies a
     layer-loop model's weights into a per-layer twin), ``cfg`` its ModelConfig; ``pad_id`` fills
-    padding, ``eod_id`` stands for an empty prompt, and a generation ends before any of ``stop_ids``
-    (default: EOD; the tokenizer's ``stop_ids``).  ``forward`` defaults to :func:`packed_forward` of ``model``.
+    padding, ``eod_id`` stands for an empty prompt, a generation ends before any of ``stop_ids``
+    (default: EOD; the tokenizer's ``stop_ids``); ``prefix_id`` (default EOD) is what the evaluation puts
+    before a text that has no context, and ``special_tokens`` says that texts are encoded with the tokens the
+    tokenizer adds (both from :func:`text_encoding`).  ``forward`` defaults to :func:`packed_forward` of ``model``.
     """
 
     def __init__(self, model, cfg, *, pad_id: int, eod_id: int, batch: int = 16,
-                 forward: Optional[Callable] = None, stop_ids: Optional[Sequence[int]] = None):
+                 forward: Optional[Callable] = None, stop_ids: Optional[Sequence[int]] = None,
+                 prefix_id: Optional[int] = None, special_tokens: bool = False):
         """``forward``: None = :func:`packed_forward` of ``model``; else a one-request-per-row forward
         (see the module docstring) or one with ``packs = True`` taking positions and bias too."""
         if batch <= 0:
@@ -138,6 +141,8 @@ class Scorer:
         self.pad_id = int(pad_id)
         self.eod_id = int(eod_id)
         self.stop_ids = frozenset(int(i) for i in (stop_ids if stop_ids is not None else (eod_id,)))
+        self.prefix_id = int(eod_id if prefix_id is None else prefix_id)
+        self.special_tokens = bool(special_tokens)
         self.batch = int(batch)
         self.max_length = int(cfg.seq_length)
         self._forward = forward
@@ -350,6 +355,17 @@ class Scorer:
                     break
             out.extend(new)
         return out
+
+
+def text_encoding(tok, recipe) -> Dict[str, Any]:
+    """How the evaluation encodes text, as the model's own data did: ``{"prefix_id", "special_tokens"}``.
+    With ``data.add_special_tokens`` (a published Llama's imported recipe) a text is ``tokenizer(text)``,
+    BOS first, and BOS stands before an empty context: lm-eval's ``hf`` model does the same by default
+    for such a tokenizer.  Else a text is its tokens alone and EOD, which joins documents, the prefix."""
+    if recipe.data.add_special_tokens and hasattr(tok, "encode_documents"):
+        head = tok.encode_documents([""])[0]
+        return {"prefix_id": int(head[0]) if head else int(tok.eod_id), "special_tokens": True}
+    return {"prefix_id": int(tok.eod_id), "special_tokens": False}
 
 
 def _tensor(array: np.ndarray):

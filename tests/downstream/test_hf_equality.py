@@ -89,3 +89,42 @@ def test_naohai_backend_equals_transformers_on_the_exported_model(llama_run):
     for x, y in zip(sorted(a["samples"]["eq_gen"], key=lambda s: s["doc_id"]),
                     sorted(b["samples"]["eq_gen"], key=lambda s: s["doc_id"])):
         assert x["resps"] == y["resps"]
+
+
+def test_an_imported_llama_with_bos_equals_lm_evals_hf_model_at_its_defaults(tmp_path):
+    """A published-style Llama folder whose tokenizer adds BOS (its TemplateProcessing): imported, naohai's
+    backend puts BOS before an empty context and each rolling window, as lm-eval's `hf` model does by
+    default for such a model (no prefix given to it), so per-sample log-likelihoods (empty-context requests
+    included) and perplexity equal it; before, naohai's EOD prefix gave other numbers."""
+    from lm_eval.models.huggingface import HFLM
+    from tokenizers import Tokenizer as Backend, processors
+
+    from naohai.downstream.backend import NaohaiEvalLM
+    from tests.convert import hf_models
+
+    folder = str(tmp_path / "Llama-folder")
+    hf_models.build("llama", folder)
+    backend = Backend.from_file(os.path.join(folder, "tokenizer.json"))
+    bos = backend.token_to_id("<s>")
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", bos)])
+    backend.save(os.path.join(folder, "tokenizer.json"))
+    out = str(tmp_path / "imported")
+    assert main(["ckpt", "import", folder, "--from", "hf", "--out", out]) == 0
+    ours = NaohaiEvalLM(path=out, batch_size=4)
+    theirs = HFLM(pretrained=folder, dtype="float32", batch_size=4, device="cpu", max_length=ours.max_length)
+    assert ours.prefix_token_id == theirs.prefix_token_id == bos != ours.eot_token_id
+    tasks = tmp_path / "tasks"
+    write_task(tasks, "eq_mc", MC_YAML, MC_ROWS)
+    from naohai.downstream import tasks as dt
+    prepared = dt.prepare(["eq_mc"], include=[str(tasks)])
+    a, b = dt.run(ours, prepared, log_samples=True), dt.run(theirs, prepared, log_samples=True)
+    for x, y in zip(sorted(a["samples"]["eq_mc"], key=lambda s: s["doc_id"]),
+                    sorted(b["samples"]["eq_mc"], key=lambda s: s["doc_id"])):
+        got, want = np.array([r[0][0] for r in x["resps"]]), np.array([r[0][0] for r in y["resps"]])
+        assert len(got) == len(want) == 6
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    from lm_eval.api.instance import Instance
+    text = " ".join(r["context"] for r in MC_ROWS) * 3
+    request = [Instance("loglikelihood_rolling", {}, (text,), 0)]
+    assert ours.loglikelihood_rolling(request)[0] == pytest.approx(theirs.loglikelihood_rolling(request)[0], abs=1e-3)
