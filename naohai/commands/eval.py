@@ -129,7 +129,9 @@ def _check_flags(args) -> None:
         check_out(args.out, args.model)
 
 
-def _ids_from_text(path, tokenizer_file):
+def _ids_from_text(path, tokenizer_file, special_tokens: bool = False):
+    """The file's text as one document: its tokens, or with ``special_tokens`` (the recipe's
+    ``data.add_special_tokens``) as ``tokenizer(text)`` encodes it, as the model's documents were."""
     import numpy as np
 
     from naohai.data.tokenizer import Tokenizer
@@ -143,7 +145,9 @@ def _ids_from_text(path, tokenizer_file):
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot be read as UTF-8 text ({exc})", where=path) from None
-    return np.asarray(Tokenizer.load(tokenizer_file).encode(text), np.int64)
+    tok = Tokenizer.load(tokenizer_file)
+    ids = tok.encode_documents([text])[0] if special_tokens and hasattr(tok, "encode_documents") else tok.encode(text)
+    return np.asarray(ids, np.int64)
 
 
 def _read_ids(path):
@@ -178,7 +182,7 @@ def run(args) -> int:
     found, model = load_model(args.model)
     recipe = found.recipe
     if ids is None:
-        ids = _ids_from_text(args.text, found.tokenizer_file())
+        ids = _ids_from_text(args.text, found.tokenizer_file(), recipe.data.add_special_tokens)
     windows = windows_of(ids, recipe.model, args.ids or args.text)
     model.set_train(False)
     result = evaluate(model, recipe.model, windows, args.batch or 8)

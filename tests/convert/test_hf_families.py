@@ -282,9 +282,10 @@ def test_generation_stops_at_every_end_id_of_generation_config(built, tmp_path, 
         assert "generation_config.json" in err and said in err and "Traceback" not in err, err
 
 
-def test_import_sets_add_special_tokens_where_the_tokenizer_adds_them(built, tmp_path):
+def test_import_sets_add_special_tokens_where_the_tokenizer_adds_them(built, tmp_path, capsys):
     """An imported recipe prepares text as the folder's tokenizer(text) encodes it: data.add_special_tokens
-    is true for a tokenizer whose post-processor adds a BOS (Llama's), false for one that adds nothing."""
+    is true for a tokenizer whose post-processor adds a BOS (Llama's), false for one that adds nothing;
+    `eval --text` of such a model encodes the file so too."""
     import shutil
     import yaml
     from tokenizers import Tokenizer as Backend, processors
@@ -300,3 +301,15 @@ def test_import_sets_add_special_tokens_where_the_tokenizer_adds_them(built, tmp
         assert main(["ckpt", "import", folder, "--from", "hf", "--out", out]) == 0
         with open(os.path.join(out, "recipe.yaml"), encoding="utf-8") as fh:
             assert yaml.safe_load(fh)["data"]["add_special_tokens"] is adds
+    # `eval --text` reads the file as one such document: transformers' NLL of AutoTokenizer(text)'s ids, BOS first
+    from transformers import AutoTokenizer
+    text = (hf_models.TEXT + "\n") * 6
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["eval", out, "--text", str(tmp_path / "t.txt"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    ids = np.asarray(AutoTokenizer.from_pretrained(with_bos)(text)["input_ids"])
+    assert ids[0] == backend.token_to_id("<s>")
+    n = len(ids) // (hf_models.SEQ + 1)
+    want = hf_models.hf_mean_nll(built["llama"][0], ids[: n * (hf_models.SEQ + 1)].reshape(n, -1))
+    assert got["windows"] == n and abs(got["loss"] - want) <= 1e-5 * want
