@@ -218,12 +218,19 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
         raise UserError(f"{tok_path} has {tok.vocab_size} pieces, more than the model's vocabulary of "
                         f"{cfg.vocab_size}; give the tokenizer the model was trained with",
                         where=where or "command line", key=keys[1])
-    return LM(nll=token_nll_fn(net), encode_batch=tok.encode_batch,
+    describe = {"model": os.path.abspath(model), "checkpoint": path and os.path.abspath(path),
+                "step": step, "tokenizer": os.path.abspath(tok_path), "tokenizer_sha256": tok.sha256,
+                "seq_length": cfg.seq_length, "loss_pad_id": cfg.loss_pad_id}
+    encode = tok.encode_batch
+    if recipe.data.add_special_tokens and hasattr(tok, "encode_documents"):
+        describe["add_special_tokens"] = True      # only then: plans written before the key stay valid
+
+        def encode(texts):
+            """Documents as the model's own were encoded (tokenizer(text), BOS first); scoring adds the EOD."""
+            return [ids[:-1] if ids and ids[-1] == tok.eod_id else ids for ids in tok.encode_documents(texts)]
+    return LM(nll=token_nll_fn(net), encode_batch=encode,
               seq_length=cfg.seq_length, eod_id=tok.eod_id, pad_id=tok.pad_id if tok.pad_id >= 0 else tok.eod_id,
-              loss_pad_id=cfg.loss_pad_id,
-              describe={"model": os.path.abspath(model), "checkpoint": path and os.path.abspath(path),
-                        "step": step, "tokenizer": os.path.abspath(tok_path), "tokenizer_sha256": tok.sha256,
-                        "seq_length": cfg.seq_length, "loss_pad_id": cfg.loss_pad_id})
+              loss_pad_id=cfg.loss_pad_id, describe=describe)
 
 
 def run_score(args) -> int:

@@ -313,3 +313,20 @@ def test_import_sets_add_special_tokens_where_the_tokenizer_adds_them(built, tmp
     n = len(ids) // (hf_models.SEQ + 1)
     want = hf_models.hf_mean_nll(built["llama"][0], ids[: n * (hf_models.SEQ + 1)].reshape(n, -1))
     assert got["windows"] == n and abs(got["loss"] - want) <= 1e-5 * want
+    # `data score` scores each document so too: EOD, tokenizer(text) (BOS first), EOD
+    import math
+    import torch
+    from naohai.commands.data import load_scorer
+    from naohai.data.score import ScoreSettings, score
+    line = hf_models.TEXT[:40]
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"text": line}) + "\n", encoding="utf-8")
+    score([str(tmp_path / "docs.jsonl")], str(tmp_path / "scored"), load_scorer(out, device="CPU"),
+          ScoreSettings(batch=1), progress=False)
+    scored = [json.loads(x) for f in sorted((tmp_path / "scored").rglob("*.jsonl")) for x in open(f, encoding="utf-8")]
+    eod = backend.token_to_id("<eod>")
+    seq = [eod] + AutoTokenizer.from_pretrained(with_bos)(line)["input_ids"] + [eod]
+    assert len(seq) - 1 <= hf_models.SEQ
+    with torch.no_grad():
+        logp = torch.log_softmax(built["llama"][0](torch.as_tensor([seq[:-1]])).logits[0].double(), -1)
+    want = math.exp(-logp[torch.arange(len(seq) - 1), torch.as_tensor(seq[1:])].mean().item())
+    assert [r["naohai"]["perplexity"] for r in scored] == [pytest.approx(want, rel=1e-4)]
