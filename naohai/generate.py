@@ -17,8 +17,10 @@ generated tokens) are applied before it.
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -216,6 +218,46 @@ class CachedDecoder:
             last = logits[:, -1]
             length += 1
         return out
+
+
+#: naohai's sampling when neither the command line nor the model's generation_config.json sets it
+NAOHAI_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
+#: transformers' GenerationConfig defaults for what a generation_config.json with ``do_sample: true`` leaves out
+_HF_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
+def sampling_defaults(tokenizer) -> Tuple[Dict[str, Any], Optional[str]]:
+    """``({temperature, top_k, top_p}, note)``: what the model folder's ``generation_config.json`` (beside a
+    Hugging Face tokenizer) asks for, as transformers' ``generate`` reads it -- greedy unless ``do_sample`` is
+    true, then its ``temperature`` / ``top_k`` / ``top_p`` (transformers' defaults where it leaves one out)
+    -- with a note saying so; naohai's own settings and no note without such a file.  A value of the wrong
+    kind exits 2 naming the file and key."""
+    gen = getattr(tokenizer, "generation", None) or {}
+    if not gen:
+        return dict(NAOHAI_SAMPLING), None
+    where = os.path.join(os.path.dirname(tokenizer.path or "."), "generation_config.json")
+    sample = gen.get("do_sample", False)
+    if not isinstance(sample, bool):
+        raise UserError(f"must be true or false, got {sample!r}", where=where, key="do_sample")
+    if not sample:
+        return {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, f"greedy, as {where} asks (no do_sample: true)"
+    out = {}
+    for key, default in _HF_SAMPLING.items():
+        value = gen.get(key, default)
+        value = default if value is None else value
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if key == "top_k":
+            ok = numeric and float(value).is_integer() and value >= 0
+        elif key == "top_p":
+            ok = numeric and 0.0 < value <= 1.0
+        else:
+            ok = numeric and value >= 0
+        if not ok:
+            kind = {"top_k": "a whole number >= 0", "top_p": "a number in (0, 1]"}.get(key, "a finite number >= 0")
+            raise UserError(f"{value!r} is not {kind}", where=where, key=key, rule="generation_config sampling")
+        out[key] = int(value) if key == "top_k" else float(value)
+    return out, (f"sampling as {where} asks: temperature {out['temperature']:g}, top-k {out['top_k']}, "
+                 f"top-p {out['top_p']:g}")
 
 
 class Generator:

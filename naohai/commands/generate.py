@@ -11,9 +11,11 @@ def register(sub) -> None:
                                       "imported model folder")
     p.add_argument("--prompt", action="append", default=None, help="text to continue (repeat for a batch)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=40, help="0 = off")
-    p.add_argument("--top-p", type=float, default=0.95, help="1 = off")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (default: the model folder's generation_config.json, as transformers reads it, "
+                        "else 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="0 = off (default: generation_config.json, else 40)")
+    p.add_argument("--top-p", type=float, default=None, help="1 = off (default: generation_config.json, else 0.95)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="PanGu-alpha used 1.5")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="PanGu-alpha used 0.3")
     p.add_argument("--chat", action="store_true",
@@ -32,7 +34,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from naohai.errors import UserError
-    from naohai.generate import Generator, SamplingConfig
+    from naohai.generate import NAOHAI_SAMPLING, Generator, SamplingConfig, sampling_defaults
 
     prompts = args.prompt or [""]
     for i, prompt in enumerate(prompts):
@@ -51,10 +53,17 @@ def run(args) -> int:
     if args.stream and len(prompts) > 1:
         raise UserError("--stream prints one prompt's tokens; give one --prompt", where="command line",
                         key="--stream")
-    cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
-                         args.frequency_penalty, args.presence_penalty)
-    cfg.validate()
+    given = {key: getattr(args, key) for key in NAOHAI_SAMPLING if getattr(args, key) is not None}
+
+    def sampling(defaults):
+        return SamplingConfig(args.max_new_tokens, seed=args.seed, frequency_penalty=args.frequency_penalty,
+                              presence_penalty=args.presence_penalty, **{**defaults, **given})
+    sampling(NAOHAI_SAMPLING).validate()         # the flags' mistakes before the model is read
     gen = Generator(args.checkpoint, device=args.device, verify=not args.no_verify)
+    defaults, note = sampling_defaults(gen.tokenizer)
+    cfg = sampling(defaults)
+    if note and len(given) < len(NAOHAI_SAMPLING):
+        print(f"naohai: note: {note} (flags override)", file=sys.stderr)
     chat = {"chat": args.chat, "system": args.system}
     if gen.conversational and not args.chat:
         print("naohai: note: this model was fine-tuned on conversations (data.format: sft); --chat asks it as "

@@ -330,3 +330,44 @@ def test_import_sets_add_special_tokens_where_the_tokenizer_adds_them(built, tmp
         logp = torch.log_softmax(built["llama"][0](torch.as_tensor([seq[:-1]])).logits[0].double(), -1)
     want = math.exp(-logp[torch.arange(len(seq) - 1), torch.as_tensor(seq[1:])].mean().item())
     assert [r["naohai"]["perplexity"] for r in scored] == [pytest.approx(want, rel=1e-4)]
+
+
+def test_generate_samples_as_the_folders_generation_config_asks(built, tmp_path, capsys):
+    """Without sampling flags `naohai generate` reads generation_config.json as transformers' GenerationConfig
+    does: greedy unless do_sample is true (the tests' folder: transformers' greedy tokens), else its
+    temperature / top-k / top-p, transformers' defaults filling what it leaves out; flags override; a value of
+    the wrong kind exits 2 naming the file and key."""
+    from transformers import GenerationConfig
+    from naohai.data.tokenizer import Tokenizer
+    from naohai.generate import sampling_defaults
+    model, src = built["llama"]
+    out = str(tmp_path / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", out]) == 0
+    prompt = "The for statement"
+    tok = Tokenizer.load(os.path.join(out, "tokenizer.json"))
+    capsys.readouterr()
+    assert main(["generate", out, "--prompt", prompt, "--max-new-tokens", "32"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == prompt + tok.decode(hf_models.hf_greedy(model, tok.encode(prompt))) + "\n"
+    assert "greedy, as" in printed.err and "generation_config.json" in printed.err
+
+    config_path = os.path.join(out, "generation_config.json")
+    with open(config_path, encoding="utf-8") as fh:
+        config = json.load(fh)
+    config.update(do_sample=True, temperature=0.6, top_p=0.9)
+    with open(config_path, "w", encoding="utf-8") as fh:
+        json.dump(config, fh)
+    theirs = GenerationConfig.from_pretrained(out)       # its unset fields take generate()'s global defaults
+    fill = GenerationConfig._get_default_generation_params()
+    got, note = sampling_defaults(Tokenizer.load(os.path.join(out, "tokenizer.json")))
+    assert got == {k: fill[k] if getattr(theirs, k) is None else getattr(theirs, k)
+                   for k in ("temperature", "top_k", "top_p")} == {"temperature": 0.6, "top_k": 50, "top_p": 0.9}
+    assert main(["generate", out, "--prompt", prompt, "--max-new-tokens", "4", "--temperature", "0", "--top-k", "3",
+                 "--top-p", "1"]) == 0
+    assert "generation_config" not in capsys.readouterr().err          # every setting given: nothing read
+    config["temperature"] = "hot"
+    with open(config_path, "w", encoding="utf-8") as fh:
+        json.dump(config, fh)
+    assert main(["generate", out, "--prompt", prompt, "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "generation_config.json" in err and "temperature" in err and "Traceback" not in err
