@@ -36,9 +36,10 @@ def write_model_dir(out: str, recipe: Recipe, weights: Dict[str, np.ndarray]) ->
 
 
 def write_hf_model_dir(out: str, cfg, weights: Dict[str, np.ndarray], src: str) -> str:
-    """An imported model folder from a Hugging Face folder ``src``: the weights, a recipe for its model
-    (the tokenizer copied beside it and named by ``data.tokenizer``), the tokenizer files and the
-    original ``config.json`` (as ``hf_config.json``, which an export starts from)."""
+    """An imported model folder from a Hugging Face folder ``src``: the weights, a recipe that fine-tunes
+    them (its model; the tokenizer copied beside it and named by ``data.tokenizer``; ``train.init_from`` this
+    folder at a fine-tuning rate), the tokenizer files and the original ``config.json`` (as
+    ``hf_config.json``, which an export starts from)."""
     from naohai.convert.hf import folder
     from naohai.convert.hf.convert import SOURCE_CONFIG, import_recipe
 
@@ -48,7 +49,8 @@ def write_hf_model_dir(out: str, cfg, weights: Dict[str, np.ndarray], src: str) 
     os.makedirs(out, exist_ok=True)
     copied = folder.copy_tokenizer_files(src, out)
     tokenizer = os.path.abspath(os.path.join(out, "tokenizer.json")) if "tokenizer.json" in copied else None
-    recipe = import_recipe(cfg, os.path.basename(os.path.abspath(src)), tokenizer)
+    recipe = import_recipe(cfg, os.path.basename(os.path.abspath(src)), tokenizer,
+                           fine_tune_from=os.path.abspath(out))
     folder.write_config_as(out, SOURCE_CONFIG, folder.read_config(src))
     return write_model_dir(out, recipe, weights)
 

@@ -300,7 +300,11 @@ def test_import_sets_add_special_tokens_where_the_tokenizer_adds_them(built, tmp
         out = str(tmp_path / f"imported-{adds}")
         assert main(["ckpt", "import", folder, "--from", "hf", "--out", out]) == 0
         with open(os.path.join(out, "recipe.yaml"), encoding="utf-8") as fh:
-            assert yaml.safe_load(fh)["data"]["add_special_tokens"] is adds
+            written = yaml.safe_load(fh)
+        assert written["data"]["add_special_tokens"] is adds
+        # and it fine-tunes the imported weights, at Llama 2's fine-tuning rate (not naohai's from-scratch 3e-3)
+        assert written["train"]["init_from"] == os.path.abspath(out)
+        assert (written["train"]["lr"], written["train"]["min_lr"]) == (2e-5, 2e-6)
     # `eval --text` reads the file as one such document: transformers' NLL of AutoTokenizer(text)'s ids, BOS first
     from transformers import AutoTokenizer
     text = (hf_models.TEXT + "\n") * 6

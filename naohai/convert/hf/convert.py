@@ -147,11 +147,23 @@ def write_hf(out: str, cfg: ModelConfig, weights: Dict[str, np.ndarray], *, wher
     return files
 
 
-def import_recipe(cfg: ModelConfig, name: str, tokenizer: Optional[str]) -> Recipe:
+#: what an imported model's recipe trains with: Llama 2's fine-tuning rate (cosine from 2e-5, weight decay 0.1;
+#: Touvron et al. 2023, section 3.1), where naohai's from-scratch 3e-3 would wreck pretrained weights
+FINE_TUNE_TRAIN = {"lr": 2.0e-5, "min_lr": 2.0e-6, "warmup_steps": 10, "weight_decay": 0.1}
+
+
+def import_recipe(cfg: ModelConfig, name: str, tokenizer: Optional[str], fine_tune_from: Optional[str] = None
+                  ) -> Recipe:
     """A recipe for an imported model: its model fields, the folder's tokenizer (``data.add_special_tokens``
-    where its post-processor adds tokens to a text), naohai's train defaults."""
+    where its post-processor adds tokens to a text), naohai's train defaults; with ``fine_tune_from`` (the
+    imported folder) a recipe that fine-tunes those weights: ``train.init_from`` that folder, the rates of
+    :data:`FINE_TUNE_TRAIN` and ``train.output_dir`` ``runs/<name>-ft``."""
     model = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     data: Dict[str, Any] = {"tokenizer": tokenizer} if tokenizer else {}
     if tokenizer:       # documents encoded as the model's own tokenizer(text) encodes them (Llama's BOS)
         data["add_special_tokens"] = HFTokenizer.load(tokenizer).adds_special_tokens
-    return recipe_from_dict({"name": name, "model": model, "data": data}, where=f"import of {name}")
+    train: Dict[str, Any] = {}
+    if fine_tune_from:
+        train = dict(FINE_TUNE_TRAIN, init_from=fine_tune_from, output_dir=f"runs/{name}-ft")
+    return recipe_from_dict({"name": name, "model": model, "data": data, "train": train},
+                            where=f"import of {name}")
