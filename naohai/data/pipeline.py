@@ -145,6 +145,9 @@ def ensure_prepared(recipe, progress: bool = True, *, out_dir: Optional[str] = N
     elif rebuild or overwrite or not is_up_to_date(out_dir, tok, recipe):
         if log:
             log(f"preparing {', '.join(recipe.data.corpus)} with seq_length {recipe.model.seq_length} -> {out_dir}")
+            if not recipe.data.add_special_tokens and getattr(tok, "adds_special_tokens", False):
+                log(f"note: {tok.path} adds {tok.decode(tok.encode_documents([''])[0])!r} to a text (tokenizer(text)); "
+                    f"documents are prepared without it unless data.add_special_tokens is true")
         prepare(iter_documents(recipe.data.corpus, recipe.data.jsonl_key), tok, out_dir, recipe.model.seq_length,
                 recipe.data.holdout_fraction, recipe.data.shuffle_seed, overwrite=overwrite, progress=progress,
                 source=_source(recipe), min_train_windows=recipe.train.global_batch_size,

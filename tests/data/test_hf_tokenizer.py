@@ -188,7 +188,7 @@ def with_post_processor(src_dir: str, dst_dir: str, template: str) -> str:
 def test_add_special_tokens_packs_each_document_as_auto_tokenizer_encodes_it(bpe_dir, tmp_path, mixed_docs, template):
     """data.add_special_tokens: every document of the prepared splits is AutoTokenizer(text)['input_ids']
     (a Llama-style BOS post-processor; one that also ends with EOD gets no second EOD), then EOD; without
-    the key the documents are encoded without them, as before."""
+    the key the documents are encoded without them, as before, and a note says what the tokenizer adds."""
     from collections import Counter
     from transformers import AutoTokenizer
     from naohai.config import recipe_from_dict
@@ -212,9 +212,11 @@ def test_add_special_tokens_packs_each_document_as_auto_tokenizer_encodes_it(bpe
                                    "data": {"corpus": [str(corpus)], "tokenizer": path, "add_special_tokens": add},
                                    "train": {"output_dir": str(tmp_path / run), "global_batch_size": 4,
                                              "micro_batch_size": 4}})
-        out, _ = ensure_prepared(recipe, progress=False)
+        said = []
+        out, _ = ensure_prepared(recipe, progress=False, log=said.append)
         prep = load_prepared(out)
         assert prep.meta.get("add_special_tokens", False) is add
+        assert any("data.add_special_tokens is true" in line for line in said) is not add   # the note without it
         got = Counter()
         for split in ("train", "valid"):
             stream = [int(x) for x in np.load(os.path.join(out, f"{split}.npy"))]
