@@ -8,8 +8,9 @@ the rule, which the CLI prints as one paragraph with exit code 2.
 * YAML is read with :func:`load_yaml`, which refuses duplicate keys (plain
   PyYAML keeps the last one and silently drops the first) and documents whose aliases
   expand beyond :data:`MAX_YAML_NODES` values (an alias bomb), before expanding them.
-* JSON files users hand over (a Hugging Face ``config.json``, a PEFT ``adapter_config.json``) are read with
-  :func:`unique_json_object`, which refuses duplicate keys the same way.
+* JSON files users hand over (a Hugging Face ``config.json``, its tokenizer's and generation settings, a
+  PEFT ``adapter_config.json``) are read with :func:`read_json_object`, whose :func:`unique_json_object`
+  refuses duplicate keys the same way.
 * :func:`integer` and :func:`number` refuse booleans, strings, ``.nan`` and
   ``.inf``, fractions where an integer is meant, and values outside the range
   (every integer has an upper bound, so ``1e21`` devices is an error, not a plan;
@@ -20,6 +21,7 @@ the rule, which the CLI prints as one paragraph with exit code 2.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from typing import Any, Dict, Iterable, Optional
 
@@ -117,6 +119,21 @@ def unique_json_object(pairs) -> Dict[str, Any]:
                                    f"the first, so which one was meant is unknown)")
         out[key] = value
     return out
+
+
+def read_json_object(path: str) -> Dict[str, Any]:
+    """The JSON object in the file ``path``; a key written twice, unreadable JSON or another type exits 2
+    naming the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh, object_pairs_hook=unique_json_object)
+    except DuplicateJSONKey as exc:
+        raise UserError(str(exc), where=path) from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"is not readable JSON ({exc})", where=path) from None
+    if not isinstance(data, dict):
+        raise UserError(f"must hold a JSON object, not {type(data).__name__}", where=path)
+    return data
 
 
 # --------------------------------------------------------------------------- values

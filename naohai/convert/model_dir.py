@@ -14,6 +14,7 @@ import yaml
 
 from naohai.config import Recipe, recipe_from_dict, read_yaml
 from naohai.errors import UserError
+from naohai.validate import read_json_object
 
 WEIGHTS = "model.ckpt"
 RECIPE = "recipe.yaml"
@@ -63,7 +64,7 @@ def hf_export_sources(model_dir: str):
 
     recipe, weights = load_model_dir(model_dir)
     src = os.path.join(model_dir, SOURCE_CONFIG)
-    base = folder.read_json(src) if os.path.isfile(src) else None
+    base = read_json_object(src) if os.path.isfile(src) else None
     return recipe, weights, model_dir, base
 
 

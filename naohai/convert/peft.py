@@ -98,16 +98,7 @@ def _read_config(folder: str):
     config_path, weights_path = os.path.join(folder, CONFIG), os.path.join(folder, WEIGHTS)
     if not os.path.isdir(folder) or not os.path.isfile(config_path):
         raise UserError(f"is not a PEFT adapter folder: it needs {CONFIG} and {WEIGHTS}", where=folder)
-    try:
-        with open(config_path, encoding="utf-8") as fh:
-            config = json.load(fh, object_pairs_hook=validate.unique_json_object)
-    except validate.DuplicateJSONKey as exc:
-        raise UserError(str(exc), where=config_path) from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot be read as JSON ({exc})", where=config_path) from None
-    if not isinstance(config, dict):
-        raise UserError("must hold a JSON object", where=config_path)
-    return config_path, weights_path, config
+    return config_path, weights_path, validate.read_json_object(config_path)
 
 
 def _read_weights(weights_path: str) -> Dict[str, np.ndarray]:

@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from naohai.errors import UserError
 from naohai.runfiles import write_bytes_atomically
-from naohai.validate import DuplicateJSONKey, unique_json_object
+from naohai.validate import read_json_object
 
 SPECIALS = ("<pad>", "<eod>", "<unk>", "<s>")
 CONFIG = "tokenizer_config.json"
@@ -42,18 +42,7 @@ def _json_beside(folder: str, name: str) -> Dict[str, Any]:
     """The JSON object in ``folder/name``, {} when there is no such file; unreadable JSON, another type or a
     key written twice exits 2 naming the file."""
     path = os.path.join(folder, name)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh, object_pairs_hook=unique_json_object)
-    except DuplicateJSONKey as exc:
-        raise UserError(str(exc), where=path) from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"is not readable JSON ({exc})", where=path) from None
-    if not isinstance(data, dict):
-        raise UserError(f"must hold a JSON object, not {type(data).__name__}", where=path)
-    return data
+    return read_json_object(path) if os.path.isfile(path) else {}
 
 
 def _token_text(value: Any) -> Optional[str]:

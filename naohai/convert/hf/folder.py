@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from naohai.errors import UserError
-from naohai.validate import DuplicateJSONKey, unique_json_object
+from naohai.validate import read_json_object
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -44,20 +44,7 @@ def read_config(folder: str) -> Dict[str, Any]:
                         where=folder)
     if not os.path.isfile(path):
         raise UserError(f"is not a Hugging Face model folder: it has no {CONFIG}", where=folder)
-    return read_json(path)
-
-
-def read_json(path: str) -> Dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            config = json.load(fh, object_pairs_hook=unique_json_object)
-    except DuplicateJSONKey as exc:
-        raise UserError(str(exc), where=path) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"is not readable JSON ({exc})", where=path) from None
-    if not isinstance(config, dict):
-        raise UserError("must hold a JSON object", where=path)
-    return config
+    return read_json_object(path)
 
 
 def read_safetensors(path: str) -> Dict[str, np.ndarray]:
