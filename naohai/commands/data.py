@@ -191,6 +191,7 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
     Mistakes name ``keys`` (the flags, or a config file's keys with ``where`` the file)."""
     import mindspore as ms
 
+    from naohai.data.pipeline import encodes_special_tokens
     from naohai.data.score import LM
     from naohai.data.tokenizer import Tokenizer
     from naohai.evaluate import token_nll_fn
@@ -222,7 +223,7 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
                 "step": step, "tokenizer": os.path.abspath(tok_path), "tokenizer_sha256": tok.sha256,
                 "seq_length": cfg.seq_length, "loss_pad_id": cfg.loss_pad_id}
     encode = tok.encode_batch
-    if recipe.data.add_special_tokens and hasattr(tok, "encode_documents"):
+    if encodes_special_tokens(recipe, tok):
         describe["add_special_tokens"] = True      # only then: plans written before the key stay valid
 
         def encode(texts):

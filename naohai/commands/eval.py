@@ -129,11 +129,12 @@ def _check_flags(args) -> None:
         check_out(args.out, args.model)
 
 
-def _ids_from_text(path, tokenizer_file, special_tokens: bool = False):
-    """The file's text as one document: its tokens, or with ``special_tokens`` (the recipe's
-    ``data.add_special_tokens``) as ``tokenizer(text)`` encodes it, as the model's documents were."""
+def _ids_from_text(path, tokenizer_file, recipe):
+    """The file's text as one document, encoded as the model's documents were: its tokens, or as
+    ``tokenizer(text)`` encodes it (:func:`naohai.data.pipeline.encodes_special_tokens`)."""
     import numpy as np
 
+    from naohai.data.pipeline import encodes_special_tokens
     from naohai.data.tokenizer import Tokenizer
     from naohai.errors import UserError
 
@@ -146,7 +147,7 @@ def _ids_from_text(path, tokenizer_file, special_tokens: bool = False):
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot be read as UTF-8 text ({exc})", where=path) from None
     tok = Tokenizer.load(tokenizer_file)
-    ids = tok.encode_documents([text])[0] if special_tokens and hasattr(tok, "encode_documents") else tok.encode(text)
+    ids = tok.encode_documents([text])[0] if encodes_special_tokens(recipe, tok) else tok.encode(text)
     return np.asarray(ids, np.int64)
 
 
@@ -182,7 +183,7 @@ def run(args) -> int:
     found, model = load_model(args.model)
     recipe = found.recipe
     if ids is None:
-        ids = _ids_from_text(args.text, found.tokenizer_file(), recipe.data.add_special_tokens)
+        ids = _ids_from_text(args.text, found.tokenizer_file(), recipe)
     windows = windows_of(ids, recipe.model, args.ids or args.text)
     model.set_train(False)
     result = evaluate(model, recipe.model, windows, args.batch or 8)

@@ -43,6 +43,13 @@ def padded_rows_allowed(recipe) -> bool:
     return bool(recipe.data.tokenizer and recipe.train.init_from)
 
 
+def encodes_special_tokens(recipe, tok) -> bool:
+    """Whether the model's documents were encoded as ``tokenizer(text)`` (with the tokens a ``tokenizer.json``'s
+    post-processor adds): ``data.add_special_tokens`` with such a tokenizer.  Evaluation and scoring encode
+    text so too."""
+    return bool(recipe.data.add_special_tokens) and hasattr(tok, "encode_documents")
+
+
 def _check_tokenizer(tok: Tokenizer, recipe, path: str) -> None:
     """The tokenizer fits the model: as many pieces as ``model.vocab_size`` (naohai pads the rows itself,
     ``vocab_pad_multiple``; a tokenizer naohai trained into the run folder with another count was trained for
@@ -135,7 +142,7 @@ def ensure_prepared(recipe, progress: bool = True, *, out_dir: Optional[str] = N
         raise UserError("fine-tuning data (data.format: sft) needs the base model's tokenizer; set data.tokenizer",
                         where=recipe.source or "recipe", key="data.tokenizer")
     tok = ensure_tokenizer(recipe, log)
-    if recipe.data.add_special_tokens and not hasattr(tok, "encode_documents"):
+    if recipe.data.add_special_tokens and not encodes_special_tokens(recipe, tok):
         raise UserError(f"needs a Hugging Face tokenizer.json, whose post-processor says which tokens a document "
                         f"gets; {tok.path} is a sentencepiece model", where=recipe.source or "recipe",
                         key="data.add_special_tokens", rule="add_special_tokens with a tokenizer.json")

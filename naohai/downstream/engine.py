@@ -362,7 +362,9 @@ def text_encoding(tok, recipe) -> Dict[str, Any]:
     With ``data.add_special_tokens`` (a published Llama's imported recipe) a text is ``tokenizer(text)``,
     BOS first, and BOS stands before an empty context: lm-eval's ``hf`` model does the same by default
     for such a tokenizer.  Else a text is its tokens alone and EOD, which joins documents, the prefix."""
-    if recipe.data.add_special_tokens and hasattr(tok, "encode_documents"):
+    from naohai.data.pipeline import encodes_special_tokens
+
+    if encodes_special_tokens(recipe, tok):
         head = tok.encode_documents([""])[0]
         return {"prefix_id": int(head[0]) if head else int(tok.eod_id), "special_tokens": True}
     return {"prefix_id": int(tok.eod_id), "special_tokens": False}
