@@ -66,7 +66,7 @@ def _cpu_device():
     """MindSpore runs tests in-process on the CPU, and it refuses ``set_device`` once any kernel has run in
     the process (``RuntimeError: The runtime has been initialized``).  Which modules share a pytest-xdist
     worker changes from run to run, so a test whose first kernel runs without naming the device (an
-    ``astype`` in tests/checkpoint/test_ckpt_format.py) broke every later ``set_device`` of its worker: 40
+    ``astype`` in tests/test_ckpt_format.py) broke every later ``set_device`` of its worker: 40
     failures and 155 errors in one CI run.  Naming the device once per worker, before any test, removes
     that dependence on order.  Commands that set it again with the same device are unaffected."""
     import mindspore as ms

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import mindspore as ms
 import numpy as np
 
-from naohai.checkpoint import ckpt_format
+from naohai import ckpt_format
 from naohai.checkpoint.files import fsync_dir, fsync_file, sha256_file, write_json
 from naohai.errors import UserError
 from naohai.model.config import ModelConfig
@@ -391,7 +391,7 @@ class CheckpointStore:
 
     def _write_rank(self, tmp: str, tensors: Sequence[Any]) -> None:
         """Write ``(name, tensor)`` pairs as this rank's file (temporary name, fsync, read back, rename); a tensor
-        as :func:`naohai.checkpoint.ckpt_format.write` takes it."""
+        as :func:`naohai.ckpt_format.write` takes it."""
         name = rank_file(self.rank)
         part = os.path.join(tmp, f"rank_{self.rank}.part.ckpt")   # MindSpore appends .ckpt to other names
         expected = [(e.name, e.dims, e.nbytes) for e in ckpt_format.write(part, tensors)]

@@ -146,7 +146,8 @@ def _new_out(out: str) -> None:
 
 
 def _inspect(args, path) -> int:
-    from naohai.checkpoint import ckpt_format, store
+    from naohai import ckpt_format
+    from naohai.checkpoint import store
     man = store.read_manifest(path)
     layout = man.get("layout") or {}
     print(f"checkpoint {path}")
@@ -385,7 +386,7 @@ def _import(args) -> int:
 
 def _import_hf(args) -> int:
     from naohai.config import parse_overrides
-    from naohai.convert.hf.convert import read_hf
+    from naohai.convert.hf.convert import stream_hf
     from naohai.convert.model_dir import write_hf_model_dir
     if args.recipe or args.strategy:
         raise UserError("a Hugging Face folder's config.json gives the model; give model.* overrides instead of "
@@ -394,10 +395,16 @@ def _import_hf(args) -> int:
     if set(tree) - {"model"}:
         raise UserError(f"only model.* overrides apply to an import, got {sorted(set(tree) - {'model'})}",
                         where="command line")
-    cfg, weights = read_hf(args.src, tree.get("model") or {})
-    write_hf_model_dir(args.out, cfg, weights, args.src)
-    n = sum(int(v.size) for v in weights.values())
-    print(f"imported {len(weights)} tensors ({n:,} parameters, {cfg.family}: {cfg.num_layers} layers, hidden "
+    cfg, weights = stream_hf(args.src, tree.get("model") or {})     # read one tensor at a time while written
+    sizes = []
+
+    def counted():
+        for name, value in weights:
+            sizes.append(int(value.size))
+            yield name, value
+    write_hf_model_dir(args.out, cfg, counted(), args.src)
+    n = sum(sizes)
+    print(f"imported {len(sizes)} tensors ({n:,} parameters, {cfg.family}: {cfg.num_layers} layers, hidden "
           f"{cfg.hidden_size}, seq_length {cfg.seq_length}) from {args.src} -> {args.out}")
     return 0
 

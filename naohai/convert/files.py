@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 import tempfile
-from typing import Dict, Optional
+from typing import Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -86,11 +87,21 @@ def read_reference(src: str, strategy: Optional[str] = None) -> Dict[str, np.nda
     return tensors
 
 
-def write_ckpt(tensors: Dict[str, np.ndarray], path: str) -> str:
-    """Write float32 tensors as one MindSpore checkpoint (parent folders created)."""
-    import mindspore as ms
-    from mindspore import Tensor
+def write_ckpt(tensors: Union[Mapping[str, np.ndarray], Iterable[Tuple[str, np.ndarray]]], path: str) -> str:
+    """Write tensors as one MindSpore checkpoint, float32, in the order given (parent folders created).
+    ``tensors`` is a mapping or (name, array) pairs, e.g. a generator that reads each when its turn comes:
+    one tensor is held at a time (:func:`naohai.ckpt_format.write`).  The file appears whole or not at all
+    (written beside it, then renamed) and read-only, as ``mindspore.save_checkpoint`` leaves it."""
+    from naohai import ckpt_format
 
+    pairs = tensors.items() if isinstance(tensors, Mapping) else tensors
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    ms.save_checkpoint([{"name": k, "data": Tensor(np.asarray(v, np.float32))} for k, v in tensors.items()], path)
+    part = f"{path}.partial"
+    try:
+        ckpt_format.write(part, ((name, np.ascontiguousarray(value, np.float32)) for name, value in pairs))
+        os.chmod(part, stat.S_IRUSR)
+        os.replace(part, path)
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
     return path

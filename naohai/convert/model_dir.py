@@ -7,11 +7,13 @@ it can sit beside the trainer's own checkpoint store.
 from __future__ import annotations
 
 import os
-from typing import Dict, Tuple
+import shutil
+from typing import Dict, Iterable, Iterator, Mapping, Tuple, Union
 
 import numpy as np
 import yaml
 
+from naohai import ckpt_format
 from naohai.config import Recipe, recipe_from_dict, read_yaml
 from naohai.errors import UserError
 from naohai.validate import read_json_object
@@ -24,7 +26,10 @@ def is_model_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, WEIGHTS)) and os.path.isfile(os.path.join(path, RECIPE))
 
 
-def write_model_dir(out: str, recipe: Recipe, weights: Dict[str, np.ndarray]) -> str:
+def write_model_dir(out: str, recipe: Recipe,
+                    weights: Union[Mapping[str, np.ndarray], Iterable[Tuple[str, np.ndarray]]]) -> str:
+    """Write ``model.ckpt`` (``weights``: a mapping or (name, array) pairs, written one at a time) and then
+    ``recipe.yaml`` into ``out``, which must not hold an imported model yet."""
     from naohai.convert.files import write_ckpt
 
     if os.path.exists(os.path.join(out, WEIGHTS)):
@@ -36,36 +41,79 @@ def write_model_dir(out: str, recipe: Recipe, weights: Dict[str, np.ndarray]) ->
     return out
 
 
-def write_hf_model_dir(out: str, cfg, weights: Dict[str, np.ndarray], src: str) -> str:
-    """An imported model folder from a Hugging Face folder ``src``: the weights, a recipe that fine-tunes
-    them (its model; the tokenizer copied beside it and named by ``data.tokenizer``; ``train.init_from`` this
-    folder at a fine-tuning rate), the tokenizer files and the original ``config.json`` (as
-    ``hf_config.json``, which an export starts from)."""
+def write_hf_model_dir(out: str, cfg, weights: Union[Mapping[str, np.ndarray], Iterable[Tuple[str, np.ndarray]]],
+                       src: str) -> str:
+    """An imported model folder from a Hugging Face folder ``src``: the weights (a mapping, or pairs read one
+    at a time, e.g. :func:`naohai.convert.hf.convert.stream_hf`'s), a recipe that fine-tunes them (its model;
+    the tokenizer copied beside it and named by ``data.tokenizer``; ``train.init_from`` this folder at a
+    fine-tuning rate), the tokenizer files and the original ``config.json`` (as ``hf_config.json``, which an
+    export starts from).  ``out`` must be new or empty; when anything fails on the way (a tensor of the wrong
+    shape found while streaming, a full disk) what was written there is removed again."""
     from naohai.convert.hf import folder
     from naohai.convert.hf.convert import SOURCE_CONFIG, import_recipe
 
     if os.path.exists(out) and os.listdir(out):
         raise UserError("already exists and is not empty; choose a new --out (nothing is overwritten)", where=out,
                         key="--out")
+    created = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    copied = folder.copy_tokenizer_files(src, out)
-    tokenizer = os.path.abspath(os.path.join(out, "tokenizer.json")) if "tokenizer.json" in copied else None
-    recipe = import_recipe(cfg, os.path.basename(os.path.abspath(src)), tokenizer,
-                           fine_tune_from=os.path.abspath(out))
-    folder.write_config_as(out, SOURCE_CONFIG, folder.read_config(src))
-    return write_model_dir(out, recipe, weights)
+    try:
+        copied = folder.copy_tokenizer_files(src, out)
+        tokenizer = os.path.abspath(os.path.join(out, "tokenizer.json")) if "tokenizer.json" in copied else None
+        recipe = import_recipe(cfg, os.path.basename(os.path.abspath(src)), tokenizer,
+                               fine_tune_from=os.path.abspath(out))
+        folder.write_config_as(out, SOURCE_CONFIG, folder.read_config(src))
+        return write_model_dir(out, recipe, weights)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:                       # it was empty: take out what this import put there
+            for name in os.listdir(out):
+                path = os.path.join(out, name)
+                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+        raise
 
 
 def hf_export_sources(model_dir: str):
     """(recipe, weights, tokenizer folder, original config.json or None) of an imported model folder, for
-    ``naohai ckpt export --to hf`` (a trained checkpoint comes through :mod:`naohai.checkpoint.weights`)."""
-    from naohai.convert.hf import folder
+    ``naohai ckpt export --to hf`` (a trained checkpoint comes through :mod:`naohai.checkpoint.weights`).
+    The weights are a mapping that reads each tensor of ``model.ckpt`` when asked, so that an export holds
+    one at a time."""
     from naohai.convert.hf.convert import SOURCE_CONFIG
 
-    recipe, weights = load_model_dir(model_dir)
+    if not is_model_dir(model_dir):
+        raise UserError(f"is not an imported model folder (needs {WEIGHTS} and {RECIPE})", where=model_dir)
+    where = os.path.join(model_dir, RECIPE)
+    recipe = recipe_from_dict(read_yaml(where, "recipe"), where=where).validate()
     src = os.path.join(model_dir, SOURCE_CONFIG)
     base = read_json_object(src) if os.path.isfile(src) else None
-    return recipe, weights, model_dir, base
+    return recipe, CkptTensors(os.path.join(model_dir, WEIGHTS)), model_dir, base
+
+
+class CkptTensors(Mapping):
+    """The tensors of a ``.ckpt`` file by name, found by its table of contents and each read when asked
+    (:mod:`naohai.ckpt_format`); a file that is not a checkpoint, or a name it lacks, exits 2 naming it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self._entries = {e.name: e for e in ckpt_format.entries(path)}
+        except (OSError, ckpt_format.MalformedCheckpoint) as exc:
+            raise UserError(f"is not a readable MindSpore checkpoint ({exc})", where=path) from None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._entries:
+            raise UserError(f"has no tensor '{name}', which its recipe's model needs", where=self.path)
+        try:
+            return ckpt_format.read(self.path, self._entries[name])
+        except (OSError, ckpt_format.MalformedCheckpoint) as exc:
+            raise UserError(f"is not a readable MindSpore checkpoint ({exc})", where=self.path) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def load_model_dir(path: str) -> Tuple[Recipe, Dict[str, np.ndarray]]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import shutil
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -40,23 +41,36 @@ def open_hf(src: str, overrides: Optional[Dict[str, Any]] = None
     """(recipe, reader) of a Hugging Face folder: the recipe's model from ``config.json`` (``overrides``:
     extra model fields, e.g. ``seq_length``), its ``data.tokenizer`` the folder's ``tokenizer.json`` if
     any; ``reader()`` reads and checks the weights (naohai names, float32)."""
+    recipe, arch = _recipe_of(src, overrides)
+    return recipe, lambda: dict(naohai_tensors(src, recipe.model, arch))
+
+
+def _recipe_of(src: str, overrides: Optional[Dict[str, Any]]) -> Tuple[Recipe, Architecture]:
     arch, fields = model_fields(src)
     fields.update(overrides or {})
     where = os.path.join(src, folder.CONFIG)
-    cfg = recipe_from_dict({"name": os.path.basename(os.path.abspath(src)), "model": fields}, where=where).model
+    name = os.path.basename(os.path.abspath(src))
+    cfg = recipe_from_dict({"name": name, "model": fields}, where=where).model
     tokenizer = os.path.join(os.path.abspath(src), "tokenizer.json")
-    recipe = import_recipe(cfg, os.path.basename(os.path.abspath(src)),
-                           tokenizer if os.path.isfile(tokenizer) else None)
-    return recipe, lambda: to_naohai(folder.read_weights(src), cfg, arch, src)
+    return import_recipe(cfg, name, tokenizer if os.path.isfile(tokenizer) else None), arch
+
+
+def stream_hf(src: str, overrides: Optional[Dict[str, Any]] = None
+              ) -> Tuple[ModelConfig, Iterator[Tuple[str, np.ndarray]]]:
+    """The ModelConfig of a Hugging Face folder and its weights one parameter at a time (naohai names,
+    float32), for an import that holds one tensor at a time rather than the model; the tensors' names
+    are checked before the first one is read (see :func:`naohai_tensors`)."""
+    recipe, arch = _recipe_of(src, overrides)
+    return recipe.model, naohai_tensors(src, recipe.model, arch)
 
 
 def read_hf(src: str, overrides: Optional[Dict[str, Any]] = None) -> Tuple[ModelConfig, Dict[str, np.ndarray]]:
     """The ModelConfig and naohai-named float32 weights of a Hugging Face folder (see :func:`open_hf`)."""
-    recipe, read = open_hf(src, overrides)
-    return recipe.model, read()
+    cfg, tensors = stream_hf(src, overrides)
+    return cfg, dict(tensors)
 
 
-def _stored_name(tensors: Dict[str, np.ndarray], name: str, arch: Architecture) -> Optional[str]:
+def _stored_name(tensors: Dict[str, Any], name: str, arch: Architecture) -> Optional[str]:
     """The name under which ``name`` is stored: as is, or without the base model's prefix."""
     if name in tensors:
         return name
@@ -65,48 +79,54 @@ def _stored_name(tensors: Dict[str, np.ndarray], name: str, arch: Architecture) 
     return None
 
 
-def to_naohai(tensors: Dict[str, np.ndarray], cfg: ModelConfig, arch: Architecture, src: str) -> Dict[str, np.ndarray]:
-    expected = {p.name: p.shape for p in param_shapes(cfg)}
-    out: Dict[str, np.ndarray] = {}
-    used = set()
+def naohai_tensors(src: str, cfg: ModelConfig, arch: Architecture) -> Iterator[Tuple[str, np.ndarray]]:
+    """The folder's weights as (naohai name, float32 array), one stored tensor read at a time.  Checked before
+    the first is read: every tensor the architecture names for this config is stored and nothing else is
+    (a missing or extra tensor exits 2 naming the weights file); then, as each is read, its shape (and a
+    stored tied head: equal to the embedding)."""
+    stored = folder.stored_weights(src)
     where = _weights_file(src)
-    for link in arch.links(cfg):
-        stored = _stored_name(tensors, link.ref, arch)
-        if stored is None:
+    links = arch.links(cfg)
+    names = []
+    for link in links:
+        name = _stored_name(stored, link.ref, arch)
+        if name is None:
             raise UserError(f"has no tensor '{link.ref}', which a {arch.model_type} model of this config.json "
                             f"({cfg.num_layers} layers) needs", where=where)
-        used.add(stored)
-        value = tensors[stored]
+        names.append(name)
+    heads = [h for h in ("lm_head.weight", "embed_out.weight")
+             if cfg.tie_embeddings and h in stored and h not in names]     # older save_pretrained kept a tied head
+    extra = sorted(k for k in stored if k not in names and k not in heads and not k.endswith(arch.ignored))
+    if extra:
+        raise UserError(f"holds {len(extra)} tensor(s) a {arch.model_type} model of this config.json does not have, "
+                        f"e.g. {extra[:3]} (a config.json that does not describe these weights?)", where=where)
+    expected = {p.name: p.shape for p in param_shapes(cfg)}
+    missing = sorted(set(expected) - {n for link in links for n in link.ours})
+    if missing:
+        raise ValueError(f"the {arch.model_type} links leave naohai parameters unset: {missing[:4]}")
+    for link, name in zip(links, names):
+        value = stored[name].read()
         try:
             parts = link.from_ref(value)
         except ValueError:
             parts = None
-        if parts is not None:
-            for name, part in zip(link.ours, parts):
-                if tuple(part.shape) != tuple(expected[name]):
-                    parts = None
-                    break
+        if parts is not None and any(tuple(part.shape) != tuple(expected[n]) for n, part in zip(link.ours, parts)):
+            parts = None
         if parts is None:
             shapes = ", ".join(str(tuple(expected[n])) for n in link.ours)
-            raise UserError(f"tensor '{stored}' has shape {tuple(value.shape)}, which does not match config.json "
+            raise UserError(f"tensor '{name}' has shape {tuple(value.shape)}, which does not match config.json "
                             f"(hidden_size, heads, kv heads, intermediate / vocab sizes give {shapes} for "
                             f"{', '.join(link.ours)})", where=where)
-        out.update({name: np.asarray(part, np.float32) for name, part in zip(link.ours, parts)})
-    if cfg.tie_embeddings:   # a tied head may still be stored (older save_pretrained); it must be the embedding
-        for head in ("lm_head.weight", "embed_out.weight"):
-            if head in tensors and head not in used:
-                used.add(head)
-                if not np.array_equal(tensors[head], out["embedding.word_embedding"]):
-                    raise UserError(f"holds '{head}' different from the word embedding, but config.json says "
-                                    f"tie_word_embeddings is true", where=where)
-    extra = sorted(k for k in tensors if k not in used and not k.endswith(arch.ignored))
-    if extra:
-        raise UserError(f"holds {len(extra)} tensor(s) a {arch.model_type} model of this config.json does not have, "
-                        f"e.g. {extra[:3]} (a config.json that does not describe these weights?)", where=where)
-    missing = sorted(set(expected) - set(out))
-    if missing:
-        raise ValueError(f"the {arch.model_type} links leave naohai parameters unset: {missing[:4]}")
-    return out
+        del value
+        for ours, part in zip(link.ours, parts):
+            part = np.asarray(part, np.float32)
+            if ours == "embedding.word_embedding":
+                for head in heads:
+                    if not np.array_equal(stored[head].read(), part):
+                        raise UserError(f"holds '{head}' different from the word embedding, but config.json says "
+                                        f"tie_word_embeddings is true", where=where)
+            yield ours, part
+        del parts
 
 
 def _weights_file(src: str) -> str:
@@ -126,24 +146,45 @@ def hf_config(cfg: ModelConfig, arch: Architecture, base: Optional[Dict[str, Any
     return out
 
 
-def from_naohai(weights: Dict[str, np.ndarray], cfg: ModelConfig, arch: Architecture) -> Dict[str, np.ndarray]:
-    return {link.ref: np.asarray(link.to_ref(*[np.asarray(weights[n], np.float32) for n in link.ours]), np.float32)
-            for link in arch.links(cfg)}
+def from_naohai(weights: Mapping[str, np.ndarray], cfg: ModelConfig, arch: Architecture, where: str
+                ) -> List[folder.Planned]:
+    """The architecture's tensors of naohai ``weights``, planned to be made one at a time: (name, float32 bytes,
+    maker).  ``weights`` may be a mapping that reads each parameter when asked (an imported folder's
+    ``model.ckpt``), so an export holds the tensors of one link at a time; a parameter whose shape is not the
+    one ``cfg`` gives exits 2 naming ``where``."""
+    shapes = {p.name: tuple(p.shape) for p in param_shapes(cfg)}
+
+    def param(name):
+        value = np.asarray(weights[name], np.float32)
+        if tuple(value.shape) != shapes[name]:
+            raise UserError(f"holds '{name}' of shape {tuple(value.shape)}, where its recipe's model gives "
+                            f"{shapes[name]}", where=where)
+        return value
+
+    def maker(link):
+        return lambda: link.to_ref(*[param(n) for n in link.ours])
+    return [(link.ref, sum(int(np.prod(shapes[n], dtype=np.int64)) * 4 for n in link.ours), maker(link))
+            for link in arch.links(cfg)]
 
 
-def write_hf(out: str, cfg: ModelConfig, weights: Dict[str, np.ndarray], *, where: str,
+def write_hf(out: str, cfg: ModelConfig, weights: Mapping[str, np.ndarray], *, where: str,
              tokenizer_dir: Optional[str] = None, base_config: Optional[Dict[str, Any]] = None,
              shard_bytes: int = folder.DEFAULT_SHARD_BYTES) -> List[str]:
-    """Write a Hugging Face folder (new, never over an existing path); returns the files written."""
+    """Write a Hugging Face folder (new, never over an existing path); returns the files written.  The weights
+    are converted and written one link at a time; if anything fails on the way, ``out`` is removed again."""
     arch = for_family(cfg, where)
     if os.path.exists(out):
         raise UserError("already exists; exporting never overwrites (choose a new folder)", where=out, key="--out")
-    tensors = from_naohai(weights, cfg, arch)
+    tensors = from_naohai(weights, cfg, arch, where)
     os.makedirs(out)
-    files = folder.write_weights(out, tensors, shard_bytes)
-    folder.write_config(out, hf_config(cfg, arch, base_config))
-    files.append(folder.CONFIG)
-    files += folder.copy_tokenizer_files(tokenizer_dir, out)
+    try:
+        files = folder.write_weights(out, tensors, shard_bytes)
+        folder.write_config(out, hf_config(cfg, arch, base_config))
+        files.append(folder.CONFIG)
+        files += folder.copy_tokenizer_files(tokenizer_dir, out)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
     return files
 
 

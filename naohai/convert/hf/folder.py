@@ -10,10 +10,13 @@ upcast to float32, the master weights' type.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import shutil
-from typing import Any, Dict, List, Optional
+import struct
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -47,21 +50,52 @@ def read_config(folder: str) -> Dict[str, Any]:
     return read_json_object(path)
 
 
-def read_safetensors(path: str) -> Dict[str, np.ndarray]:
-    """Every tensor of one ``.safetensors`` file; floating ones as float32 (``BF16`` included).  A header
-    that does not describe its bytes (a wrong dtype, shape or offsets) exits 2 naming the file and tensor."""
+@dataclasses.dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a ``.safetensors`` file, known by its header; :meth:`read` reads its bytes then."""
+
+    path: str
+    name: str
+    dtype: str                  # safetensors' name: F32, BF16, I64, ...
+    shape: Tuple[int, ...]
+    offset: int                 # of its first byte in the file
+    nbytes: int
+
+    def read(self) -> np.ndarray:
+        """The tensor; a floating one as float32 (``BF16`` included), as the master weights are kept."""
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            raw = np.fromfile(fh, np.uint8, self.nbytes)
+        if raw.size != self.nbytes:
+            raise UserError(f"ends inside tensor '{self.name}' (the file changed or was cut short while read)",
+                            where=self.path)
+        if self.dtype == "BF16":
+            value = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            value = raw.view(np.dtype(_DTYPES[self.dtype]).newbyteorder("<"))
+        value = value.reshape(self.shape)
+        if value.dtype.kind == "f":
+            with np.errstate(over="ignore"):        # float64 beyond float32's range: inf, for the caller to refuse
+                return value.astype(np.float32, copy=value.dtype != np.float32)
+        return value.astype(value.dtype.newbyteorder("="))
+
+
+def safetensors_header(path: str) -> Dict[str, StoredTensor]:
+    """The tensors of one ``.safetensors`` file by name, from its header alone (no tensor is read).  A header
+    that does not describe its bytes (an unknown dtype, a shape that is not its byte count, offsets outside
+    the file) exits 2 naming the file and tensor."""
     try:
+        total = os.path.getsize(path)
         with open(path, "rb") as fh:
             size = int(np.frombuffer(fh.read(8), "<u8")[0])
-            if size > os.path.getsize(path) - 8:
+            if size > total - 8:
                 raise ValueError(f"its header length {size} is beyond the file's end")
             header = json.loads(fh.read(size).decode("utf-8"))
         if not isinstance(header, dict):
             raise ValueError("its header is not a JSON object")
     except (OSError, ValueError, IndexError, UnicodeDecodeError, OverflowError) as exc:
         raise UserError(f"is not a readable safetensors file ({exc})", where=path) from None
-    data = np.memmap(path, np.uint8, mode="r", offset=8 + size) if os.path.getsize(path) > 8 + size else \
-        np.zeros(0, np.uint8)
+    data_bytes = total - 8 - size
     out = {}
     for name, entry in header.items():
         if name == "__metadata__":
@@ -69,45 +103,43 @@ def read_safetensors(path: str) -> Dict[str, np.ndarray]:
         try:
             start, end = (int(v) for v in entry["data_offsets"])
             dtype, shape = entry["dtype"], tuple(int(n) for n in entry["shape"])
-            if not 0 <= start <= end <= data.size:
-                raise ValueError(f"data_offsets [{start}, {end}] outside the file's {data.size} data bytes")
-            raw = data[start:end]
-            if dtype == "BF16":
-                value = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-            elif dtype in _DTYPES:
-                value = raw.view(np.dtype(_DTYPES[dtype]).newbyteorder("<"))
-            else:
+            if not 0 <= start <= end <= data_bytes:
+                raise ValueError(f"data_offsets [{start}, {end}] outside the file's {data_bytes} data bytes")
+            if dtype not in _DTYPES and dtype != "BF16":
                 raise UserError(f"tensor '{name}' has dtype {dtype}, which naohai does not read", where=path)
-            value = value.reshape(shape)
+            itemsize = 2 if dtype == "BF16" else np.dtype(_DTYPES[dtype]).itemsize
+            if any(n < 0 for n in shape) or math.prod(shape) * itemsize != end - start:
+                raise ValueError(f"shape {list(shape)} of {dtype} is not its {end - start} bytes")
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"tensor '{name}': its header entry does not describe its bytes ({exc})",
                             where=path, rule="dtype, shape and data_offsets of each tensor") from None
-        if value.dtype.kind == "f":
-            with np.errstate(over="ignore"):        # float64 beyond float32's range: inf, for the caller to refuse
-                out[name] = value.astype(np.float32)
-        else:
-            out[name] = np.array(value)
+        out[name] = StoredTensor(path, name, dtype, shape, 8 + size + start, end - start)
     return out
 
 
-def read_weights(folder: str) -> Dict[str, np.ndarray]:
-    """All tensors of the folder: the index's shards (each one must exist), or ``model.safetensors``."""
+def read_safetensors(path: str) -> Dict[str, np.ndarray]:
+    """Every tensor of one ``.safetensors`` file, read (see :meth:`StoredTensor.read`)."""
+    return {name: stored.read() for name, stored in safetensors_header(path).items()}
+
+
+def stored_weights(folder: str) -> Dict[str, StoredTensor]:
+    """Every tensor of the folder by name, from the headers of the index's shards (each one must exist and
+    hold what the index places there) or of ``model.safetensors``; nothing is read yet."""
     index = os.path.join(folder, INDEX)
     if os.path.isfile(index):
-        try:
-            with open(index, encoding="utf-8") as fh:
-                weight_map = json.load(fh)["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"is not a safetensors index with a 'weight_map' ({exc})", where=index) from None
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise UserError("has no 'weight_map' object of tensor name -> shard file", where=index,
+                            key="weight_map")
         shards = sorted(set(weight_map.values()))
         for shard in shards:
             if not os.path.isfile(os.path.join(folder, shard)):
                 example = next(k for k, v in weight_map.items() if v == shard)
                 raise UserError(f"names shard '{shard}' (for e.g. '{example}'),"
                                 f" which is missing from {folder}", where=index, key="weight_map")
-        out: Dict[str, np.ndarray] = {}
+        out: Dict[str, StoredTensor] = {}
         for shard in shards:
-            tensors = read_safetensors(os.path.join(folder, shard))
+            tensors = safetensors_header(os.path.join(folder, shard))
             for name in (k for k, v in weight_map.items() if v == shard):
                 if name not in tensors:
                     raise UserError(f"does not hold '{name}', which {INDEX} places there",
@@ -118,36 +150,73 @@ def read_weights(folder: str) -> Dict[str, np.ndarray]:
     if not os.path.isfile(single):
         raise UserError(f"has no {SINGLE} and no {INDEX} (only safetensors weights are read; convert "
                         f"pytorch_model.bin with transformers first)", where=folder)
-    return read_safetensors(single)
+    return safetensors_header(single)
 
 
-def write_weights(folder: str, tensors: Dict[str, np.ndarray], shard_bytes: int = DEFAULT_SHARD_BYTES) -> List[str]:
+#: a tensor to write: (name, its float32 byte count, a function that makes it when its turn comes)
+Planned = Tuple[str, int, Callable[[], np.ndarray]]
+
+
+def write_weights(folder: str, tensors: Sequence[Planned], shard_bytes: int = DEFAULT_SHARD_BYTES) -> List[str]:
     """Write float32 tensors as ``model.safetensors``, or as shards plus the index when larger than
-    ``shard_bytes``; returns the files written."""
-    from safetensors.numpy import save_file
-
-    groups: List[Dict[str, np.ndarray]] = [{}]
+    ``shard_bytes``; returns the files written.  Each tensor is made, written and let go in turn (one is held
+    at a time; see :func:`write_safetensors`)."""
+    groups: List[List[Planned]] = [[]]
     size = 0
-    for name, value in tensors.items():
-        value = np.ascontiguousarray(value, np.float32)
-        if groups[-1] and size + value.nbytes > shard_bytes:
-            groups.append({})
+    for item in tensors:
+        if groups[-1] and size + item[1] > shard_bytes:
+            groups.append([])
             size = 0
-        groups[-1][name] = value
-        size += value.nbytes
+        groups[-1].append(item)
+        size += item[1]
     meta = {"format": "pt"}
     if len(groups) == 1:
-        save_file(groups[0], os.path.join(folder, SINGLE), metadata=meta)
+        write_safetensors(os.path.join(folder, SINGLE), groups[0], meta)
         return [SINGLE]
     files = [f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors" for k in range(len(groups))]
     weight_map = {}
     for name, group in zip(files, groups):
-        save_file(group, os.path.join(folder, name), metadata=meta)
-        weight_map.update({k: name for k in group})
-    total = sum(v.nbytes for g in groups for v in g.values())
+        write_safetensors(os.path.join(folder, name), group, meta)
+        weight_map.update({item[0]: name for item in group})
+    total = sum(item[1] for group in groups for item in group)
     with open(os.path.join(folder, INDEX), "w", encoding="utf-8") as fh:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
     return files + [INDEX]
+
+
+def write_safetensors(path: str, tensors: Sequence[Planned], metadata: Dict[str, str]) -> None:
+    """One ``.safetensors`` file of float32 tensors, made one at a time.  Their byte counts fix every offset
+    before any is made, but a shape is known only once its tensor is; so the data is written first, after
+    room left for the header, and the header last, padded with spaces to fill that room (the format allows
+    trailing whitespace; the room is a multiple of 8, so the data stays aligned as the safetensors library
+    aligns it)."""
+    offsets, at = [], 0
+    for _, nbytes, _ in tensors:
+        offsets.append((at, at + nbytes))
+        at += nbytes
+
+    def header(shapes: Sequence[Sequence[int]]) -> bytes:
+        entries: Dict[str, Any] = {"__metadata__": metadata}
+        for (name, _, _), shape, span in zip(tensors, shapes, offsets):
+            entries[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": list(span)}
+        return json.dumps(entries, separators=(",", ":")).encode("utf-8")
+
+    # the widest shape text a tensor of n values could have: up to 8 dimensions of at most n each
+    room = len(header([[max(1, nbytes // 4)] * 8 for _, nbytes, _ in tensors]))
+    room += -room % 8
+    shapes = []
+    with open(path, "wb") as fh:
+        fh.seek(8 + room)
+        for name, nbytes, make in tensors:
+            value = np.ascontiguousarray(make(), np.float32)
+            if value.nbytes != nbytes or value.ndim > 8:
+                raise ValueError(f"{name}: made {value.nbytes} bytes of shape {value.shape}, planned {nbytes}")
+            fh.write(memoryview(value.reshape(-1)).cast("B") if value.size else b"")
+            shapes.append(value.shape)
+            del value
+        text = header(shapes)
+        fh.seek(0)
+        fh.write(struct.pack("<Q", room) + text + b" " * (room - len(text)))
 
 
 def write_config(folder: str, config: Dict[str, Any]) -> None:

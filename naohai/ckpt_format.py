@@ -10,18 +10,23 @@ its bytes, as ``mindspore.save_checkpoint`` does; ``mindspore.load_checkpoint`` 
 save holds one tensor beside the model instead of a copy of the whole state (``save_checkpoint`` is given
 Tensors, so a caller must first make one per entry).  :func:`entries` walks a file with ``seek`` past every
 ``tensor_content``: checking a checkpoint just written (names, shapes, byte counts, a file cut short) reads
-a few kilobytes instead of loading a second copy of the model, as ``load_checkpoint`` would.
+a few kilobytes instead of loading a second copy of the model, as ``load_checkpoint`` would; :func:`read`
+then reads one tensor by the offsets it found, so a conversion can hold one tensor at a time.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, BinaryIO, List, Sequence, Tuple
+from typing import Any, BinaryIO, Iterable, List, Tuple
 
 import numpy as np
 
 
 SLICE_BYTES = 512 << 20     # mindspore.train.serialization.SLICE_SIZE (512 MiB)
+#: numpy dtype -> the name MindSpore writes for it (``str`` of the MindSpore dtype)
+NUMPY_TYPES = {np.dtype(np.float32): "Float32", np.dtype(np.float16): "Float16", np.dtype(np.float64): "Float64",
+               np.dtype(np.int8): "Int8", np.dtype(np.int32): "Int32", np.dtype(np.int64): "Int64",
+               np.dtype(np.uint8): "UInt8", np.dtype(np.bool_): "Bool"}
 
 
 class MalformedCheckpoint(ValueError):
@@ -34,6 +39,8 @@ class Entry:
     dims: Tuple[int, ...]
     dtype: str
     nbytes: int         # of the tensor's content, over all its Values
+    #: (file offset, length) of each Value's content, in order (read from a file only; not compared)
+    parts: List[Tuple[int, int]] = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -87,9 +94,9 @@ class _Reader:
             raise MalformedCheckpoint(f"wire type {wire} at byte {self.pos()} is not protobuf's")
 
 
-def _tensor(r: _Reader, end: int) -> Tuple[Tuple[int, ...], str, int]:
+def _tensor(r: _Reader, end: int) -> Tuple[Tuple[int, ...], str, List[Tuple[int, int]]]:
     dims: List[int] = []
-    dtype, content = "", 0
+    dtype, content = "", []
     while r.pos() < end:
         key = r.varint(end)
         field, wire = key >> 3, key & 7
@@ -104,14 +111,14 @@ def _tensor(r: _Reader, end: int) -> Tuple[Tuple[int, ...], str, int]:
             dtype = r.fh.read(stop - r.pos()).decode("utf-8", "replace")
         elif field == 3 and wire == _BYTES:
             stop = r.length(end)
-            content += stop - r.pos()
+            content.append((r.pos(), stop - r.pos()))
             r.fh.seek(stop)
         else:
             r.skip(wire, end)
     return tuple(dims), dtype, content
 
 
-def _value(r: _Reader, end: int) -> Tuple[str, Tuple[int, ...], str, int]:
+def _value(r: _Reader, end: int) -> Tuple[str, Tuple[int, ...], str, List[Tuple[int, int]]]:
     name, tensor = None, None
     while r.pos() < end:
         key = r.varint(end)
@@ -140,11 +147,37 @@ def entries(path: str) -> List[Entry]:
             if key != (1 << 3 | _BYTES):
                 raise MalformedCheckpoint(f"byte {r.pos()}: field {key >> 3} (wire {key & 7}) where a checkpoint "
                                           "holds only values (field 1)")
-            name, dims, dtype, nbytes = _value(r, r.length(size))
+            name, dims, dtype, parts = _value(r, r.length(size))
+            nbytes = sum(n for _, n in parts)
             if out and out[-1].name == name and out[-1].dims == dims and out[-1].dtype == dtype:
                 out[-1].nbytes += nbytes
+                out[-1].parts.extend(parts)
             else:
-                out.append(Entry(name, dims, dtype, nbytes))
+                out.append(Entry(name, dims, dtype, nbytes, list(parts)))
+    return out
+
+
+def read(path: str, entry: Entry) -> np.ndarray:
+    """The tensor ``entry`` (from :func:`entries` of ``path``) as a numpy array of its shape, its Values'
+    contents joined; :class:`MalformedCheckpoint` when its type is not one of :data:`NUMPY_TYPES` or its bytes
+    are not its shape's."""
+    types = {name: dtype for dtype, name in NUMPY_TYPES.items()}
+    if entry.dtype not in types:
+        raise MalformedCheckpoint(f"tensor '{entry.name}' has type {entry.dtype}, which is read here only as "
+                                  f"one of {', '.join(types)}")
+    dtype = types[entry.dtype]
+    if entry.size * dtype.itemsize != entry.nbytes:
+        raise MalformedCheckpoint(f"tensor '{entry.name}': {entry.nbytes} bytes for shape {list(entry.dims)} "
+                                  f"of {entry.dtype}")
+    out = np.empty(entry.dims, dtype)
+    view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
+    at = 0
+    with open(path, "rb") as fh:
+        for offset, n in entry.parts:
+            fh.seek(offset)
+            if fh.readinto(view[at:at + n]) != n:
+                raise MalformedCheckpoint(f"tensor '{entry.name}' is cut short (byte {offset + n})")
+            at += n
     return out
 
 
@@ -164,9 +197,10 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | _BYTES) + _varint(len(payload)) + payload
 
 
-def write(path: str, tensors: Sequence[Tuple[str, Any]]) -> List[Entry]:
-    """Write ``(name, tensor)`` pairs to ``path`` as a ``.ckpt`` file, in order; a tensor is anything with
-    ``shape``, ``dtype`` (a MindSpore dtype) and ``asnumpy()``, read when its turn comes.  Values are laid out as
+def write(path: str, tensors: Iterable[Tuple[str, Any]]) -> List[Entry]:
+    """Write ``(name, tensor)`` pairs to ``path`` as a ``.ckpt`` file, in order; a tensor is a numpy array (of
+    :data:`NUMPY_TYPES`) or anything with ``shape``, ``dtype`` (a MindSpore dtype) and ``asnumpy()``, read when
+    its turn comes (``tensors`` may be a generator that makes each one then).  Values are laid out as
     ``mindspore.save_checkpoint`` lays them out (dims unpacked, then the type, then the bytes: the same file,
     byte for byte, except that it leaves out empty tensors).  No fsync.  Returns what was written, as
     :func:`entries` reads it."""
@@ -174,8 +208,12 @@ def write(path: str, tensors: Sequence[Tuple[str, Any]]) -> List[Entry]:
     with open(path, "wb") as fh:
         for name, tensor in tensors:
             dims = tuple(int(d) for d in tensor.shape)
-            dtype = str(tensor.dtype)
-            data = np.asarray(tensor.asnumpy())
+            if isinstance(tensor, np.ndarray):
+                if tensor.dtype not in NUMPY_TYPES:
+                    raise ValueError(f"{name}: numpy dtype {tensor.dtype} has no MindSpore checkpoint type here")
+                dtype, data = NUMPY_TYPES[tensor.dtype], tensor
+            else:
+                dtype, data = str(tensor.dtype), np.asarray(tensor.asnumpy())
             if not data.flags.c_contiguous:
                 data = np.ascontiguousarray(data)
             if data.shape != dims:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore.train import serialization
 
-from naohai.checkpoint import ckpt_format
+from naohai import ckpt_format
 
 RNG = np.random.default_rng(0)
 
@@ -56,6 +56,36 @@ def test_the_table_of_contents_is_what_load_checkpoint_reads(tmp_path, monkeypat
     got = ckpt_format.entries(path)
     assert [(e.name, e.dims, e.dtype, e.nbytes) for e in got] == \
         [(k, tuple(v.shape), str(v.dtype), v.asnumpy().nbytes) for k, v in loaded.items()]
+
+
+def test_numpy_arrays_write_mindspores_file_and_read_back_by_the_table(tmp_path, monkeypatch):
+    """numpy arrays written give save_checkpoint's file of the same Tensors; read() of each entry of a file
+    MindSpore sliced (its SLICE_SIZE forced down) is what load_checkpoint reads."""
+    arrays = [(n, t.asnumpy()) for n, t in _tensors() if t.dtype != ms.bfloat16]
+    ours, theirs = str(tmp_path / "ours.ckpt"), str(tmp_path / "theirs.ckpt")
+    ckpt_format.write(ours, iter(arrays))
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in arrays], theirs)
+    with open(ours, "rb") as a, open(theirs, "rb") as b:
+        assert a.read() == b.read()
+    monkeypatch.setattr(serialization, "SLICE_SIZE", 2)
+    sliced = str(tmp_path / "sliced.ckpt")
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in arrays], sliced)
+    loaded = ms.load_checkpoint(sliced)
+    table = ckpt_format.entries(sliced)
+    assert max(len(e.parts) for e in table) > 1
+    for entry in table:
+        got, want = ckpt_format.read(sliced, entry), loaded[entry.name].asnumpy()
+        assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="has no MindSpore checkpoint type"):
+        ckpt_format.write(str(tmp_path / "c.ckpt"), [("c", np.zeros(2, np.complex64))])
+    brain = str(tmp_path / "bf16.ckpt")
+    ckpt_format.write(brain, [(n, t) for n, t in _tensors() if t.dtype == ms.bfloat16])
+    with pytest.raises(ckpt_format.MalformedCheckpoint, match="BFloat16"):
+        ckpt_format.read(brain, ckpt_format.entries(brain)[0])
+    os.truncate(sliced, os.path.getsize(sliced) - 3)
+    last = table[-1]
+    with pytest.raises(ckpt_format.MalformedCheckpoint, match="cut short"):
+        ckpt_format.read(sliced, last)
 
 
 def test_every_cut_of_a_file_is_malformed_or_reads_as_less(tmp_path, monkeypatch):

@@ -1,0 +1,163 @@
+"""Import and export of a Hugging Face folder hold one tensor at a time, not the model, and write the files
+MindSpore's and safetensors' own writers would (checked with their readers; memory with ``tracemalloc``,
+which counts numpy's buffers)."""
+import json
+import os
+import shutil
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import hf_models
+from naohai.cli import main
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    """A tiny llama of 8 layers: the whole model is many times its largest tensor."""
+    out = str(tmp_path_factory.mktemp("deep") / "llama8")
+    model = hf_models.build("llama", out, num_hidden_layers=8)
+    state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+    return out, state
+
+
+def _peak(fn):
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_import_streams_into_the_file_mindspore_writes(deep, tmp_path):
+    import mindspore as ms
+    from naohai.convert.hf.convert import read_hf, stream_hf
+    from naohai.convert.model_dir import write_hf_model_dir
+    src, state = deep
+    total, largest = sum(v.nbytes for v in state.values()), max(v.nbytes for v in state.values())
+    assert total > 16 * largest
+    out = str(tmp_path / "imported")
+
+    def run():
+        cfg, tensors = stream_hf(src)
+        write_hf_model_dir(out, cfg, tensors, src)
+    peak = _peak(run)
+    assert peak < 4 * largest, (peak, largest, total)      # the old import held every tensor: peak > total
+
+    # the streamed file is mindspore.save_checkpoint's, byte for byte, and read-only as it leaves it
+    _, weights = read_hf(src)
+    theirs = str(tmp_path / "theirs.ckpt")
+    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in weights.items()], theirs)
+    with open(os.path.join(out, "model.ckpt"), "rb") as a, open(theirs, "rb") as b:
+        assert a.read() == b.read()
+    assert oct(os.stat(os.path.join(out, "model.ckpt")).st_mode & 0o777) == oct(os.stat(theirs).st_mode & 0o777)
+    assert not [f for f in os.listdir(out) if f.endswith(".partial")]
+
+
+@pytest.mark.parametrize("shard", [None, "300KB"])
+def test_export_streams_tensors_safetensors_reads_back(deep, tmp_path, shard):
+    from safetensors import safe_open
+    from naohai.convert.hf.convert import write_hf
+    from naohai.convert.model_dir import hf_export_sources
+    src, state = deep
+    largest = max(v.nbytes for v in state.values())
+    imported = str(tmp_path / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", imported]) == 0
+    out = str(tmp_path / "exported")
+    recipe, weights, tokenizer_dir, base = hf_export_sources(imported)
+    shard_bytes = 300_000 if shard else 5 * 1024 ** 3
+    peak = _peak(lambda: write_hf(out, recipe.model, weights, where=imported, tokenizer_dir=tokenizer_dir,
+                                  base_config=base, shard_bytes=shard_bytes))
+    assert peak < 4 * largest, (peak, largest)
+
+    # safetensors' own reader: every tensor of transformers' state dict, its dtype, shape and values;
+    # its metadata; each shard within the size asked, the index naming every tensor's shard
+    files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
+    assert (len(files) > 1) == bool(shard)
+    found = {}
+    for name in files:
+        with safe_open(os.path.join(out, name), "np") as fh:
+            assert fh.metadata() == {"format": "pt"}
+            for key in fh.keys():
+                found[key] = (name, fh.get_tensor(key))
+        if shard:
+            assert sum(v.nbytes for f, v in found.values() if f == name) <= shard_bytes
+    assert set(found) == set(state)
+    for key, (_, value) in found.items():
+        assert value.dtype == np.float32 and np.array_equal(value, state[key]), key
+    if shard:
+        index = json.load(open(os.path.join(out, "model.safetensors.index.json")))
+        assert index["weight_map"] == {k: f for k, (f, _) in found.items()}
+        assert index["metadata"]["total_size"] == sum(v.nbytes for v in state.values())
+
+    # and the whole folder through a trained checkpoint's (in-memory) path gives the same tensors
+    from safetensors.numpy import load_file
+    again = str(tmp_path / "again")
+    write_hf(again, recipe.model, dict(weights.items()), where=imported, shard_bytes=10 ** 12)
+    assert {k: v.tobytes() for k, v in load_file(os.path.join(again, "model.safetensors")).items()} == \
+        {k: v.tobytes() for k, (_, v) in found.items()}
+
+
+def test_a_failure_half_way_leaves_no_partial_folder(deep, tmp_path, capsys):
+    """A tensor of the wrong shape found while streaming (after others were written) exits 2 and removes
+    what the import wrote: a new --out is gone, an empty one is empty again."""
+    src, _ = deep
+    bad = str(tmp_path / "bad")
+    shutil.copytree(src, bad)
+    config = json.load(open(os.path.join(bad, "config.json")))
+    config["intermediate_size"] = 201                  # the MLP tensors come after the embedding and attention
+    json.dump(config, open(os.path.join(bad, "config.json"), "w"))
+    out = str(tmp_path / "new")
+    assert main(["ckpt", "import", bad, "--from", "hf", "--out", out]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "mlp.gate_proj.weight" in err and "(201, 144)" in err and "Traceback" not in err
+    assert not os.path.exists(out)
+    # the library also takes an empty folder (the CLI refuses any existing --out): emptied again
+    from naohai.convert.hf.convert import stream_hf
+    from naohai.convert.model_dir import write_hf_model_dir
+    from naohai.errors import UserError
+    empty = str(tmp_path / "empty")
+    os.makedirs(empty)
+    cfg, tensors = stream_hf(bad)
+    with pytest.raises(UserError, match="mlp.gate_proj.weight"):
+        write_hf_model_dir(empty, cfg, tensors, bad)
+    assert os.listdir(empty) == []
+
+
+def test_export_of_a_folder_missing_a_tensor_exits_2(deep, tmp_path, capsys):
+    import mindspore as ms
+    src, _ = deep
+    imported = str(tmp_path / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", imported]) == 0
+    ckpt = os.path.join(imported, "model.ckpt")
+    kept = {k: v for k, v in ms.load_checkpoint(ckpt).items() if k != "layers.5.mlp.down_weight"}
+    os.chmod(ckpt, 0o600)
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in kept.items()], ckpt)
+    capsys.readouterr()
+    out = str(tmp_path / "x")
+    assert main(["ckpt", "export", imported, "--to", "hf", "--out", out]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "model.ckpt" in err and "has no tensor" in err and "Traceback" not in err
+    assert not os.path.exists(out)
+
+
+def test_an_index_with_a_name_written_twice_exits_2(deep, tmp_path, capsys):
+    src, _ = deep
+    imported, sharded = str(tmp_path / "imported"), str(tmp_path / "sharded")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", imported]) == 0
+    assert main(["ckpt", "export", imported, "--to", "hf", "--out", sharded, "--shard-size", "300KB"]) == 0
+    index = os.path.join(sharded, "model.safetensors.index.json")
+    text = open(index).read()
+    first = json.loads(text)["weight_map"]
+    name, shard = next(iter(first.items()))
+    other = next(f for f in first.values() if f != shard)
+    open(index, "w").write(text.replace('"weight_map": {', f'"weight_map": {{"{name}": "{other}", ', 1))
+    capsys.readouterr()
+    assert main(["ckpt", "import", sharded, "--from", "hf", "--out", str(tmp_path / "again")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "model.safetensors.index.json" in err and "written twice" in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "again")
