@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, BinaryIO, Iterable, List, Tuple
+from typing import Any, BinaryIO, Iterable, Iterator, List, Mapping, Tuple
 
 import numpy as np
+
+from naohai.errors import UserError
 
 
 SLICE_BYTES = 512 << 20     # mindspore.train.serialization.SLICE_SIZE (512 MiB)
@@ -179,6 +181,39 @@ def read(path: str, entry: Entry) -> np.ndarray:
                 raise MalformedCheckpoint(f"tensor '{entry.name}' is cut short (byte {offset + n})")
             at += n
     return out
+
+
+class Tensors(Mapping):
+    """The tensors of a ``.ckpt`` file by name, found by its table of contents and each read when asked
+    (:func:`entries`, :func:`read`), so a reader holds the ones it keeps and no more; a file that is not a
+    checkpoint, or a name it lacks, exits 2 naming it (``in`` and ``get`` ask the table only)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self._entries = {e.name: e for e in entries(path)}
+        except (OSError, MalformedCheckpoint) as exc:
+            raise UserError(f"is not a readable MindSpore checkpoint ({exc})", where=path) from None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._entries:
+            raise UserError(f"has no tensor '{name}', which its recipe's model needs", where=self.path)
+        try:
+            return read(self.path, self._entries[name])
+        except (OSError, MalformedCheckpoint) as exc:
+            raise UserError(f"is not a readable MindSpore checkpoint ({exc})", where=self.path) from None
+
+    def __contains__(self, name: object) -> bool:        # by the table, without reading the tensor
+        return name in self._entries
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self._entries else default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def _varint(n: int) -> bytes:

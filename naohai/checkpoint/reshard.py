@@ -21,11 +21,12 @@ import glob
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import mindspore as ms
 import numpy as np
 
+from naohai import ckpt_format
 from naohai.checkpoint import store
 from naohai.checkpoint.files import sha256_file, write_json
 from naohai.errors import UserError
@@ -147,12 +148,14 @@ def reshard_checkpoint(src: str, out: str, dst_strategy_dir: Optional[str] = Non
     return out
 
 
-def merged_tensors(ckpt: str, hash_files: bool = True) -> Dict[str, Any]:
-    """Full tensors of any naohai checkpoint, verified first (sharded ones are merged in a temporary
-    folder)."""
+def merged_tensors(ckpt: str, hash_files: bool = True) -> Mapping[str, Any]:
+    """Full tensors of any naohai checkpoint, verified first.  A checkpoint of the full layout reads each
+    tensor when asked (:class:`naohai.ckpt_format.Tensors`: taking the model's leaves its Adam moments, two
+    thirds of the file, unread); a sharded one is merged in a temporary folder and loaded whole
+    (MindSpore Parameters)."""
     man = store.verified(ckpt, hash_files=hash_files)
     if (man.get("layout") or {}).get("signature", "full") == "full":
-        return ms.load_checkpoint(os.path.join(ckpt, store.rank_file(0)))
+        return ckpt_format.Tensors(os.path.join(ckpt, store.rank_file(0)))
     with tempfile.TemporaryDirectory(prefix="naohai-merge-") as work:
         out = reshard_checkpoint(ckpt, os.path.join(work, "merged"), hash_files=hash_files)
         return ms.load_checkpoint(os.path.join(out, store.rank_file(0)))
@@ -173,7 +176,12 @@ def model_weights(ckpt: str, hash_files: bool = True):
                         "write it out", where=ckpt, key="finetune")
     model_names = {p.name for p in param_shapes(recipe.model)}
     tensors = merged_tensors(ckpt, hash_files=hash_files)
-    return recipe, {k: v.asnumpy().astype(np.float32) for k, v in tensors.items() if k in model_names}
+    return recipe, {k: as_float32(tensors[k]) for k in tensors if k in model_names}
+
+
+def as_float32(value: Any) -> np.ndarray:
+    """A MindSpore tensor or a numpy array as a float32 array (no copy when it is one already)."""
+    return np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value, np.float32)
 
 
 def export_safetensors(ckpt: str, out_file: str, hash_files: bool = True) -> List[str]:

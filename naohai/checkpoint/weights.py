@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -155,16 +155,13 @@ def find_weights(path: str, verify: bool = True) -> Weights:
     raise UserError("holds no model weights: expected " + "; or ".join(s.what for s in _SOURCES), where=path)
 
 
-def model_tensors(recipe: Recipe, tensors: Dict[str, object]) -> Dict[str, np.ndarray]:
-    """The model's parameters among ``tensors`` (MindSpore tensors or arrays) as float32 arrays."""
+def model_tensors(recipe: Recipe, tensors: Mapping[str, object]) -> Dict[str, np.ndarray]:
+    """The model's parameters among ``tensors`` (MindSpore tensors or arrays, or a mapping that reads each when
+    asked: only these are read) as float32 arrays."""
+    from naohai.checkpoint.reshard import as_float32
     from naohai.model.params import param_shapes
     names = {p.name for p in param_shapes(recipe.model)}
-    out = {}
-    for name, value in tensors.items():
-        if name in names:
-            array = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
-            out[name] = array.astype(np.float32)
-    return out
+    return {name: as_float32(tensors[name]) for name in tensors if name in names}
 
 
 # --------------------------------------------------------------------------- naohai checkpoints
@@ -175,7 +172,6 @@ def _is_checkpoint(path: str) -> bool:
 
 def _open_checkpoint(path: str, verify: bool) -> Weights:
     from naohai.checkpoint.reshard import merged_tensors
-    from naohai.model.finetune import is_trained_name
     chosen = store.resolve_checkpoint(path)
     man = store.verified(chosen, hash_files=verify)
     where = os.path.join(chosen, store.MANIFEST)
@@ -189,10 +185,16 @@ def _open_checkpoint(path: str, verify: bool) -> Weights:
         if recipe.finetune is None:
             raise UserError(f"integrity error: records a base ({ad.BASE_KEY}) but its recipe has no finetune "
                             f"section", where=where, key=ad.BASE_KEY)
-        found.adapters = lambda: {k: v.asnumpy().astype(np.float32)
-                                  for k, v in merged_tensors(chosen, hash_files=False).items() if is_trained_name(k)}
+        found.adapters = lambda: _trained(merged_tensors(chosen, hash_files=False))
         found.read = lambda: ad.merged(read_base(man[ad.BASE_KEY], recipe, where), found.adapters(), recipe, where)
     return found
+
+
+def _trained(tensors: Mapping[str, object]) -> Dict[str, np.ndarray]:
+    """The adapter factors among a fine-tuning checkpoint's tensors, as float32 arrays."""
+    from naohai.checkpoint.reshard import as_float32
+    from naohai.model.finetune import is_trained_name
+    return {name: as_float32(tensors[name]) for name in tensors if is_trained_name(name)}
 
 
 # --------------------------------------------------------------------------- imported model folders

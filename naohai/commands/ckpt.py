@@ -429,8 +429,10 @@ def _export_hf(args, path) -> int:
         recipe, weights, tokenizer_dir, base = hf_export_sources(args.checkpoint)
     else:                       # a trained checkpoint: its model tensors, merged when sharded
         from naohai.checkpoint.weights import find_weights
+        from naohai.convert.hf.registry import for_family
         found = find_weights(path, verify=not args.no_verify)
         _refuse_unmergeable(found, args.checkpoint, "export")
+        for_family(found.recipe.model, args.checkpoint)        # a family with no architecture: before reading
         recipe, weights, base = found.recipe, found.tensors(), None
         tok = found.tokenizer_file() if recipe.data.tokenizer else None     # where training read it, any folder
         tokenizer_dir = os.path.dirname(os.path.abspath(tok)) if tok and tok.endswith(".json") else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Dict, Iterable, Iterator, Mapping, Tuple, Union
+from typing import Iterable, Mapping, Tuple, Union
 
 import numpy as np
 import yaml
@@ -76,51 +76,22 @@ def write_hf_model_dir(out: str, cfg, weights: Union[Mapping[str, np.ndarray], I
 
 def hf_export_sources(model_dir: str):
     """(recipe, weights, tokenizer folder, original config.json or None) of an imported model folder, for
-    ``naohai ckpt export --to hf`` (a trained checkpoint comes through :mod:`naohai.checkpoint.weights`).
-    The weights are a mapping that reads each tensor of ``model.ckpt`` when asked, so that an export holds
-    one at a time."""
+    ``naohai ckpt export --to hf`` (a trained checkpoint comes through :mod:`naohai.checkpoint.weights`);
+    the weights are :func:`load_model_dir`'s, read one at a time as the export asks."""
     from naohai.convert.hf.convert import SOURCE_CONFIG
 
-    if not is_model_dir(model_dir):
-        raise UserError(f"is not an imported model folder (needs {WEIGHTS} and {RECIPE})", where=model_dir)
-    where = os.path.join(model_dir, RECIPE)
-    recipe = recipe_from_dict(read_yaml(where, "recipe"), where=where).validate()
+    recipe, weights = load_model_dir(model_dir)
     src = os.path.join(model_dir, SOURCE_CONFIG)
     base = read_json_object(src) if os.path.isfile(src) else None
-    return recipe, CkptTensors(os.path.join(model_dir, WEIGHTS)), model_dir, base
+    return recipe, weights, model_dir, base
 
 
-class CkptTensors(Mapping):
-    """The tensors of a ``.ckpt`` file by name, found by its table of contents and each read when asked
-    (:mod:`naohai.ckpt_format`); a file that is not a checkpoint, or a name it lacks, exits 2 naming it."""
-
-    def __init__(self, path: str):
-        self.path = path
-        try:
-            self._entries = {e.name: e for e in ckpt_format.entries(path)}
-        except (OSError, ckpt_format.MalformedCheckpoint) as exc:
-            raise UserError(f"is not a readable MindSpore checkpoint ({exc})", where=path) from None
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._entries:
-            raise UserError(f"has no tensor '{name}', which its recipe's model needs", where=self.path)
-        try:
-            return ckpt_format.read(self.path, self._entries[name])
-        except (OSError, ckpt_format.MalformedCheckpoint) as exc:
-            raise UserError(f"is not a readable MindSpore checkpoint ({exc})", where=self.path) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-def load_model_dir(path: str) -> Tuple[Recipe, Dict[str, np.ndarray]]:
-    from naohai.convert.files import read_reference
-
+def load_model_dir(path: str) -> Tuple[Recipe, Mapping[str, np.ndarray]]:
+    """(recipe, weights) of an imported model folder; the weights a mapping that reads each tensor of
+    ``model.ckpt`` when asked (:class:`naohai.ckpt_format.Tensors`): opening reads the recipe and the
+    file's table of contents only."""
     if not is_model_dir(path):
         raise UserError(f"is not an imported model folder (needs {WEIGHTS} and {RECIPE})", where=path)
     where = os.path.join(path, RECIPE)
     recipe = recipe_from_dict(read_yaml(where, "recipe"), where=where).validate()
-    return recipe, read_reference(os.path.join(path, WEIGHTS))
+    return recipe, ckpt_format.Tensors(os.path.join(path, WEIGHTS))
