@@ -36,6 +36,7 @@ class SamplingConfig:
     seed: int = 0
     frequency_penalty: float = 0.0   # PanGu-alpha's generate.py uses 1.5
     presence_penalty: float = 0.0    # PanGu-alpha's generate.py uses 0.3
+    repetition_penalty: float = 1.0  # transformers' (CTRL's): 1 = off; Qwen2.5 Instruct's generation_config 1.05
 
     def validate(self) -> None:
         if self.max_new_tokens <= 0:
@@ -54,15 +55,24 @@ class SamplingConfig:
             if not np.isfinite(value) or value < 0:
                 raise UserError(f"must be a finite number >= 0, got {value}", where="command line",
                                 key="--" + key.replace("_", "-"))
+        if not (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise UserError(f"must be a finite number > 0 (1 = off), got {self.repetition_penalty}",
+                            where="command line", key="--repetition-penalty")
 
 
 def sample_next(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, vocab: int,
-                counts: Optional[np.ndarray] = None) -> int:
+                counts: Optional[np.ndarray] = None, seen: Optional[np.ndarray] = None) -> int:
     """Pick the next id from 1-D logits (only the first ``vocab`` entries are real pieces).
 
-    ``counts`` [vocab]: how often each id was generated so far, for the repetition penalties.
+    ``counts`` [vocab]: how often each id was generated so far, for PanGu-alpha's frequency and presence
+    penalties; ``seen`` [vocab] bool: the ids of the prompt and of what was generated, for transformers'
+    ``repetition_penalty`` (its ``RepetitionPenaltyLogitsProcessor``: such an id's logit divided by the
+    penalty where positive, multiplied where negative, before temperature and the top-k / top-p filters).
     """
-    logits = np.asarray(logits[:vocab], np.float64)
+    logits = np.array(logits[:vocab], np.float64)
+    if seen is not None and cfg.repetition_penalty != 1.0:
+        picked = logits[seen[:vocab]]
+        logits[seen[:vocab]] = np.where(picked < 0, picked * cfg.repetition_penalty, picked / cfg.repetition_penalty)
     if counts is not None and (cfg.frequency_penalty or cfg.presence_penalty):
         m = logits.max()
         logits = logits - (m + np.log(np.exp(logits - m).sum()))               # log-probabilities
@@ -189,6 +199,9 @@ class CachedDecoder:
         keys, values = self._fixed_cache(keys, values, -(-needed // bucket) * bucket)
         rng = np.random.default_rng(cfg.seed)
         counts = np.zeros((b, vocab), np.int64)
+        seen = np.zeros((b, vocab), bool)       # the prompt's ids and the generated ones (repetition_penalty)
+        for r, p in enumerate(prompts):
+            seen[r, [t for t in p if 0 <= t < vocab]] = True
         out: List[List[int]] = [[] for _ in range(b)]
         done = [False] * b
         length = longest
@@ -198,13 +211,14 @@ class CachedDecoder:
                 if done[r]:
                     nxt[r, 0] = self.pad_id
                     continue
-                tok = sample_next(last[r], cfg, rng, vocab, counts[r])
+                tok = sample_next(last[r], cfg, rng, vocab, counts[r], seen[r])
                 if tok in stop_ids:
                     done[r] = True
                     nxt[r, 0] = self.pad_id
                     continue
                 out[r].append(tok)
                 counts[r, tok] += 1
+                seen[r, tok] = True
                 nxt[r, 0] = tok
                 if on_token is not None:
                     on_token(r, tok)
@@ -221,43 +235,59 @@ class CachedDecoder:
 
 
 #: naohai's sampling when neither the command line nor the model's generation_config.json sets it
-NAOHAI_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95}
+NAOHAI_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.0}
 #: transformers' GenerationConfig defaults for what a generation_config.json with ``do_sample: true`` leaves out
 _HF_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
 def sampling_defaults(tokenizer) -> Tuple[Dict[str, Any], Optional[str]]:
-    """``({temperature, top_k, top_p}, note)``: what the model folder's ``generation_config.json`` (beside a
-    Hugging Face tokenizer) asks for, as transformers' ``generate`` reads it -- greedy unless ``do_sample`` is
-    true, then its ``temperature`` / ``top_k`` / ``top_p`` (transformers' defaults where it leaves one out)
-    -- with a note saying so; naohai's own settings and no note without such a file.  A value of the wrong
-    kind exits 2 naming the file and key."""
+    """``({temperature, top_k, top_p, repetition_penalty}, note)``: what the model folder's
+    ``generation_config.json`` (beside a Hugging Face tokenizer) asks for, as transformers' ``generate`` reads
+    it -- greedy unless ``do_sample`` is true, then its ``temperature`` / ``top_k`` / ``top_p`` (transformers'
+    defaults where it leaves one out), and in both its ``repetition_penalty`` (1, off, when left out) -- with
+    a note saying so; naohai's own settings and no note without such a file.  A value of the wrong kind exits
+    2 naming the file and key."""
     gen = getattr(tokenizer, "generation", None) or {}
     if not gen:
         return dict(NAOHAI_SAMPLING), None
-    where = os.path.join(os.path.dirname(tokenizer.path or "."), "generation_config.json")
+    where = _generation_file(tokenizer)
     sample = gen.get("do_sample", False)
     if not isinstance(sample, bool):
         raise UserError(f"must be true or false, got {sample!r}", where=where, key="do_sample")
+    penalty = repetition_penalty_of(tokenizer)
+    also = f", repetition penalty {penalty:g}" if penalty != 1.0 else ""
     if not sample:
-        return {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, f"greedy, as {where} asks (no do_sample: true)"
-    out = {}
-    for key, default in _HF_SAMPLING.items():
-        value = gen.get(key, default)
-        value = default if value is None else value
-        numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if key == "top_k":
-            ok = numeric and float(value).is_integer() and value >= 0
-        elif key == "top_p":
-            ok = numeric and 0.0 < value <= 1.0
-        else:
-            ok = numeric and value >= 0
-        if not ok:
-            kind = {"top_k": "a whole number >= 0", "top_p": "a number in (0, 1]"}.get(key, "a finite number >= 0")
-            raise UserError(f"{value!r} is not {kind}", where=where, key=key, rule="generation_config sampling")
-        out[key] = int(value) if key == "top_k" else float(value)
+        return ({"temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": penalty},
+                f"greedy, as {where} asks (no do_sample: true){also}")
+    out = {key: _setting(gen, key, default, where) for key, default in _HF_SAMPLING.items()}
+    out["repetition_penalty"] = penalty
     return out, (f"sampling as {where} asks: temperature {out['temperature']:g}, top-k {out['top_k']}, "
-                 f"top-p {out['top_p']:g}")
+                 f"top-p {out['top_p']:g}{also}")
+
+
+def repetition_penalty_of(tokenizer) -> float:
+    """The ``repetition_penalty`` of the generation_config.json beside a Hugging Face tokenizer (1, off, without
+    one or when it leaves it out), which transformers' ``generate`` applies to greedy search too."""
+    gen = getattr(tokenizer, "generation", None) or {}
+    return _setting(gen, "repetition_penalty", 1.0, _generation_file(tokenizer)) if gen else 1.0
+
+
+def _generation_file(tokenizer) -> str:
+    return os.path.join(os.path.dirname(tokenizer.path or "."), "generation_config.json")
+
+
+def _setting(gen: Dict[str, Any], key: str, default: Any, where: str) -> Any:
+    """One sampling setting of a generation_config.json (``default`` where it is left out or null), checked."""
+    value = gen.get(key, default)
+    value = default if value is None else value
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    kinds = {"top_k": ("a whole number >= 0", lambda v: float(v).is_integer() and v >= 0),
+             "top_p": ("a number in (0, 1]", lambda v: 0.0 < v <= 1.0),
+             "repetition_penalty": ("a finite number > 0", lambda v: v > 0)}
+    kind, ok = kinds.get(key, ("a finite number >= 0", lambda v: v >= 0))
+    if not (numeric and ok(value)):
+        raise UserError(f"{value!r} is not {kind}", where=where, key=key, rule="generation_config sampling")
+    return int(value) if key == "top_k" else float(value)
 
 
 class Generator:

@@ -18,6 +18,10 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=None, help="1 = off (default: generation_config.json, else 0.95)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="PanGu-alpha used 1.5")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="PanGu-alpha used 0.3")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="transformers' repetition_penalty: a logit of an id already in the prompt or the answer is "
+                        "divided by it (multiplied when negative); 1 = off (default: generation_config.json's, "
+                        "else 1)")
     p.add_argument("--chat", action="store_true",
                    help="for a fine-tuned (SFT) model: each --prompt is a user turn, rendered as the SFT data was "
                         "(the tokenizer's chat template, else naohai's 'User: ...' / 'Assistant: '); prints the answer "

@@ -177,8 +177,10 @@ class HFTokenizer:
         return self.backend.encode("a", add_special_tokens=True).ids != self.backend.encode(
             "a", add_special_tokens=False).ids
 
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``ids``; ``skip_special_tokens`` leaves out the special added tokens (BOS, EOS, pad...),
+        as lm-eval's ``hf`` model decodes a generation."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[Dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt text of ``messages`` ([{"role": ..., "content": ...}]) by the folder's chat template,

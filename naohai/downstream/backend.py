@@ -30,6 +30,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
+from naohai.data.hf_tokenizer import HFTokenizer
 from naohai.downstream.engine import Scorer
 from naohai.errors import UserError
 
@@ -112,6 +113,13 @@ class NaohaiEvalLM(TemplateLM):
     def tok_decode(self, ids: List[int]) -> str:
         return self.tok.decode(list(ids))
 
+    def _generated_text(self, ids: List[int]) -> str:
+        """A generation's text as lm-eval's ``hf`` model decodes it: a tokenizer.json's special tokens left out
+        (a model that emits its BOS mid-answer); naohai's sentencepiece tokenizers decode as they do."""
+        if isinstance(self.tok, HFTokenizer):
+            return self.tok.decode(list(ids), skip_special_tokens=True)
+        return self.tok_decode(ids)
+
     # ------------------------------------------------------------------ requests
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> List[Tuple[float, bool]]:
         pairs = [(ctx, cont) for _, ctx, cont in requests]
@@ -158,7 +166,7 @@ class NaohaiEvalLM(TemplateLM):
             stop = (lambda ids: any(s and s in self.tok_decode(ids) for s in until)) if until else None
             new = self.scorer.generate(prompts, max_gen, stop=stop)
             for i, ids in zip(members, new):
-                text = postprocess_generated_text(self.tok_decode(ids), until, None)
+                text = postprocess_generated_text(self._generated_text(ids), until, None)
                 out[i] = text
                 self.cache_hook.add_partial("generate_until", requests[i].args, text)
         return out

@@ -126,12 +126,15 @@ class Scorer:
     padding, ``eod_id`` stands for an empty prompt, a generation ends before any of ``stop_ids``
     (default: EOD; the tokenizer's ``stop_ids``); ``prefix_id`` (default EOD) is what the evaluation puts
     before a text that has no context, and ``special_tokens`` says that texts are encoded with the tokens the
-    tokenizer adds (both from :func:`text_encoding`).  ``forward`` defaults to :func:`packed_forward` of ``model``.
+    tokenizer adds (both from :func:`text_encoding`); ``repetition_penalty`` is transformers' (the model folder's
+    generation_config.json asks for it, and lm-eval's ``hf`` model applies it there: :func:`greedy_settings`), for
+    greedy generation with the KV cache (the sharded forward picks its argmax in the graph and applies none).
+    ``forward`` defaults to :func:`packed_forward` of ``model``.
     """
 
     def __init__(self, model, cfg, *, pad_id: int, eod_id: int, batch: int = 16,
                  forward: Optional[Callable] = None, stop_ids: Optional[Sequence[int]] = None,
-                 prefix_id: Optional[int] = None, special_tokens: bool = False):
+                 prefix_id: Optional[int] = None, special_tokens: bool = False, repetition_penalty: float = 1.0):
         """``forward``: None = :func:`packed_forward` of ``model``; else a one-request-per-row forward
         (see the module docstring) or one with ``packs = True`` taking positions and bias too."""
         if batch <= 0:
@@ -143,6 +146,7 @@ class Scorer:
         self.stop_ids = frozenset(int(i) for i in (stop_ids if stop_ids is not None else (eod_id,)))
         self.prefix_id = int(eod_id if prefix_id is None else prefix_id)
         self.special_tokens = bool(special_tokens)
+        self.repetition_penalty = float(repetition_penalty)
         self.batch = int(batch)
         self.max_length = int(cfg.seq_length)
         self._forward = forward
@@ -304,7 +308,8 @@ class Scorer:
                 self.truncated.note("generate", len(p), keep)
                 p = p[-keep:]
             cut.append(p)
-        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
+        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0,
+                                  repetition_penalty=self.repetition_penalty)
         out: List[List[int]] = []
         for start in range(0, len(cut), self.batch):
             chunk = cut[start:start + self.batch]
@@ -355,6 +360,14 @@ class Scorer:
                     break
             out.extend(new)
         return out
+
+
+def greedy_settings(tok) -> Dict[str, Any]:
+    """The Scorer's greedy-generation keywords for a model whose tokenizer is ``tok``: the ``repetition_penalty``
+    of the generation_config.json beside it (1 without one), as transformers' ``generate`` -- and so lm-eval's
+    ``hf`` model -- applies it to a greedy search too."""
+    from naohai.generate import repetition_penalty_of
+    return {"repetition_penalty": repetition_penalty_of(tok)}
 
 
 def text_encoding(tok, recipe) -> Dict[str, Any]:

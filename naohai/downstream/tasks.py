@@ -239,7 +239,7 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
     import mindspore as ms
 
     from naohai.data.tokenizer import Tokenizer
-    from naohai.downstream.engine import Scorer, padding_id, text_encoding
+    from naohai.downstream.engine import Scorer, greedy_settings, padding_id, text_encoding
     from naohai.checkpoint.weights import load_model
     from naohai.devices import resolve_device
 
@@ -253,6 +253,6 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
     tok_file = tokenizer or found.tokenizer_file()
     tok = Tokenizer.load(tok_file, key="tokenizer" if tokenizer else "data.tokenizer")
     scorer = Scorer(model, recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id, stop_ids=tok.stop_ids, batch=batch,
-                    **text_encoding(tok, recipe))
+                    **text_encoding(tok, recipe), **greedy_settings(tok))
     scorer.checkpoint = ckpt
     return scorer, tok, step

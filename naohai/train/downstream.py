@@ -75,13 +75,13 @@ class DownstreamEval(Callback):
         from naohai.data.prepared_dir import open_prepared
         from naohai.data.tokenizer import Tokenizer
         from naohai.downstream.backend import NaohaiEvalLM
-        from naohai.downstream.engine import Scorer, padding_id, text_encoding
+        from naohai.downstream.engine import Scorer, greedy_settings, padding_id, text_encoding
 
         tok = Tokenizer.load(open_prepared(trainer.prepared_dir, verify=False).meta["tokenizer"]["path"])
         forward = trainer.steps.score_forward()
         scorer = Scorer(trainer.built.model, self.recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id, stop_ids=tok.stop_ids,
                         batch=getattr(forward, "rows", self.cfg.batch), forward=forward,
-                        **text_encoding(tok, self.recipe))
+                        **text_encoding(tok, self.recipe), **greedy_settings(tok))
         return NaohaiEvalLM(scorer=scorer, tok=tok, step=None)
 
     # ------------------------------------------------------------------ hooks

@@ -365,9 +365,10 @@ def test_generate_samples_as_the_folders_generation_config_asks(built, tmp_path,
     fill = GenerationConfig._get_default_generation_params()
     got, note = sampling_defaults(Tokenizer.load(os.path.join(out, "tokenizer.json")))
     assert got == {k: fill[k] if getattr(theirs, k) is None else getattr(theirs, k)
-                   for k in ("temperature", "top_k", "top_p")} == {"temperature": 0.6, "top_k": 50, "top_p": 0.9}
+                   for k in ("temperature", "top_k", "top_p", "repetition_penalty")} == \
+        {"temperature": 0.6, "top_k": 50, "top_p": 0.9, "repetition_penalty": 1.0}
     assert main(["generate", out, "--prompt", prompt, "--max-new-tokens", "4", "--temperature", "0", "--top-k", "3",
-                 "--top-p", "1"]) == 0
+                 "--top-p", "1", "--repetition-penalty", "1"]) == 0
     assert "generation_config" not in capsys.readouterr().err          # every setting given: nothing read
     config["temperature"] = "hot"
     with open(config_path, "w", encoding="utf-8") as fh:
@@ -375,3 +376,45 @@ def test_generate_samples_as_the_folders_generation_config_asks(built, tmp_path,
     assert main(["generate", out, "--prompt", prompt, "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err
     assert "generation_config.json" in err and "temperature" in err and "Traceback" not in err
+
+
+def test_repetition_penalty_is_transformers(built, tmp_path, capsys):
+    """generation_config.json's repetition_penalty (Qwen2.5 Instruct's is 1.05) is applied as transformers'
+    generate applies it, to the ids of the prompt and of the answer: greedy tokens equal transformers' with
+    that penalty (and differ from those without it); --repetition-penalty overrides; 0 exits 2."""
+    import torch
+    from naohai.data.tokenizer import Tokenizer
+    model, src = built["llama"]
+    out = str(tmp_path / "imported")
+    assert main(["ckpt", "import", src, "--from", "hf", "--out", out]) == 0
+    prompt = "The for statement iterates. The for statement"
+    tok = Tokenizer.load(os.path.join(out, "tokenizer.json"))
+    ids = tok.encode(prompt)
+    ends = {model.generation_config.eos_token_id}
+
+    def theirs(penalty):
+        with torch.no_grad():
+            new = model.generate(torch.as_tensor([ids]), do_sample=False, max_new_tokens=24, min_new_tokens=0,
+                                 attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
+                                 repetition_penalty=penalty)[0, len(ids):].tolist()
+        return new[:next((i for i, t in enumerate(new) if t in ends), len(new))]
+    penalised, plain = theirs(1.5), theirs(1.0)
+    assert penalised != plain                         # the penalty changes this prompt's greedy answer
+
+    config_path = os.path.join(out, "generation_config.json")
+    config = json.load(open(config_path, encoding="utf-8"))
+    json.dump(dict(config, repetition_penalty=1.5), open(config_path, "w", encoding="utf-8"))
+    capsys.readouterr()
+    assert main(["generate", out, "--prompt", prompt, "--max-new-tokens", "24"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == prompt + tok.decode(penalised) + "\n"
+    assert "repetition penalty 1.5" in printed.err
+    assert main(["generate", out, "--prompt", prompt, "--max-new-tokens", "24", "--repetition-penalty", "1"]) == 0
+    assert capsys.readouterr().out == prompt + tok.decode(plain) + "\n"
+    assert main(["generate", out, "--prompt", prompt, "--repetition-penalty", "0"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--repetition-penalty" in err and "Traceback" not in err
+    json.dump(dict(config, repetition_penalty=-1), open(config_path, "w", encoding="utf-8"))
+    assert main(["generate", out, "--prompt", prompt]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "generation_config.json" in err and "repetition_penalty" in err and "Traceback" not in err

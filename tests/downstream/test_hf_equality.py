@@ -128,3 +128,42 @@ def test_an_imported_llama_with_bos_equals_lm_evals_hf_model_at_its_defaults(tmp
     text = " ".join(r["context"] for r in MC_ROWS) * 3
     request = [Instance("loglikelihood_rolling", {}, (text,), 0)]
     assert ours.loglikelihood_rolling(request)[0] == pytest.approx(theirs.loglikelihood_rolling(request)[0], abs=1e-3)
+
+
+def test_generate_until_applies_the_folders_repetition_penalty_as_lm_evals_hf_model(tmp_path):
+    """A folder whose generation_config.json asks for a repetition_penalty (Qwen2.5 Instruct's 1.05): lm-eval's
+    `hf` model applies it to its greedy generate_until (transformers' generate starts from that file), so the
+    naohai backend on the imported folder does too: equal generations, which differ from those without it."""
+    import json
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from naohai.downstream.backend import NaohaiEvalLM
+    from tests.convert import hf_models
+
+    folder = str(tmp_path / "hf")
+    hf_models.build("llama", folder)
+    out = str(tmp_path / "imported")
+    assert main(["ckpt", "import", folder, "--from", "hf", "--out", out]) == 0
+
+    def penalty(value):
+        for where in (folder, out):
+            path = os.path.join(where, "generation_config.json")
+            config = json.load(open(path, encoding="utf-8"))
+            json.dump(dict(config, repetition_penalty=value), open(path, "w", encoding="utf-8"))
+
+    requests = [Instance("generate_until", {}, (r["context"] + " " + r["context"],
+                                                {"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False}), i)
+                for i, r in enumerate(MC_ROWS)]
+
+    def both():
+        ours = NaohaiEvalLM(path=out, batch_size=4)
+        theirs = HFLM(pretrained=folder, dtype="float32", batch_size=4, device="cpu", max_length=ours.max_length)
+        return ours.generate_until(requests), theirs.generate_until(requests)
+    penalty(1.0)
+    plain, plain_hf = both()
+    penalty(1.5)
+    penalised, penalised_hf = both()
+    assert penalised_hf != plain_hf                     # lm-eval's hf model applied the file's penalty
+    assert penalised == penalised_hf and plain == plain_hf
