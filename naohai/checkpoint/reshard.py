@@ -21,7 +21,7 @@ import glob
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -161,9 +161,9 @@ def merged_tensors(ckpt: str, hash_files: bool = True) -> Mapping[str, Any]:
         return ms.load_checkpoint(os.path.join(out, store.rank_file(0)))
 
 
-def model_weights(ckpt: str, hash_files: bool = True):
+def model_weights(ckpt: str, hash_files: bool = True) -> Tuple[Any, Mapping[str, np.ndarray]]:
     """(recipe, {naohai parameter name: full float32 array}) of a checkpoint's model (no optimizer state),
-    after verifying the checkpoint."""
+    after verifying the checkpoint; the arrays are read when asked (:func:`merged_tensors`)."""
     from naohai.config import recipe_from_dict
     from naohai.model.params import param_shapes
     man = store.read_manifest(ckpt)
@@ -174,9 +174,30 @@ def model_weights(ckpt: str, hash_files: bool = True):
         raise UserError("holds LoRA adapters only (a fine-tuning run's checkpoint), not the model: "
                         "`naohai ckpt merge-adapter` makes the full model, `ckpt export --to hf` or `--to peft` "
                         "write it out", where=ckpt, key="finetune")
-    model_names = {p.name for p in param_shapes(recipe.model)}
-    tensors = merged_tensors(ckpt, hash_files=hash_files)
-    return recipe, {k: as_float32(tensors[k]) for k in tensors if k in model_names}
+    return recipe, ModelTensors(merged_tensors(ckpt, hash_files=hash_files),
+                                {p.name for p in param_shapes(recipe.model)})
+
+
+class ModelTensors(Mapping):
+    """The model's parameters among a checkpoint's tensors, each read (as float32) when asked."""
+
+    def __init__(self, tensors: Mapping[str, Any], names: Set[str]):
+        self._tensors = tensors
+        self._names = [k for k in tensors if k in names]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        return as_float32(self._tensors[name])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def as_float32(value: Any) -> np.ndarray:
@@ -185,19 +206,23 @@ def as_float32(value: Any) -> np.ndarray:
 
 
 def export_safetensors(ckpt: str, out_file: str, hash_files: bool = True) -> List[str]:
-    """The full model of a verified checkpoint as one safetensors file (written in a unique temporary
-    folder beside ``out_file``, then renamed; an existing file is never overwritten); returns the
-    tensor names written."""
-    _, tensors = model_weights(ckpt, hash_files=hash_files)
+    """The full model of a verified checkpoint as one safetensors file, tensors by name, each read and written
+    in turn (:func:`naohai.convert.hf.folder.write_safetensors`; written in a unique temporary folder beside
+    ``out_file``, then renamed; an existing file is never overwritten); returns the tensor names written."""
+    from naohai.convert.hf.folder import write_safetensors
+    from naohai.model.params import param_shapes
+    recipe, tensors = model_weights(ckpt, hash_files=hash_files)
     if os.path.lexists(out_file):
         raise UserError("already exists (nothing is overwritten)", where=out_file)
+    sizes = {p.name: 4 * int(np.prod(p.shape, dtype=np.int64)) for p in param_shapes(recipe.model)}
+    names = sorted(tensors)
     work = temp_dir_beside(out_file)
     try:
-        ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in sorted(tensors.items())],
-                           os.path.join(work, "model"), format="safetensors")
+        write_safetensors(os.path.join(work, "model.safetensors"),
+                          [(k, sizes[k], lambda k=k: tensors[k]) for k in names], {"format": "ms"})
         if os.path.lexists(out_file):
             raise UserError("appeared while it was being written; nothing is overwritten", where=out_file)
         os.rename(os.path.join(work, "model.safetensors"), out_file)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return sorted(tensors)
+    return names
