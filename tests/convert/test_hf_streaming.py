@@ -161,3 +161,37 @@ def test_an_index_with_a_name_written_twice_exits_2(deep, tmp_path, capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert "model.safetensors.index.json" in err and "written twice" in err and "Traceback" not in err
     assert not os.path.exists(tmp_path / "again")
+
+
+def test_a_weight_that_is_not_finite_or_not_float_exits_2(deep, tmp_path, capsys):
+    """A NaN in one layer's weight (met after earlier tensors were written) or a weight stored as integers
+    exits 2 naming the file and tensor; nothing is left behind."""
+    import struct
+    src, _ = deep
+    name = "model.layers.3.mlp.up_proj.weight"
+
+    def variant(tag, edit):
+        folder = str(tmp_path / tag)
+        shutil.copytree(src, folder)
+        path = os.path.join(folder, "model.safetensors")
+        data = open(path, "rb").read()
+        size = struct.unpack("<Q", data[:8])[0]
+        header, body = json.loads(data[8:8 + size]), bytearray(data[8 + size:])
+        edit(header[name], body)
+        text = json.dumps(header).encode()
+        open(path, "wb").write(struct.pack("<Q", len(text)) + text + bytes(body))
+        return folder
+
+    def nan(entry, body):
+        body[entry["data_offsets"][0]:entry["data_offsets"][0] + 4] = np.float32(np.nan).tobytes()
+
+    def ints(entry, _body):
+        entry["dtype"] = "I32"
+    for tag, edit, needle in (("nan", nan, "1 of its 28800 values NaN or infinite"),
+                              ("ints", ints, "as int32; a weight is floating point")):
+        out = str(tmp_path / f"{tag}-out")
+        capsys.readouterr()
+        assert main(["ckpt", "import", variant(tag, edit), "--from", "hf", "--out", out]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "model.safetensors" in err and name in err and needle in err and "Traceback" not in err, err
+        assert not os.path.exists(out)

@@ -82,8 +82,8 @@ def _stored_name(tensors: Dict[str, Any], name: str, arch: Architecture) -> Opti
 def naohai_tensors(src: str, cfg: ModelConfig, arch: Architecture) -> Iterator[Tuple[str, np.ndarray]]:
     """The folder's weights as (naohai name, float32 array), one stored tensor read at a time.  Checked before
     the first is read: every tensor the architecture names for this config is stored and nothing else is
-    (a missing or extra tensor exits 2 naming the weights file); then, as each is read, its shape (and a
-    stored tied head: equal to the embedding)."""
+    (a missing or extra tensor exits 2 naming the weights file); then, as each is read, that its values are
+    finite floats and its shape (and a stored tied head: equal to the embedding)."""
     stored = folder.stored_weights(src)
     where = _weights_file(src)
     links = arch.links(cfg)
@@ -106,6 +106,11 @@ def naohai_tensors(src: str, cfg: ModelConfig, arch: Architecture) -> Iterator[T
         raise ValueError(f"the {arch.model_type} links leave naohai parameters unset: {missing[:4]}")
     for link, name in zip(links, names):
         value = stored[name].read()
+        bad = value.size - int(np.count_nonzero(np.isfinite(value))) if value.dtype.kind == "f" else -1
+        if bad:
+            raise UserError(f"holds '{name}' " + (f"as {value.dtype}; a weight is floating point" if bad < 0 else
+                            f"with {bad} of its {value.size} values NaN or infinite (in float32, naohai's type); "
+                            f"the model's outputs would be NaN"), where=where, rule="finite floating-point weights")
         try:
             parts = link.from_ref(value)
         except ValueError:
