@@ -300,10 +300,11 @@ class Generator:
 
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
-        found, self.model = load_model(checkpoint, verify=verify)
+        def tokenizer(found):       # a missing tokenizer is said before the weights are read
+            self.tokenizer = Tokenizer.load(found.tokenizer_file())
+        found, self.model = load_model(checkpoint, verify=verify, before_read=tokenizer)
         recipe, self.step = found.recipe, found.step
         self.conversational = recipe.data.format == "sft"      # trained on rendered conversations
-        self.tokenizer = Tokenizer.load(found.tokenizer_file())
         self.cfg = recipe.model
         self.model.set_train(False)
         self.decoder = CachedDecoder(self.model, self.cfg, pad_id=self.tokenizer.pad_id)

@@ -53,14 +53,17 @@ class Weights:
     kind: str                                        # "checkpoint", "model folder", ...
     path: str                                        # the folder read (a run resolves to its checkpoint)
     recipe: Recipe                                   # the model (and run) the weights belong to
-    read: Callable[[], Dict[str, np.ndarray]]        # full float32 tensors by naohai parameter name
+    read: Callable[[], Mapping[str, np.ndarray]]     # full float32 tensors by naohai parameter name (maybe lazy)
     step: Optional[int] = None                       # training step of a checkpoint
     checkpoint: Optional[str] = None                 # the naohai checkpoint folder, when it is one
     tokenizer_sha256: Optional[str] = None           # the tokenizer the weights were trained with, if known
     fingerprint: Optional[str] = None                # cheap content id (adapters.fingerprint_of computes one else)
     adapters: Optional[Callable[[], Dict[str, np.ndarray]]] = None   # LoRA factors: tensors() merges them in
+    reads_whole: bool = True                         # tensors() reads every tensor at once (else one when asked)
 
-    def tensors(self) -> Dict[str, np.ndarray]:
+    def tensors(self) -> Mapping[str, np.ndarray]:
+        """The model's float32 tensors by parameter name; a checkpoint's or an imported folder's are read from
+        their file when asked (each access reads again), so take each once or copy what you keep."""
         return self.read()
 
     def describe(self) -> str:
@@ -95,6 +98,10 @@ class Weights:
         for name in ("tokenizer.model", "tokenizer.json"):
             if os.path.exists(os.path.join(folder, name)):
                 return os.path.join(folder, name)
+        if self.checkpoint is None:     # a model folder: the run's default place means nothing here
+            raise UserError(f"has no tokenizer (tokenizer.json or tokenizer.model) and its recipe names none "
+                            f"(data.tokenizer); put the model's own tokenizer file in the folder", where=self.path,
+                            key="data.tokenizer")
         return default_tokenizer_path(self.recipe)
 
     def _training_dirs(self) -> List[str]:
@@ -155,13 +162,13 @@ def find_weights(path: str, verify: bool = True) -> Weights:
     raise UserError("holds no model weights: expected " + "; or ".join(s.what for s in _SOURCES), where=path)
 
 
-def model_tensors(recipe: Recipe, tensors: Mapping[str, object]) -> Dict[str, np.ndarray]:
+def model_tensors(recipe: Recipe, tensors: Mapping[str, object]) -> Mapping[str, np.ndarray]:
     """The model's parameters among ``tensors`` (MindSpore tensors or arrays, or a mapping that reads each when
-    asked: only these are read) as float32 arrays."""
-    from naohai.checkpoint.reshard import as_float32
+    asked), each as a float32 array when asked: a model filled from it (:func:`load_model`) holds one read
+    tensor at a time beside its own weights."""
+    from naohai.checkpoint.reshard import ModelTensors
     from naohai.model.params import param_shapes
-    names = {p.name for p in param_shapes(recipe.model)}
-    return {name: as_float32(tensors[name]) for name in tensors if name in names}
+    return ModelTensors(tensors, {p.name for p in param_shapes(recipe.model)})
 
 
 # --------------------------------------------------------------------------- naohai checkpoints
@@ -180,8 +187,11 @@ def _open_checkpoint(path: str, verify: bool) -> Weights:
                     lambda: model_tensors(recipe, merged_tensors(chosen, hash_files=False)),   # hashed above
                     step=int(man.get("step", 0)), checkpoint=chosen,
                     tokenizer_sha256=(man.get("identity") or {}).get("tokenizer_sha256"),
-                    fingerprint=ad.checkpoint_fingerprint(man))
+                    fingerprint=ad.checkpoint_fingerprint(man),
+                    # a full-layout rank file is read a tensor at a time; a sharded one is merged and loaded whole
+                    reads_whole=(man.get("layout") or {}).get("signature", "full") != "full")
     if man.get(ad.BASE_KEY) is not None:          # a fine-tuning run's: adapters only
+        found.reads_whole = True                  # folded into the whole base
         if recipe.finetune is None:
             raise UserError(f"integrity error: records a base ({ad.BASE_KEY}) but its recipe has no finetune "
                             f"section", where=where, key=ad.BASE_KEY)
@@ -207,7 +217,7 @@ def _open_model_dir(path: str, verify: bool) -> Weights:
     from naohai.convert.model_dir import WEIGHTS, load_model_dir
     recipe, tensors = load_model_dir(path)
     return Weights("model folder", path, recipe, lambda: model_tensors(recipe, tensors),
-                   fingerprint=ad.file_fingerprint(os.path.join(path, WEIGHTS)))
+                   fingerprint=ad.file_fingerprint(os.path.join(path, WEIGHTS)), reads_whole=False)
 
 
 # --------------------------------------------------------------------------- adapter folders
@@ -272,14 +282,19 @@ def read_base(record: Dict[str, object], recipe, where: str) -> Dict[str, np.nda
 
 
 # --------------------------------------------------------------------------- users
-def load_model(path: str, seed: int = 0, verify: bool = True):
+def load_model(path: str, seed: int = 0, verify: bool = True,
+               before_read: Optional[Callable[[Weights], None]] = None):
     """``(weights, NaohaiLM)``: the model of ``path``'s recipe holding its weights (generate, eval, score);
-    ``verify`` as for :func:`find_weights`."""
+    ``verify`` as for :func:`find_weights`.  ``before_read(weights)`` runs once the source is known and before
+    any tensor is read or the model built: a caller's own checks (its tokenizer, its text) fail in a second,
+    not after a load of minutes."""
     from naohai.convert.weights import assign_weights
     from naohai.model.transformer import NaohaiLM
 
     found = find_weights(path, verify)
     check_loads_in_memory(found)
+    if before_read is not None:
+        before_read(found)
     model = NaohaiLM(found.recipe.model, seed=seed)       # LoRA adapters come merged into the weights
     ft = found.recipe.finetune
     if ft is not None and ft.method != "lora":          # the other methods' tensors come beside the base's
@@ -289,27 +304,37 @@ def load_model(path: str, seed: int = 0, verify: bool = True):
     return found, model
 
 
-#: bytes a loaded model holds per parameter at the least: the model's float32 weights and the float32 tensors read
-#: to fill them (a 187M-parameter model built alone held 1.1 x its float32 bytes, 2026-11-30)
-LOAD_BYTES_PER_PARAM = 8
+#: bytes a loaded model holds per parameter at the least: its float32 weights (a 187M-parameter model built alone
+#: held 1.1 x its float32 bytes, 2026-11-30) and, from a source read whole (:attr:`Weights.reads_whole`), the float32
+#: tensors read to fill them; from one read a tensor at a time, the largest tensor instead
+LOAD_BYTES_PER_PARAM = 4
+
+
+def load_bytes(found: Weights) -> int:
+    """The least memory in bytes a model of ``found`` holds while it is loaded (see :data:`LOAD_BYTES_PER_PARAM`)."""
+    from naohai.model.params import param_shapes
+    sizes = [int(np.prod(p.shape, dtype=np.int64)) for p in param_shapes(found.recipe.model)]
+    read = sum(sizes) if found.reads_whole else max(sizes, default=0)
+    return LOAD_BYTES_PER_PARAM * (sum(sizes) + read)
 
 
 def check_loads_in_memory(found: Weights, total: Optional[int] = None) -> None:
     """Refuse (exit 2) a model whose weights cannot be held in this machine's memory while they are read
-    (:data:`LOAD_BYTES_PER_PARAM` per parameter, against ``MemTotal``), before any tensor is read: a 7B model
-    on a 24 GB machine was read until the kernel killed the process, with no message."""
+    (:func:`load_bytes` against ``MemTotal``), before any tensor is read: a 7B model on a 24 GB machine was read
+    until the kernel killed the process, with no message."""
     from naohai.model.params import count_params
 
     total = devices.machine_memory() if total is None else total
     params = count_params(found.recipe.model)
-    need = LOAD_BYTES_PER_PARAM * params
+    need = load_bytes(found)
     if total and need > total:
         gb = 1024.0 ** 3
-        raise UserError(f"this model cannot be loaded in this machine's memory: its {params:,} parameters are read "
-                        f"as float32 tensors and held by the model in float32 as well, at least {need / gb:,.1f} GB, "
-                        f"and the machine has {total / gb:,.1f} GB (MemTotal). Run it on a machine with more "
-                        f"memory; nothing was read", where=found.path,
-                        rule=f"{LOAD_BYTES_PER_PARAM} bytes per parameter <= MemTotal")
+        how = ("read whole as float32 tensors and held by the model in float32 as well" if found.reads_whole else
+               "held by the model in float32, read a tensor at a time")
+        raise UserError(f"this model cannot be loaded in this machine's memory: its {params:,} parameters are {how}, "
+                        f"at least {need / gb:,.1f} GB, and the machine has {total / gb:,.1f} GB (MemTotal). Run it "
+                        f"on a machine with more memory; nothing was read", where=found.path,
+                        rule="the model's float32 bytes, and those read to fill it, <= MemTotal")
 
 
 def check_fits(found: Weights, recipe: Recipe, where: str) -> None:
@@ -346,15 +371,15 @@ def source_stamp(path: str) -> str:
 def write_full_checkpoint(found: Weights, out: str, manifest: Dict[str, object]) -> str:
     """``found``'s model tensors as a naohai checkpoint of full tensors at ``out`` (atomic: written in a
     new temporary folder beside it, then renamed), so any layout can be made from it by :func:`naohai.checkpoint.reshard.reshard_checkpoint`."""
-    import mindspore as ms
+    from naohai import ckpt_format
     if os.path.exists(out):
         return out
     tmp = temp_dir_beside(out)       # a fresh uniquely named folder: nothing of the user's is removed
     try:
         name = store.rank_file(0)
-        tensors = found.tensors()
-        ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in sorted(tensors.items())],
-                           os.path.join(tmp, name))
+        tensors = found.tensors()    # written one at a time, as save_checkpoint would write them
+        ckpt_format.write(os.path.join(tmp, name),
+                          ((k, np.ascontiguousarray(tensors[k], np.float32)) for k in sorted(tensors)))
         files = {name: {"rank": 0, "sha256": sha256_file(os.path.join(tmp, name)),
                         "bytes": os.path.getsize(os.path.join(tmp, name))}}
         layout = {"mode": "standalone", "world": 1, "signature": "full", "ranks_with_files": [0],

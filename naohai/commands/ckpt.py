@@ -403,6 +403,10 @@ def _import_hf(args) -> int:
             sizes.append(int(value.size))
             yield name, value
     write_hf_model_dir(args.out, cfg, counted(), args.src)
+    if not os.path.isfile(os.path.join(args.src, "tokenizer.json")):
+        print(f"naohai: note: {args.src} has no tokenizer.json: generate, eval --text, data score and training on "
+              f"text need the model's own; put it in {args.out} and set data.tokenizer in its recipe.yaml",
+              file=sys.stderr)
     n = sum(sizes)
     print(f"imported {len(sizes)} tensors ({n:,} parameters, {cfg.family}: {cfg.num_layers} layers, hidden "
           f"{cfg.hidden_size}, seq_length {cfg.seq_length}) from {args.src} -> {args.out}")

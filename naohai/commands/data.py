@@ -206,19 +206,23 @@ def load_scorer(model: str, tokenizer: Optional[str] = None, device: str = "auto
                         where=where or "command line", key=keys[1])
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(resolve_device(device, where=where or "command line", key=keys[2]))
-    found, net = load_model(model)
+    loaded = {}
+
+    def load_tokenizer(found):      # before the weights are read: a missing or wrong tokenizer fails at once
+        tok_path = tokenizer or found.tokenizer_file()
+        if not os.path.isfile(tok_path):
+            raise UserError(f"the tokenizer of {model}, {tok_path}, does not exist; give it", where=where or model,
+                            key=keys[1])
+        tok = Tokenizer.load(tok_path, key=keys[1])
+        if tok.vocab_size > found.recipe.model.vocab_size:
+            raise UserError(f"{tok_path} has {tok.vocab_size} pieces, more than the model's vocabulary of "
+                            f"{found.recipe.model.vocab_size}; give the tokenizer the model was trained with",
+                            where=where or "command line", key=keys[1])
+        loaded.update(tok=tok, path=tok_path)
+    found, net = load_model(model, before_read=load_tokenizer)
     recipe, path, step = found.recipe, found.checkpoint, found.step
+    tok, tok_path, cfg = loaded["tok"], loaded["path"], recipe.model
     net.set_train(False)
-    tok_path = tokenizer or found.tokenizer_file()
-    if not os.path.isfile(tok_path):
-        raise UserError(f"the tokenizer of {model}, {tok_path}, does not exist; give it", where=where or model,
-                        key=keys[1])
-    tok = Tokenizer.load(tok_path, key=keys[1])
-    cfg = recipe.model
-    if tok.vocab_size > cfg.vocab_size:
-        raise UserError(f"{tok_path} has {tok.vocab_size} pieces, more than the model's vocabulary of "
-                        f"{cfg.vocab_size}; give the tokenizer the model was trained with",
-                        where=where or "command line", key=keys[1])
     describe = {"model": os.path.abspath(model), "checkpoint": path and os.path.abspath(path),
                 "step": step, "tokenizer": os.path.abspath(tok_path), "tokenizer_sha256": tok.sha256,
                 "seq_length": cfg.seq_length, "loss_pad_id": cfg.loss_pad_id}

@@ -180,11 +180,14 @@ def run(args) -> int:
     ids = _read_ids(args.ids) if args.ids else None
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(resolve_device(args.device, where="command line", key="--device"))
-    found, model = load_model(args.model)
-    recipe = found.recipe
-    if ids is None:
-        ids = _ids_from_text(args.text, found.tokenizer_file(), recipe)
-    windows = windows_of(ids, recipe.model, args.ids or args.text)
+    read = {"ids": ids}
+
+    def text_and_windows(found):    # the text encoded and cut into windows before the weights are read
+        if read["ids"] is None:
+            read["ids"] = _ids_from_text(args.text, found.tokenizer_file(), found.recipe)
+        read["windows"] = windows_of(read["ids"], found.recipe.model, args.ids or args.text)
+    found, model = load_model(args.model, before_read=text_and_windows)
+    recipe, windows = found.recipe, read["windows"]
     model.set_train(False)
     result = evaluate(model, recipe.model, windows, args.batch or 8)
     if args.json:

@@ -247,11 +247,14 @@ def load_scorer(path: str, *, tokenizer: Optional[str] = None, batch: int = 16, 
         raise UserError("no such run, checkpoint or model folder", where=path)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(resolve_device(device or "auto", where="command line", key="--device"))
-    found, model = load_model(path)
-    recipe, ckpt, step = found.recipe, found.checkpoint, found.step
+    loaded = {}
+
+    def load_tokenizer(found):      # before the weights are read: a wrong tokenizer fails at once
+        loaded["tok"] = Tokenizer.load(tokenizer or found.tokenizer_file(),
+                                       key="tokenizer" if tokenizer else "data.tokenizer")
+    found, model = load_model(path, before_read=load_tokenizer)
+    recipe, ckpt, step, tok = found.recipe, found.checkpoint, found.step, loaded["tok"]
     model.set_train(False)
-    tok_file = tokenizer or found.tokenizer_file()
-    tok = Tokenizer.load(tok_file, key="tokenizer" if tokenizer else "data.tokenizer")
     scorer = Scorer(model, recipe.model, pad_id=padding_id(tok), eod_id=tok.eod_id, stop_ids=tok.stop_ids, batch=batch,
                     **text_encoding(tok, recipe), **greedy_settings(tok))
     scorer.checkpoint = ckpt
