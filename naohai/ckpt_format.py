@@ -203,6 +203,10 @@ class Tensors(Mapping):
         except (OSError, MalformedCheckpoint) as exc:
             raise UserError(f"is not a readable MindSpore checkpoint ({exc})", where=self.path) from None
 
+    def shape(self, name: str) -> Tuple[int, ...]:
+        """A tensor's shape by the table, without reading it."""
+        return self._entries[name].dims
+
     def __contains__(self, name: object) -> bool:        # by the table, without reading the tensor
         return name in self._entries
 

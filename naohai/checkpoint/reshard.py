@@ -21,6 +21,7 @@ import glob
 import os
 import shutil
 import tempfile
+import weakref
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 import mindspore as ms
@@ -148,17 +149,23 @@ def reshard_checkpoint(src: str, out: str, dst_strategy_dir: Optional[str] = Non
     return out
 
 
-def merged_tensors(ckpt: str, hash_files: bool = True) -> Mapping[str, Any]:
-    """Full tensors of any naohai checkpoint, verified first.  A checkpoint of the full layout reads each
-    tensor when asked (:class:`naohai.ckpt_format.Tensors`: taking the model's leaves its Adam moments, two
-    thirds of the file, unread); a sharded one is merged in a temporary folder and loaded whole
-    (MindSpore Parameters)."""
+def merged_tensors(ckpt: str, hash_files: bool = True) -> ckpt_format.Tensors:
+    """Full tensors of any naohai checkpoint, verified first, each read when asked
+    (:class:`naohai.ckpt_format.Tensors`: taking the model's leaves its Adam moments, two thirds of the file,
+    unread).  A sharded checkpoint is merged first into a temporary folder, which is removed once the returned
+    mapping is let go."""
     man = store.verified(ckpt, hash_files=hash_files)
     if (man.get("layout") or {}).get("signature", "full") == "full":
         return ckpt_format.Tensors(os.path.join(ckpt, store.rank_file(0)))
-    with tempfile.TemporaryDirectory(prefix="naohai-merge-") as work:
+    work = tempfile.mkdtemp(prefix="naohai-merge-")
+    try:
         out = reshard_checkpoint(ckpt, os.path.join(work, "merged"), hash_files=hash_files)
-        return ms.load_checkpoint(os.path.join(out, store.rank_file(0)))
+        tensors = ckpt_format.Tensors(os.path.join(out, store.rank_file(0)))
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    weakref.finalize(tensors, shutil.rmtree, work, True)
+    return tensors
 
 
 def model_weights(ckpt: str, hash_files: bool = True) -> Tuple[Any, Mapping[str, np.ndarray]]:

@@ -187,9 +187,7 @@ def _open_checkpoint(path: str, verify: bool) -> Weights:
                     lambda: model_tensors(recipe, merged_tensors(chosen, hash_files=False)),   # hashed above
                     step=int(man.get("step", 0)), checkpoint=chosen,
                     tokenizer_sha256=(man.get("identity") or {}).get("tokenizer_sha256"),
-                    fingerprint=ad.checkpoint_fingerprint(man),
-                    # a full-layout rank file is read a tensor at a time; a sharded one is merged and loaded whole
-                    reads_whole=(man.get("layout") or {}).get("signature", "full") != "full")
+                    fingerprint=ad.checkpoint_fingerprint(man), reads_whole=False)   # a tensor at a time
     if man.get(ad.BASE_KEY) is not None:          # a fine-tuning run's: adapters only
         found.reads_whole = True                  # folded into the whole base
         if recipe.finetune is None:

@@ -195,8 +195,8 @@ def _inspect(args, path) -> int:
         merged = merged_tensors(path)
         print(f"  merged (full) tensors: {len(merged)}")
         limit = args.tensors or len(merged)
-        for k, v in list(sorted(merged.items()))[:limit]:
-            print(f"    {k:60s} {list(v.shape)}")
+        for k in sorted(merged)[:limit]:
+            print(f"    {k:60s} {list(merged.shape(k))}")
     return 0
 
 

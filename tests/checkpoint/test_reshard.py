@@ -7,6 +7,7 @@ host without any parallelism (same seed), and MindSpore's compile-time slices.
 """
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -17,7 +18,7 @@ import mindspore as ms
 
 from naohai.checkpoint import store
 from naohai.checkpoint.files import sha256_file, write_json
-from naohai.checkpoint.reshard import reshard_checkpoint
+from naohai.checkpoint.reshard import merged_tensors, reshard_checkpoint
 from naohai.config import load_recipe
 from naohai.model.transformer import NaohaiLM
 from naohai.strategy.run_plan import plan_run
@@ -102,6 +103,16 @@ def test_layout_round_trips_bit_for_bit(compiled_layout, tmp_path):
         for name, value in host.items():
             assert name in full, (key, name)
             np.testing.assert_array_equal(full[name], value, err_msg=f"{key}: {name}")
+        # read through merged_tensors (export, generate): the same model tensors, each read when asked, from a
+        # temporary merge that is removed once the mapping is let go
+        merged = merged_tensors(ckpt)
+        for name, value in host.items():
+            np.testing.assert_array_equal(merged[name], value, err_msg=f"{key} merged: {name}")
+        temporary = os.path.dirname(os.path.dirname(merged.path))
+        assert os.path.isdir(temporary) and temporary != os.path.dirname(ckpt)
+        del merged
+        gc.collect()
+        assert not os.path.exists(temporary)
         # optimizer moments travel too (full shapes after merging)
         assert full["adam_m.layers.0.attention.q_weight"].shape == host["layers.0.attention.q_weight"].shape
         # full -> layout equals the compile-time slices on every rank
