@@ -133,6 +133,19 @@ def lock_folder(folder: str, what: str, *, key: Optional[str] = None) -> str:
     return path
 
 
+def forget_locks_in_child() -> None:
+    """In a forked child: close its copies of the folder locks' files, so that a lock ends with the process that
+    took it. A child that outlives it (a Spark worker forked from the driver's zygote, after the driver was
+    killed) held the folder until it ended, and a rerun started at once was refused as "in use". Closing a copy
+    does not release the lock while the parent holds it."""
+    for fd in _HELD.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
 @contextlib.contextmanager
 def holding_folder(folder: str, what: str, *, key: Optional[str] = None) -> Iterator[str]:
     """:func:`lock_folder` for a ``with`` block: released at its end, however it ends, unless this

@@ -100,3 +100,34 @@ def test_move_into_new_folder_never_overwrites(tmp_path):
     assert first != second
     assert Path(first, "metrics.jsonl").read_text() == "old" and Path(second, "metrics.jsonl").read_text() == "newer"
     assert move_into_new_folder(str(tmp_path), ["metrics.jsonl"], "superseded") is None
+
+
+def test_a_forked_child_that_forgets_the_lock_does_not_hold_the_folder(tmp_path):
+    """A child forked while the folder is locked (the Spark driver's zygote and the workers forked from it)
+    closes its copy with forget_locks_in_child: once the parent lets go, the folder is free though the child
+    lives on. Without it the child held the folder (a rerun after a killed driver was refused for 0.7 s and more)."""
+    from naohai.runfiles import forget_locks_in_child, unlock_folder
+    folder = tmp_path / "out"
+    folder.mkdir()
+    lock_folder(str(folder), "test")
+    go_read, go_write = os.pipe()                 # parent -> child: end now
+    done_read, done_write = os.pipe()             # child -> parent: forgotten
+    pid = os.fork()
+    if pid == 0:
+        try:
+            forget_locks_in_child()
+            os.write(done_write, b"x")
+            os.read(go_read, 1)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(done_read, 1) == b"x"
+        assert folder_locked(folder)              # the parent still holds it: the child's close did not release it
+        unlock_folder(str(folder))
+        assert not folder_locked(folder)          # free while the child lives
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)
+    finally:
+        os.write(go_write, b"x")
+        os.waitpid(pid, 0)
+        for fd in (go_read, go_write, done_read, done_write):
+            os.close(fd)

@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from naohai.cache import cache_dir
 from naohai.data.rundir import atomic_write_text
 from naohai.errors import UserError
+from naohai.runfiles import forget_locks_in_child
 
 NICE = 19           # the helper's niceness: the JVM's boot (which can use more than a core) keeps its CPU
 HEAD = b"head"      # a claim file's content: the driver's helper runs the split
@@ -351,6 +352,7 @@ class _Forked:
             try:
                 for sig in (signal.SIGINT, signal.SIGTERM):   # not the driver's handlers: a signal ends the child
                     signal.signal(sig, signal.SIG_DFL)
+                forget_locks_in_child()                      # the output folder's lock ends with the driver
                 close_in_child()
                 target()
                 code = 0
