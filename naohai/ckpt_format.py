@@ -29,6 +29,7 @@ SLICE_BYTES = 512 << 20     # mindspore.train.serialization.SLICE_SIZE (512 MiB)
 NUMPY_TYPES = {np.dtype(np.float32): "Float32", np.dtype(np.float16): "Float16", np.dtype(np.float64): "Float64",
                np.dtype(np.int8): "Int8", np.dtype(np.int32): "Int32", np.dtype(np.int64): "Int64",
                np.dtype(np.uint8): "UInt8", np.dtype(np.bool_): "Bool"}
+_NUMPY_OF = {name: dtype for dtype, name in NUMPY_TYPES.items()}
 
 
 class MalformedCheckpoint(ValueError):
@@ -163,11 +164,10 @@ def read(path: str, entry: Entry) -> np.ndarray:
     """The tensor ``entry`` (from :func:`entries` of ``path``) as a numpy array of its shape, its Values'
     contents joined; :class:`MalformedCheckpoint` when its type is not one of :data:`NUMPY_TYPES` or its bytes
     are not its shape's."""
-    types = {name: dtype for dtype, name in NUMPY_TYPES.items()}
-    if entry.dtype not in types:
+    if entry.dtype not in _NUMPY_OF:
         raise MalformedCheckpoint(f"tensor '{entry.name}' has type {entry.dtype}, which is read here only as "
-                                  f"one of {', '.join(types)}")
-    dtype = types[entry.dtype]
+                                  f"one of {', '.join(_NUMPY_OF)}")
+    dtype = _NUMPY_OF[entry.dtype]
     if entry.size * dtype.itemsize != entry.nbytes:
         raise MalformedCheckpoint(f"tensor '{entry.name}': {entry.nbytes} bytes for shape {list(entry.dims)} "
                                   f"of {entry.dtype}")

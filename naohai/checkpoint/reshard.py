@@ -190,7 +190,7 @@ class ModelTensors(Mapping):
 
     def __init__(self, tensors: Mapping[str, Any], names: Set[str]):
         self._tensors = tensors
-        self._names = [k for k in tensors if k in names]
+        self._names = dict.fromkeys(k for k in tensors if k in names)     # the file's order, O(1) lookups
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._names:

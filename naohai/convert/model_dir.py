@@ -70,7 +70,10 @@ def write_hf_model_dir(out: str, cfg, weights: Union[Mapping[str, np.ndarray], I
         else:                       # it was empty: take out what this import put there
             for name in os.listdir(out):
                 path = os.path.join(out, name)
-                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.remove(path)
         raise
 
 
