@@ -21,10 +21,11 @@ adapter came from).  :mod:`naohai.checkpoint.weights` reads both kinds as the me
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
@@ -42,9 +43,10 @@ def fingerprint_of(found) -> str:
     if found.fingerprint:
         return found.fingerprint
     h = hashlib.sha256()
-    for name, value in sorted(found.tensors().items()):
+    tensors = found.tensors()
+    for name in sorted(tensors):                   # one tensor read at a time from a lazy source
         h.update(name.encode("utf-8"))
-        h.update(np.ascontiguousarray(value, np.float32).tobytes())
+        h.update(np.ascontiguousarray(tensors[name], np.float32).tobytes())
     return h.hexdigest()
 
 
@@ -75,19 +77,20 @@ def seed_tensors(recipe, seed: int) -> Dict[str, np.ndarray]:
     return {p.name: p.asnumpy().astype(np.float32) for p in model.get_parameters()}
 
 
-def merged(base: Dict[str, np.ndarray], adapters: Dict[str, np.ndarray], recipe, where: str) -> Dict[str, np.ndarray]:
+def merged(base: Mapping[str, Any], adapters: Dict[str, np.ndarray], recipe, where: str) -> Mapping[str, np.ndarray]:
     """``base`` with ``adapters`` folded in by the recipe's ``finetune`` (LoRA: rank, alpha); the tensors of
     the other methods (:mod:`naohai.model.finetune`) cannot be folded and come beside the base's
-    (:func:`naohai.checkpoint.weights.load_model` builds the model with the method)."""
-    from naohai.model.lora import merge_lora
+    (:func:`naohai.checkpoint.weights.load_model` builds the model with the method).  Each tensor is made when
+    asked, from a base that may itself be read when asked: the whole base is never held."""
+    from naohai.model.lora import LoraMerged
     ft = recipe.finetune
     if ft.method != "lora":
-        clash = sorted(set(base) & set(adapters))
+        clash = sorted(n for n in adapters if n in base)
         if clash:
             raise UserError(f"base mismatch: the adapter's {clash[0]} is a base tensor", where=where, key="finetune")
-        return {**base, **{k: np.asarray(v, np.float32) for k, v in adapters.items()}}
+        return collections.ChainMap({k: np.asarray(v, np.float32) for k, v in adapters.items()}, base)
     try:
-        return merge_lora(base, adapters, int(ft.rank), float(ft.alpha))
+        return LoraMerged(base, adapters, int(ft.rank), float(ft.alpha))
     except ValueError as exc:
         raise UserError(f"base mismatch: {exc}", where=where, key="finetune") from None
 

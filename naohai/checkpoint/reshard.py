@@ -31,6 +31,7 @@ from naohai import ckpt_format
 from naohai.checkpoint import store
 from naohai.checkpoint.files import sha256_file, write_json
 from naohai.errors import UserError
+from naohai.model.lora import shape_of
 from naohai.runfiles import check_writable, temp_dir_beside
 
 
@@ -196,6 +197,12 @@ class ModelTensors(Mapping):
         if name not in self._names:
             raise KeyError(name)
         return as_float32(self._tensors[name])
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        """A parameter's shape, without reading it when the checkpoint's table gives it."""
+        if name not in self._names:
+            raise KeyError(name)
+        return shape_of(self._tensors, name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._names

@@ -189,7 +189,7 @@ def _open_checkpoint(path: str, verify: bool) -> Weights:
                     tokenizer_sha256=(man.get("identity") or {}).get("tokenizer_sha256"),
                     fingerprint=ad.checkpoint_fingerprint(man), reads_whole=False)   # a tensor at a time
     if man.get(ad.BASE_KEY) is not None:          # a fine-tuning run's: adapters only
-        found.reads_whole = True                  # folded into the whole base
+        found.reads_whole = _base_is_seeded(man[ad.BASE_KEY])     # else folded into a base read when asked
         if recipe.finetune is None:
             raise UserError(f"integrity error: records a base ({ad.BASE_KEY}) but its recipe has no finetune "
                             f"section", where=where, key=ad.BASE_KEY)
@@ -229,7 +229,7 @@ def _open_adapter_dir(path: str, verify: bool) -> Weights:
     return Weights("adapter folder", path, recipe,
                    lambda: ad.merged(read_base(base, recipe, where), factors, recipe, where),
                    fingerprint=ad.file_fingerprint(os.path.join(path, ad.ADAPTER_WEIGHTS)),
-                   adapters=lambda: dict(factors))
+                   adapters=lambda: dict(factors), reads_whole=_base_is_seeded(base))
 
 
 # --------------------------------------------------------------------------- Hugging Face folders
@@ -245,7 +245,7 @@ def _open_hf_folder(path: str, verify: bool) -> Weights:
     tokenizer = recipe.data.tokenizer
     sha = HFTokenizer.load(tokenizer, key=None).sha256 if tokenizer else None
     return Weights("hugging face folder", path, recipe, lambda: model_tensors(recipe, read()),
-                   tokenizer_sha256=sha)
+                   tokenizer_sha256=sha, reads_whole=False)                      # a stored tensor at a time
 
 
 register_source("checkpoint", _is_checkpoint, _open_checkpoint,
@@ -258,9 +258,14 @@ register_source("adapter folder", _is_adapter_dir, _open_adapter_dir,
                 "an adapter folder (adapter.ckpt + adapter.json + recipe.yaml, from `naohai ckpt import --from peft`)")
 
 
-def read_base(record: Dict[str, object], recipe, where: str) -> Dict[str, np.ndarray]:
+def _base_is_seeded(record: object) -> bool:
+    """Is the adapters' base a model drawn from a seed (built and copied whole), not weights read from a path?"""
+    return not isinstance(record, dict) or record.get("path") is None
+
+
+def read_base(record: Dict[str, object], recipe, where: str) -> Mapping[str, np.ndarray]:
     """The base model tensors a :data:`naohai.checkpoint.adapters.BASE_KEY` record names (the base of a
-    fine-tuning run's adapters), checked against its fingerprint."""
+    fine-tuning run's adapters), checked against its fingerprint; read when asked unless drawn from a seed."""
     if not isinstance(record, dict) or "fingerprint" not in record:
         raise UserError(f"integrity error: the record of the adapters' base ({ad.BASE_KEY}) is damaged", where=where,
                         key=ad.BASE_KEY)

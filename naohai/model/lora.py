@@ -19,14 +19,14 @@ declares it::
 ops (:func:`lora_ops` lists them).  Under a strategy file the factors follow their base op's
 sharding: :mod:`naohai.strategy.lora` derives the strategies of the adapter's ops from the base's.
 
-:func:`merge_lora` folds trained adapters into base weights (``W + alpha / rank * B A``): what
+:class:`LoraMerged` folds trained adapters into base weights (``W + alpha / rank * B A``): what
 ``naohai ckpt merge-adapter`` writes and how generate / eval read a run of adapters.
 """
 from __future__ import annotations
 
 import re
 import zlib
-from typing import Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -136,20 +136,47 @@ def is_adapter_name(name: str) -> bool:
     return name.startswith("layers.") and name.endswith((".lora_a", ".lora_b"))
 
 
-def merge_lora(base: Dict[str, np.ndarray], adapters: Dict[str, np.ndarray], rank: int,
-               alpha: float) -> Dict[str, np.ndarray]:
-    """The model's tensors with every adapter folded in: ``<op>_weight + alpha / rank * B A`` (float32;
-    ``base`` is not changed).  An adapter whose op has no weight in ``base``, or whose factors do not
-    fit its shape, is a ``ValueError``."""
-    out = dict(base)
-    scale = float(alpha) / float(rank)
-    for name in sorted(n for n in adapters if n.endswith(".lora_a")):
-        op = name[:-len(".lora_a")]
-        a = np.asarray(adapters[name], np.float32)
-        b = np.asarray(adapters[f"{op}.lora_b"], np.float32)
-        w = out.get(f"{op}_weight")
-        if w is None or a.shape != (rank, w.shape[1]) or b.shape != (w.shape[0], rank):
-            raise ValueError(f"adapter {op}: A {a.shape}, B {b.shape} do not fit rank {rank} and its base weight "
-                             f"{None if w is None else w.shape}")
-        out[f"{op}_weight"] = (np.asarray(w, np.float32) + scale * (b @ a)).astype(np.float32)
-    return out
+def shape_of(tensors: Mapping[str, Any], name: str) -> Tuple[int, ...]:
+    """A tensor's shape, without reading it when ``tensors`` can tell (a lazy mapping's ``shape``)."""
+    shape = getattr(tensors, "shape", None)
+    return tuple(shape(name)) if callable(shape) else tuple(tensors[name].shape)
+
+
+class LoraMerged(Mapping):
+    """The model's tensors with every adapter folded in: ``<op>_weight + alpha / rank * B A`` (float32), each
+    computed when asked from ``base`` (itself maybe read when asked), so a model filled from it holds one base
+    tensor beside its own weights; ``base`` is not changed.  An adapter whose op has no weight in ``base``, or
+    whose factors do not fit its shape, is a ``ValueError`` when made."""
+
+    def __init__(self, base: Mapping[str, Any], adapters: Mapping[str, Any], rank: int, alpha: float):
+        self._base = base
+        self._scale = float(alpha) / float(rank)
+        self._factors: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+        for name in sorted(n for n in adapters if n.endswith(".lora_a")):
+            op = name[:-len(".lora_a")]
+            a = np.asarray(adapters[name], np.float32)
+            b = np.asarray(adapters[f"{op}.lora_b"], np.float32)
+            shape = shape_of(base, f"{op}_weight") if f"{op}_weight" in base else None
+            if shape is None or a.shape != (rank, shape[1]) or b.shape != (shape[0], rank):
+                raise ValueError(f"adapter {op}: A {a.shape}, B {b.shape} do not fit rank {rank} and its base "
+                                 f"weight {shape}")
+            self._factors[f"{op}_weight"] = (a, b)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        w = self._base[name]
+        if name not in self._factors:
+            return w
+        a, b = self._factors[name]
+        return (np.asarray(w, np.float32) + self._scale * (b @ a)).astype(np.float32)
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        return shape_of(self._base, name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._base)
+
+    def __len__(self) -> int:
+        return len(self._base)

@@ -195,3 +195,45 @@ def test_a_weight_that_is_not_finite_or_not_float_exits_2(deep, tmp_path, capsys
         err = " ".join(capsys.readouterr().err.split())
         assert "model.safetensors" in err and name in err and needle in err and "Traceback" not in err, err
         assert not os.path.exists(out)
+
+
+def test_a_folder_given_directly_is_read_a_stored_tensor_at_a_time(deep, tmp_path, monkeypatch):
+    """``generate`` / ``eval`` / ``train.init_from`` of a Hugging Face folder fill the model holding one stored
+    tensor, not the model read whole; the values are the import's, in any order of access."""
+    from naohai.checkpoint.weights import find_weights, load_bytes, LOAD_BYTES_PER_PARAM
+    from naohai.convert.hf.convert import read_hf
+    from naohai.convert.weights import assign_weights
+    from naohai.model.transformer import NaohaiLM
+    src, state = deep
+    largest = max(v.nbytes for v in state.values())
+    found = find_weights(src)
+    assert not found.reads_whole
+    params = sum(v.size for v in state.values())
+    assert load_bytes(found) == LOAD_BYTES_PER_PARAM * params + largest      # the model and one tensor
+    model = NaohaiLM(found.recipe.model, seed=1)
+    tensors = found.tensors()                        # reads the headers (and imports what it needs) only
+    peak = _peak(lambda: assign_weights(model, tensors, where=src))
+    assert peak < 4 * largest, (peak, largest)       # read whole, the peak was the model's float32 bytes
+    _, whole = read_hf(src)
+    for p in model.get_parameters():
+        np.testing.assert_array_equal(p.asnumpy(), whole[p.name])
+    for name in reversed(list(tensors)):
+        np.testing.assert_array_equal(tensors[name], whole[name])
+
+
+def test_a_fused_stored_tensor_is_read_once_for_its_parts(tmp_path, monkeypatch):
+    """BLOOM stores query, key and value as one tensor per layer; a model filled in its parameters' order
+    reads every stored tensor once."""
+    from naohai.checkpoint.weights import load_model
+    from naohai.convert.hf import folder
+    src = str(tmp_path / "bloom")
+    model = hf_models.build("bloom", src)
+    fused = [k for k in model.state_dict() if "query_key_value.weight" in k]
+    assert fused
+    reads = []
+    original = folder.StoredTensor.read
+    monkeypatch.setattr(folder.StoredTensor, "read", lambda self: reads.append(self.name) or original(self))
+    _, net = load_model(src)
+    assert sorted(reads) == sorted(set(reads)), [n for n in set(reads) if reads.count(n) > 1]
+    assert {n.split("transformer.", 1)[-1] for n in fused} <= {n.split("transformer.", 1)[-1] for n in reads}
+    assert len({p.name for p in net.get_parameters()}) > len(reads)      # some reads filled several parameters

@@ -128,6 +128,39 @@ def test_merged_model_equals_the_adapter_model_and_serves(runs, tmp_path, capsys
         assert np.isfinite(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loss"])
 
 
+def test_the_merged_model_is_read_a_base_tensor_at_a_time(runs, monkeypatch):
+    """generate / eval / merge-adapter of a LoRA run fold each adapter into its base weight when that weight is
+    asked for: the base is read a tensor at a time (each once), never whole, and each merged weight is
+    W + alpha / rank * B A of the base's stored W (MindSpore's load_checkpoint) in float32."""
+    from naohai import ckpt_format
+    from naohai.checkpoint.weights import load_bytes, LOAD_BYTES_PER_PARAM
+    _, _, base, ft, _ = runs
+    found = find_weights(str(ft))
+    assert not found.reads_whole
+    sizes = [int(np.prod(p.shape)) for p in param_shapes(found.recipe.model)]
+    assert load_bytes(found) == LOAD_BYTES_PER_PARAM * (sum(sizes) + max(sizes))
+    factors = found.adapters()
+    base_file = os.path.join(list_checkpoints(str(base))[-1], "rank_0.ckpt")
+    read, real = [], ckpt_format.read
+    monkeypatch.setattr(ckpt_format, "read", lambda path, entry: read.append((path, entry.name)) or real(path, entry))
+    tensors = found.tensors()
+    assert not [name for path, name in read if path == base_file]       # nothing of the base read yet
+    stored = {k: v.asnumpy() for k, v in ms.load_checkpoint(base_file).items()}
+    ft_cfg = found.recipe.finetune
+    for name in tensors:
+        value = tensors[name]
+        op = name[:-len("_weight")]
+        if f"{op}.lora_a" in factors:
+            a, b = factors[f"{op}.lora_a"], factors[f"{op}.lora_b"]
+            want = (stored[name] + np.float32(ft_cfg.alpha / ft_cfg.rank) * (b @ a)).astype(np.float32)
+            assert not np.array_equal(value, stored[name]), name
+        else:
+            want = stored[name]
+        np.testing.assert_allclose(value, want, rtol=1e-6, atol=1e-7, err_msg=name)
+    base_reads = [name for path, name in read if path == base_file]
+    assert sorted(base_reads) == sorted(tensors) and len(set(base_reads)) == len(base_reads)
+
+
 def test_bad_inputs_exit_2(runs, tmp_path, capsys):
     root, tok, base, ft, _ = runs
     err = lambda: " ".join(capsys.readouterr().err.split())       # noqa: E731 - the message is wrapped

@@ -1,6 +1,7 @@
 """Hugging Face folder <-> naohai model: the recipe from ``config.json``, the weights by name and shape.
 
-:func:`read_hf` is what ``naohai ckpt import --from hf`` and ``train.init_from=HF_DIR`` read;
+:func:`stream_hf` is what ``naohai ckpt import --from hf`` reads, :class:`HFTensors` what a folder given
+directly to ``generate``, ``eval`` or ``train.init_from=HF_DIR`` is read through (a tensor at a time);
 :func:`write_hf` what ``naohai ckpt export --to hf`` writes.  Every stored tensor must be one the
 architecture names for this config (or a known non-weight buffer), every expected one must be there,
 and every shape must be the one ``config.json`` implies: anything else is a UserError naming the
@@ -37,12 +38,13 @@ def model_fields(src: str) -> Tuple[Architecture, Dict[str, Any]]:
 
 
 def open_hf(src: str, overrides: Optional[Dict[str, Any]] = None
-            ) -> Tuple[Recipe, Callable[[], Dict[str, np.ndarray]]]:
+            ) -> Tuple[Recipe, Callable[[], Mapping[str, np.ndarray]]]:
     """(recipe, reader) of a Hugging Face folder: the recipe's model from ``config.json`` (``overrides``:
     extra model fields, e.g. ``seq_length``), its ``data.tokenizer`` the folder's ``tokenizer.json`` if
-    any; ``reader()`` reads and checks the weights (naohai names, float32)."""
+    any; ``reader()`` checks the weights' names and gives them as an :class:`HFTensors` (naohai names, float32,
+    each read and checked when asked)."""
     recipe, arch = _recipe_of(src, overrides)
-    return recipe, lambda: dict(naohai_tensors(src, recipe.model, arch))
+    return recipe, lambda: HFTensors(src, recipe.model, arch)
 
 
 def _recipe_of(src: str, overrides: Optional[Dict[str, Any]]) -> Tuple[Recipe, Architecture]:
@@ -80,32 +82,75 @@ def _stored_name(tensors: Dict[str, Any], name: str, arch: Architecture) -> Opti
 
 
 def naohai_tensors(src: str, cfg: ModelConfig, arch: Architecture) -> Iterator[Tuple[str, np.ndarray]]:
-    """The folder's weights as (naohai name, float32 array), one stored tensor read at a time.  Checked before
-    the first is read: every tensor the architecture names for this config is stored and nothing else is
-    (a missing or extra tensor exits 2 naming the weights file); then, as each is read, that its values are
-    finite floats and its shape (and a stored tied head: equal to the embedding)."""
-    stored = folder.stored_weights(src)
-    where = _weights_file(src)
-    links = arch.links(cfg)
-    names = []
-    for link in links:
-        name = _stored_name(stored, link.ref, arch)
-        if name is None:
-            raise UserError(f"has no tensor '{link.ref}', which a {arch.model_type} model of this config.json "
-                            f"({cfg.num_layers} layers) needs", where=where)
-        names.append(name)
-    heads = [h for h in ("lm_head.weight", "embed_out.weight")
-             if cfg.tie_embeddings and h in stored and h not in names]     # older save_pretrained kept a tied head
-    extra = sorted(k for k in stored if k not in names and k not in heads and not k.endswith(arch.ignored))
-    if extra:
-        raise UserError(f"holds {len(extra)} tensor(s) a {arch.model_type} model of this config.json does not have, "
-                        f"e.g. {extra[:3]} (a config.json that does not describe these weights?)", where=where)
-    expected = {p.name: p.shape for p in param_shapes(cfg)}
-    missing = sorted(set(expected) - {n for link in links for n in link.ours})
-    if missing:
-        raise ValueError(f"the {arch.model_type} links leave naohai parameters unset: {missing[:4]}")
-    for link, name in zip(links, names):
-        value = stored[name].read()
+    """The folder's weights as (naohai name, float32 array), one stored tensor read at a time (see
+    :class:`HFTensors`, whose checks these are)."""
+    tensors = HFTensors(src, cfg, arch)
+    for name in tensors:
+        yield name, tensors[name]
+
+
+class HFTensors(Mapping):
+    """A Hugging Face folder's weights by naohai parameter name, each read (float32) when asked.
+
+    Checked when made, before anything is read: every tensor the architecture names for this config is stored
+    and nothing else is (a missing or extra tensor exits 2 naming the weights file).  Checked as each stored
+    tensor is read: that its values are finite floats and its shape (and a stored tied head: equal to the
+    embedding).  A stored tensor that holds several parameters (a fused query/key/value) is read once for
+    them and kept until a parameter of another is asked for, so a reader that takes the parameters in order
+    (the model's, or this mapping's) reads each stored tensor once and holds one at a time."""
+
+    def __init__(self, src: str, cfg: ModelConfig, arch: Architecture):
+        self._stored = folder.stored_weights(src)
+        self._where = _weights_file(src)
+        self._arch = arch
+        links = arch.links(cfg)
+        names = []
+        for link in links:
+            name = _stored_name(self._stored, link.ref, arch)
+            if name is None:
+                raise UserError(f"has no tensor '{link.ref}', which a {arch.model_type} model of this config.json "
+                                f"({cfg.num_layers} layers) needs", where=self._where)
+            names.append(name)
+        self._heads = [h for h in ("lm_head.weight", "embed_out.weight")       # older save_pretrained kept a tied head
+                       if cfg.tie_embeddings and h in self._stored and h not in names]
+        extra = sorted(k for k in self._stored
+                       if k not in names and k not in self._heads and not k.endswith(arch.ignored))
+        if extra:
+            raise UserError(f"holds {len(extra)} tensor(s) a {arch.model_type} model of this config.json does not "
+                            f"have, e.g. {extra[:3]} (a config.json that does not describe these weights?)",
+                            where=self._where)
+        self._expected = {p.name: p.shape for p in param_shapes(cfg)}
+        missing = sorted(set(self._expected) - {n for link in links for n in link.ours})
+        if missing:
+            raise ValueError(f"the {arch.model_type} links leave naohai parameters unset: {missing[:4]}")
+        self._links = list(zip(links, names))
+        self._of = {ours: i for i, (link, _) in enumerate(self._links) for ours in link.ours}
+        self._held: Tuple[int, Dict[str, np.ndarray]] = (-1, {})
+
+    def __getitem__(self, ours: str) -> np.ndarray:
+        i = self._of[ours]                      # KeyError for a name that is not a parameter
+        if self._held[0] != i:
+            self._held = (-1, {})               # let the last link's parts go before reading the next
+            self._held = (i, self._read(*self._links[i]))
+        return self._held[1][ours]
+
+    def shape(self, ours: str) -> Tuple[int, ...]:
+        """A parameter's shape as ``config.json`` gives it (a stored tensor of another shape is refused when read)."""
+        self._of[ours]                          # KeyError for a name that is not a parameter
+        return tuple(self._expected[ours])
+
+    def __contains__(self, ours: object) -> bool:
+        return ours in self._of
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._of)
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def _read(self, link, name: str) -> Dict[str, np.ndarray]:
+        where, expected = self._where, self._expected
+        value = self._stored[name].read()
         bad = value.size - int(np.count_nonzero(np.isfinite(value))) if value.dtype.kind == "f" else -1
         if bad:
             raise UserError(f"holds '{name}' " + (f"as {value.dtype}; a weight is floating point" if bad < 0 else
@@ -123,15 +168,13 @@ def naohai_tensors(src: str, cfg: ModelConfig, arch: Architecture) -> Iterator[T
                             f"(hidden_size, heads, kv heads, intermediate / vocab sizes give {shapes} for "
                             f"{', '.join(link.ours)})", where=where)
         del value
-        for ours, part in zip(link.ours, parts):
-            part = np.asarray(part, np.float32)
-            if ours == "embedding.word_embedding":
-                for head in heads:
-                    if not np.array_equal(stored[head].read(), part):
-                        raise UserError(f"holds '{head}' different from the word embedding, but config.json says "
-                                        f"tie_word_embeddings is true", where=where)
-            yield ours, part
-        del parts
+        out = {ours: np.asarray(part, np.float32) for ours, part in zip(link.ours, parts)}
+        embedding = out.get("embedding.word_embedding")
+        for head in self._heads if embedding is not None else ():
+            if not np.array_equal(self._stored[head].read(), embedding):
+                raise UserError(f"holds '{head}' different from the word embedding, but config.json says "
+                                f"tie_word_embeddings is true", where=where)
+        return out
 
 
 def _weights_file(src: str) -> str:
