@@ -346,3 +346,26 @@ class Generator:
 
     def generate(self, prompt: str, cfg: SamplingConfig) -> str:
         return self.generate_batch([prompt], cfg)[0]
+
+    def reply(self, messages: Sequence[Dict[str, str]], cfg: SamplingConfig,
+              stream: Optional[Callable[[str], None]] = None) -> Tuple[str, int]:
+        """``(text, left_out)``: the assistant's next turn after the conversation ``messages`` (a system turn
+        first or none, then user and assistant turns, the last one the user's), rendered as supervised
+        fine-tuning rendered conversations (:func:`naohai.data.sft.prompt_ids`), as transformers' chat
+        pipelines ask it (the answers so far as their decoded text).  Where the rendered conversation and
+        ``cfg.max_new_tokens`` do not fit the model's window, the oldest turns after the system turn are left
+        out, a user turn with the answer after it at a time, down to the last user turn (``left_out`` counts
+        them); a last turn still too long is read from its end."""
+        from naohai.data.sft import prompt_ids
+        head = list(messages[:1]) if messages and messages[0].get("role") == "system" else []
+        body = list(messages[len(head):])
+        limit = self.cfg.positions - self.decoder.virtual
+        ids = prompt_ids(head + body, self.tokenizer)
+        left_out = 0
+        while len(ids) + cfg.max_new_tokens > limit and len(body) > 1:
+            cut = 2 if len(body) > 2 and body[1].get("role") == "assistant" else 1
+            body, left_out = body[cut:], left_out + cut
+            ids = prompt_ids(head + body, self.tokenizer)
+        on_token = None if stream is None else (lambda _row, tok: stream(self.tokenizer.decode([tok])))
+        new = self.decoder.generate_ids([ids], cfg, self.tokenizer.vocab_size, self.tokenizer.stop_ids, on_token)[0]
+        return self.tokenizer.decode(new), left_out

@@ -1,5 +1,7 @@
 """`naohai generate CHECKPOINT --prompt TEXT [--prompt TEXT ...] [--chat [--system TEXT]]`: sample text from a model;
-with ``--chat`` each prompt is a user turn of a conversation, rendered as supervised fine-tuning rendered them."""
+with ``--chat`` each prompt is a user turn of a conversation, rendered as supervised fine-tuning rendered them.
+``--chat`` without ``--prompt`` holds a conversation of many turns: each line read from standard input is the next
+user turn, asked with the turns before it and the model's answers to them."""
 from __future__ import annotations
 
 import sys
@@ -25,7 +27,9 @@ def register(sub) -> None:
     p.add_argument("--chat", action="store_true",
                    help="for a fine-tuned (SFT) model: each --prompt is a user turn, rendered as the SFT data was "
                         "(the tokenizer's chat template, else naohai's 'User: ...' / 'Assistant: '); prints the answer "
-                        "alone, which ends at the EOD the model learned")
+                        "alone, which ends at the EOD the model learned; without --prompt, a conversation: each "
+                        "line of standard input is the next user turn, asked with the turns and answers before it "
+                        "(/reset starts over; end of input ends)")
     p.add_argument("--system", default=None, help="with --chat: a system turn before each prompt")
     p.add_argument("--stream", action="store_true", help="print tokens as they come (one prompt)")
     p.add_argument("--seed", type=int, default=0)
@@ -40,7 +44,8 @@ def run(args) -> int:
     from naohai.errors import UserError
     from naohai.generate import NAOHAI_SAMPLING, Generator, SamplingConfig, sampling_defaults
 
-    prompts = args.prompt or [""]
+    conversation = args.chat and args.prompt is None
+    prompts = args.prompt or ([] if conversation else [""])
     for i, prompt in enumerate(prompts):
         try:
             prompt.encode("utf-8")
@@ -68,6 +73,8 @@ def run(args) -> int:
     cfg = sampling(defaults)
     if note and len(given) < len(NAOHAI_SAMPLING):
         print(f"naohai: note: {note} (flags override)", file=sys.stderr)
+    if conversation:
+        return _conversation(gen, cfg, args.system, args.stream)
     chat = {"chat": args.chat, "system": args.system}
     if gen.conversational and not args.chat:
         print("naohai: note: this model was fine-tuned on conversations (data.format: sft); --chat asks it as "
@@ -86,3 +93,45 @@ def run(args) -> int:
             print(f"{'' if i == 1 else chr(10)}=== prompt {i} of {len(prompts)}: {prompt!r} ===")
         print(text.rstrip("\n") if args.chat else prompt + text)
     return 0
+
+
+def _conversation(gen, cfg, system, stream: bool) -> int:
+    """Turns from standard input (a line each; blank lines skipped, ``/reset`` starts over, the end of the input
+    ends), each answer printed alone on standard output (:meth:`naohai.generate.Generator.reply`); the answers
+    stay in the conversation as the model wrote them."""
+    from naohai.errors import UserError
+
+    tty = sys.stdin.isatty()
+    if tty:
+        print("naohai: chat: a line is a message; /reset starts over, Ctrl-D ends", file=sys.stderr)
+    start = [{"role": "system", "content": system}] if system else []
+    messages = list(start)
+    number = 0
+    while True:
+        if tty:
+            sys.stderr.write("> ")
+            sys.stderr.flush()
+        raw = sys.stdin.buffer.readline()
+        if not raw:
+            return 0
+        number += 1
+        try:
+            text = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise UserError(f"line {number} is not valid UTF-8 text (byte 0x{raw[exc.start:exc.start + 1].hex()} "
+                            f"at byte {exc.start}); the answers so far are above", where="standard input",
+                            key="--chat") from None
+        if text.strip() == "/reset":
+            messages = list(start)
+            print("naohai: chat: started over", file=sys.stderr)
+            continue
+        if not text.strip():
+            continue
+        messages.append({"role": "user", "content": text})
+        write = (lambda piece: (sys.stdout.write(piece), sys.stdout.flush())) if stream else None
+        answer, left_out = gen.reply(messages, cfg, stream=write)
+        if left_out:
+            print(f"naohai: note: the conversation no longer fits the model's window: its first {left_out} turn(s) "
+                  f"after the system turn were left out of this answer's prompt", file=sys.stderr)
+        print("" if stream else answer.rstrip("\n"), flush=True)
+        messages.append({"role": "assistant", "content": answer})

@@ -418,3 +418,61 @@ def test_repetition_penalty_is_transformers(built, tmp_path, capsys):
     assert main(["generate", out, "--prompt", prompt]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "generation_config.json" in err and "repetition_penalty" in err and "Traceback" not in err
+
+
+def test_chat_conversation_is_transformers_turn_by_turn(built, tmp_path, capsys, monkeypatch):
+    """`generate --chat` without --prompt holds a conversation read from standard input: each answer equals
+    transformers' greedy answer to the chat template's rendering of every turn so far (the answers before as their
+    decoded text, as transformers' chat pipelines keep them); once the conversation and the new tokens no longer fit
+    the model's window, the oldest user turn and its answer are left out, with a note; /reset starts over; a line
+    that is not UTF-8 exits 2 naming standard input."""
+    import io
+    import shutil
+    import sys
+    from transformers import AutoTokenizer
+    model, src = built["llama"]
+    folder = str(tmp_path / "chat-llama")
+    shutil.copytree(src, folder)
+    config_path = os.path.join(folder, "tokenizer_config.json")
+    config = json.load(open(config_path, encoding="utf-8"))
+    config["chat_template"] = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+    json.dump(config, open(config_path, "w", encoding="utf-8"))
+    tok = AutoTokenizer.from_pretrained(folder)
+    new, window = 6, model.config.max_position_embeddings
+    turns = ["The for statement", "iterates over", "a sequence", "def f(x)", "return x + 1"]
+
+    def theirs(messages):
+        ids = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                  add_special_tokens=False)["input_ids"]
+        return ids, tok.decode(hf_models.hf_greedy(model, ids, new=new))
+
+    messages, want, left = [], [], []
+    for text in turns:
+        messages.append({"role": "user", "content": text})
+        asked = list(messages)
+        ids, answer = theirs(asked)
+        while len(ids) + new > window:                     # the oldest user turn and its answer left out
+            asked = asked[2:]
+            ids, answer = theirs(asked)
+        left.append(len(messages) - len(asked))
+        want.append(answer)
+        messages.append({"role": "assistant", "content": answer})
+    assert left[0] == 0 and left[-1] > 0, left              # the last turns do not fit whole: the rule is used
+
+    def chat(lines: bytes):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines)))
+        capsys.readouterr()
+        code = main(["generate", folder, "--chat", "--temperature", "0", "--max-new-tokens", str(new)])
+        return code, capsys.readouterr()
+    code, got = chat(("\n".join(turns) + "\n").encode())
+    assert code == 0
+    assert got.out == "".join(answer.rstrip("\n") + "\n" for answer in want)
+    assert got.err.count("left out of this answer's prompt") == sum(1 for n in left if n)
+    # /reset: the next turn is asked alone; blank lines are no turns
+    code, got = chat(f"{turns[0]}\n\n/reset\n{turns[1]}\n".encode())
+    assert code == 0 and got.out == want[0].rstrip("\n") + "\n" + theirs(
+        [{"role": "user", "content": turns[1]}])[1].rstrip("\n") + "\n"
+    code, got = chat(b"The for\n\xff\xfe\n")
+    err = " ".join(got.err.split())
+    assert code == 2 and "standard input" in err and "line 2 is not valid UTF-8" in err and "Traceback" not in err
