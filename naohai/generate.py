@@ -352,7 +352,7 @@ class Generator:
         """``(text, left_out)``: the assistant's next turn after the conversation ``messages`` (a system turn
         first or none, then user and assistant turns, the last one the user's), rendered as supervised
         fine-tuning rendered conversations (:func:`naohai.data.sft.prompt_ids`), as transformers' chat
-        pipelines ask it (the answers so far as their decoded text).  Where the rendered conversation and
+        pipelines ask it (the answers so far as their decoded text; the command keeps them without trailing line breaks).  Where the rendered conversation and
         ``cfg.max_new_tokens`` do not fit the model's window, the oldest turns after the system turn are left
         out, a user turn with the answer after it at a time, down to the last user turn (``left_out`` counts
         them); a last turn still too long is read from its end."""

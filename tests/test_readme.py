@@ -126,6 +126,9 @@ CHECKS = {
     else "no header for the second prompt",
     r"^naohai generate runs/sft-tiny --chat ": lambda out, clone: "" if out.startswith("Repeated: ")
     else "the fine-tuned run did not answer in its trained form ('Repeated: ...')",
+    r"^printf .* \| naohai generate runs/sft-tiny --chat ": lambda out, clone: "" if [
+        line.split(":")[0] for line in out.splitlines() if line.startswith(("Reversed:", "Repeated:"))] == [
+        "Reversed", "Repeated"] and "started over" in out else "the conversation did not answer its two turns in turn",
     r"^naohai submit ": lambda out, clone: "" if "files that would be uploaded:\n  .ci/run (" in out
     else "no list of files to upload",
 }

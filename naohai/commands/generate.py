@@ -97,8 +97,10 @@ def run(args) -> int:
 
 def _conversation(gen, cfg, system, stream: bool) -> int:
     """Turns from standard input (a line each; blank lines skipped, ``/reset`` starts over, the end of the input
-    ends), each answer printed alone on standard output (:meth:`naohai.generate.Generator.reply`); the answers
-    stay in the conversation as the model wrote them."""
+    ends), each answer printed alone on standard output (:meth:`naohai.generate.Generator.reply`) and kept in the
+    conversation as printed: the model's text without the line breaks it ended with, which the template writes.
+    (naohai's template ends every turn with one, so the answer "Repeated: class" + newline it learned goes back
+    as the same tokens.)"""
     from naohai.errors import UserError
 
     tty = sys.stdin.isatty()
@@ -133,5 +135,6 @@ def _conversation(gen, cfg, system, stream: bool) -> int:
         if left_out:
             print(f"naohai: note: the conversation no longer fits the model's window: its first {left_out} turn(s) "
                   f"after the system turn were left out of this answer's prompt", file=sys.stderr)
-        print("" if stream else answer.rstrip("\n"), flush=True)
+        answer = answer.rstrip("\n")        # the template writes the turn's own line break (naohai's does)
+        print("" if stream else answer, flush=True)
         messages.append({"role": "assistant", "content": answer})

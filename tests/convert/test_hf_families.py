@@ -423,7 +423,7 @@ def test_repetition_penalty_is_transformers(built, tmp_path, capsys):
 def test_chat_conversation_is_transformers_turn_by_turn(built, tmp_path, capsys, monkeypatch):
     """`generate --chat` without --prompt holds a conversation read from standard input: each answer equals
     transformers' greedy answer to the chat template's rendering of every turn so far (the answers before as their
-    decoded text, as transformers' chat pipelines keep them); once the conversation and the new tokens no longer fit
+    decoded text without trailing line breaks, as printed); once the conversation and the new tokens no longer fit
     the model's window, the oldest user turn and its answer are left out, with a note; /reset starts over; a line
     that is not UTF-8 exits 2 naming standard input."""
     import io
@@ -445,7 +445,7 @@ def test_chat_conversation_is_transformers_turn_by_turn(built, tmp_path, capsys,
     def theirs(messages):
         ids = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
                   add_special_tokens=False)["input_ids"]
-        return ids, tok.decode(hf_models.hf_greedy(model, ids, new=new))
+        return ids, tok.decode(hf_models.hf_greedy(model, ids, new=new)).rstrip("\n")
 
     messages, want, left = [], [], []
     for text in turns:
@@ -467,12 +467,11 @@ def test_chat_conversation_is_transformers_turn_by_turn(built, tmp_path, capsys,
         return code, capsys.readouterr()
     code, got = chat(("\n".join(turns) + "\n").encode())
     assert code == 0
-    assert got.out == "".join(answer.rstrip("\n") + "\n" for answer in want)
+    assert got.out == "".join(answer + "\n" for answer in want)
     assert got.err.count("left out of this answer's prompt") == sum(1 for n in left if n)
     # /reset: the next turn is asked alone; blank lines are no turns
     code, got = chat(f"{turns[0]}\n\n/reset\n{turns[1]}\n".encode())
-    assert code == 0 and got.out == want[0].rstrip("\n") + "\n" + theirs(
-        [{"role": "user", "content": turns[1]}])[1].rstrip("\n") + "\n"
+    assert code == 0 and got.out == want[0] + "\n" + theirs([{"role": "user", "content": turns[1]}])[1] + "\n"
     code, got = chat(b"The for\n\xff\xfe\n")
     err = " ".join(got.err.split())
     assert code == 2 and "standard input" in err and "line 2 is not valid UTF-8" in err and "Traceback" not in err
