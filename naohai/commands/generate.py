@@ -131,10 +131,9 @@ def _conversation(gen, cfg, system, stream: bool) -> int:
             continue
         messages.append({"role": "user", "content": text})
         write = (lambda piece: (sys.stdout.write(piece), sys.stdout.flush())) if stream else None
-        answer, left_out = gen.reply(messages, cfg, stream=write)
-        if left_out:
-            print(f"naohai: note: the conversation no longer fits the model's window: its first {left_out} turn(s) "
-                  f"after the system turn were left out of this answer's prompt", file=sys.stderr)
+        answer, notes = gen.reply(messages, cfg, stream=write)
+        for note in notes:
+            print(f"naohai: note: {note}", file=sys.stderr)
         answer = answer.rstrip("\n")        # the template writes the turn's own line break (naohai's does)
         print("" if stream else answer, flush=True)
         messages.append({"role": "assistant", "content": answer})

@@ -469,6 +469,10 @@ def test_chat_conversation_is_transformers_turn_by_turn(built, tmp_path, capsys,
     assert code == 0
     assert got.out == "".join(answer + "\n" for answer in want)
     assert got.err.count("left out of this answer's prompt") == sum(1 for n in left if n)
+    assert "are read" not in got.err
+    # a turn longer than the window: read from its end, with a note
+    code, got = chat((" ".join(["statement"] * window) + "\n").encode())
+    assert code == 0 and "only its last" in got.err and "Traceback" not in got.err
     # /reset: the next turn is asked alone; blank lines are no turns
     code, got = chat(f"{turns[0]}\n\n/reset\n{turns[1]}\n".encode())
     assert code == 0 and got.out == want[0] + "\n" + theirs([{"role": "user", "content": turns[1]}])[1] + "\n"
