@@ -348,14 +348,16 @@ class Generator:
         return self.generate_batch([prompt], cfg)[0]
 
     def reply(self, messages: Sequence[Dict[str, str]], cfg: SamplingConfig,
-              stream: Optional[Callable[[str], None]] = None) -> Tuple[str, List[str]]:
-        """``(text, notes)``: the assistant's next turn after the conversation ``messages`` (a system turn first
+              stream: Optional[Callable[[str], None]] = None,
+              note: Callable[[str], None] = lambda _text: None) -> str:
+        """The assistant's next turn after the conversation ``messages`` (a system turn first
         or none, then user and assistant turns, the last one the user's), rendered as supervised fine-tuning
         rendered conversations (:func:`naohai.data.sft.prompt_ids`), as transformers' chat pipelines ask it
         (the answers so far as their decoded text; the command keeps them without trailing line breaks).  Where
         the rendered conversation and ``cfg.max_new_tokens`` do not fit the model's window, the oldest turns
         after the system turn are left out, a user turn with the answer after it at a time, down to the last
-        user turn; a prompt still longer than the window is read from its end.  ``notes`` says what was cut."""
+        user turn; a prompt still longer than the window is read from its end.  ``note`` is told what is cut,
+        before the answer is generated."""
         from naohai.data.sft import prompt_ids
         head = list(messages[:1]) if messages and messages[0].get("role") == "system" else []
         body = list(messages[len(head):])
@@ -366,12 +368,12 @@ class Generator:
             cut = 2 if len(body) > 2 and body[1].get("role") == "assistant" else 1
             body, left_out = body[cut:], left_out + cut
             ids = prompt_ids(head + body, self.tokenizer)
-        notes = [f"the conversation and --max-new-tokens {cfg.max_new_tokens} outgrow the model's window of {limit} "
-                 f"positions: its first {left_out} turn(s) after the system turn are left out of this answer's "
-                 f"prompt"] if left_out else []
+        if left_out:
+            note(f"the conversation and --max-new-tokens {cfg.max_new_tokens} outgrow the model's window of {limit} "
+                 f"positions: its first {left_out} turn(s) after the system turn are left out of this answer's prompt")
         if len(ids) > limit - 1:
-            notes.append(f"this turn's prompt has {len(ids)} tokens, more than the model's window of {limit} "
-                         f"positions holds: only its last {limit - 1} are read")
+            note(f"this turn's prompt has {len(ids)} tokens, more than the model's window of {limit} positions "
+                 f"holds: only its last {limit - 1} are read")
         on_token = None if stream is None else (lambda _row, tok: stream(self.tokenizer.decode([tok])))
         new = self.decoder.generate_ids([ids], cfg, self.tokenizer.vocab_size, self.tokenizer.stop_ids, on_token)[0]
-        return self.tokenizer.decode(new), notes
+        return self.tokenizer.decode(new)

@@ -131,9 +131,11 @@ def _conversation(gen, cfg, system, stream: bool) -> int:
             continue
         messages.append({"role": "user", "content": text})
         write = (lambda piece: (sys.stdout.write(piece), sys.stdout.flush())) if stream else None
-        answer, notes = gen.reply(messages, cfg, stream=write)
-        for note in notes:
-            print(f"naohai: note: {note}", file=sys.stderr)
+        answer = gen.reply(messages, cfg, stream=write, note=lambda text: print(f"naohai: note: {text}",
+                                                                              file=sys.stderr, flush=True))
+        if stream:
+            print("" if answer.endswith("\n") else "\n", end="", flush=True)
         answer = answer.rstrip("\n")        # the template writes the turn's own line break (naohai's does)
-        print("" if stream else answer, flush=True)
+        if not stream:
+            print(answer, flush=True)
         messages.append({"role": "assistant", "content": answer})

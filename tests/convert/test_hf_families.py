@@ -460,14 +460,15 @@ def test_chat_conversation_is_transformers_turn_by_turn(built, tmp_path, capsys,
         messages.append({"role": "assistant", "content": answer})
     assert left[0] == 0 and left[-1] > 0, left              # the last turns do not fit whole: the rule is used
 
-    def chat(lines: bytes):
+    def chat(lines: bytes, *flags):
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines)))
         capsys.readouterr()
-        code = main(["generate", folder, "--chat", "--temperature", "0", "--max-new-tokens", str(new)])
+        code = main(["generate", folder, "--chat", "--temperature", "0", "--max-new-tokens", str(new), *flags])
         return code, capsys.readouterr()
     code, got = chat(("\n".join(turns) + "\n").encode())
     assert code == 0
     assert got.out == "".join(answer + "\n" for answer in want)
+    assert chat(("\n".join(turns) + "\n").encode(), "--stream")[1].out == got.out     # printed as they come
     assert got.err.count("left out of this answer's prompt") == sum(1 for n in left if n)
     assert "are read" not in got.err
     # a turn longer than the window: read from its end, with a note
