@@ -32,6 +32,13 @@ NUMPY_TYPES = {np.dtype(np.float32): "Float32", np.dtype(np.float16): "Float16",
 _NUMPY_OF = {name: dtype for dtype, name in NUMPY_TYPES.items()}
 
 
+def shape_of(tensors: Mapping[str, Any], name: str) -> Tuple[int, ...]:
+    """A tensor's shape, without reading it when ``tensors`` can tell (a lazy mapping's ``shape``, as
+    :class:`Tensors` has), else from the tensor."""
+    shape = getattr(tensors, "shape", None)
+    return tuple(shape(name)) if callable(shape) else tuple(tensors[name].shape)
+
+
 class MalformedCheckpoint(ValueError):
     """The file is not a complete ``.ckpt`` (cut short, or not protobuf of that shape)."""
 
@@ -183,7 +190,26 @@ def read(path: str, entry: Entry) -> np.ndarray:
     return out
 
 
-class Tensors(Mapping):
+class LazyTensors(Mapping):
+    """A mapping of tensors each read (or made) when asked: ``in``, ``get``, order and size come from ``_keys``
+    (the names, set by the subclass), never from reading a tensor, as Mapping's own ``in`` and ``get`` would."""
+
+    _keys: Mapping[str, Any]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._keys
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self._keys else default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+class Tensors(LazyTensors):
     """The tensors of a ``.ckpt`` file by name, found by its table of contents and each read when asked
     (:func:`entries`, :func:`read`), so a reader holds the ones it keeps and no more; a file that is not a
     checkpoint, or a name it lacks, exits 2 naming it (``in`` and ``get`` ask the table only)."""
@@ -192,6 +218,7 @@ class Tensors(Mapping):
         self.path = path
         try:
             self._entries = {e.name: e for e in entries(path)}
+            self._keys = self._entries
         except (OSError, MalformedCheckpoint) as exc:
             raise UserError(f"is not a readable MindSpore checkpoint ({exc})", where=path) from None
 
@@ -206,18 +233,6 @@ class Tensors(Mapping):
     def shape(self, name: str) -> Tuple[int, ...]:
         """A tensor's shape by the table, without reading it."""
         return self._entries[name].dims
-
-    def __contains__(self, name: object) -> bool:        # by the table, without reading the tensor
-        return name in self._entries
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self[name] if name in self._entries else default
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 def _varint(n: int) -> bytes:

@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -31,7 +31,6 @@ from naohai import ckpt_format
 from naohai.checkpoint import store
 from naohai.checkpoint.files import sha256_file, write_json
 from naohai.errors import UserError
-from naohai.model.lora import shape_of
 from naohai.runfiles import check_writable, temp_dir_beside
 
 
@@ -186,32 +185,23 @@ def model_weights(ckpt: str, hash_files: bool = True) -> Tuple[Any, Mapping[str,
                                 {p.name for p in param_shapes(recipe.model)})
 
 
-class ModelTensors(Mapping):
+class ModelTensors(ckpt_format.LazyTensors):
     """The model's parameters among a checkpoint's tensors, each read (as float32) when asked."""
 
     def __init__(self, tensors: Mapping[str, Any], names: Set[str]):
         self._tensors = tensors
-        self._names = dict.fromkeys(k for k in tensors if k in names)     # the file's order, O(1) lookups
+        self._keys = dict.fromkeys(k for k in tensors if k in names)     # the file's order, O(1) lookups
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._names:
+        if name not in self._keys:
             raise KeyError(name)
         return as_float32(self._tensors[name])
 
     def shape(self, name: str) -> Tuple[int, ...]:
         """A parameter's shape, without reading it when the checkpoint's table gives it."""
-        if name not in self._names:
+        if name not in self._keys:
             raise KeyError(name)
-        return shape_of(self._tensors, name)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
+        return ckpt_format.shape_of(self._tensors, name)
 
 
 def as_float32(value: Any) -> np.ndarray:

@@ -269,7 +269,7 @@ def read_base(record: Dict[str, object], recipe, where: str) -> Mapping[str, np.
     if not isinstance(record, dict) or "fingerprint" not in record:
         raise UserError(f"integrity error: the record of the adapters' base ({ad.BASE_KEY}) is damaged", where=where,
                         key=ad.BASE_KEY)
-    if record.get("path") is None:
+    if _base_is_seeded(record):
         return ad.seed_tensors(recipe, int(record.get("seed", 0)))
     path = record["path"]
     if not os.path.exists(path):

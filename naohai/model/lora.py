@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Any, Dict, Iterator, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from naohai.ckpt_format import LazyTensors, shape_of
 from naohai.model.config import ModelConfig
 from naohai.model.spec import op_catalog
 from naohai.errors import UserError
@@ -136,20 +137,14 @@ def is_adapter_name(name: str) -> bool:
     return name.startswith("layers.") and name.endswith((".lora_a", ".lora_b"))
 
 
-def shape_of(tensors: Mapping[str, Any], name: str) -> Tuple[int, ...]:
-    """A tensor's shape, without reading it when ``tensors`` can tell (a lazy mapping's ``shape``)."""
-    shape = getattr(tensors, "shape", None)
-    return tuple(shape(name)) if callable(shape) else tuple(tensors[name].shape)
-
-
-class LoraMerged(Mapping):
+class LoraMerged(LazyTensors):
     """The model's tensors with every adapter folded in: ``<op>_weight + alpha / rank * B A`` (float32), each
     computed when asked from ``base`` (itself maybe read when asked), so a model filled from it holds one base
     tensor beside its own weights; ``base`` is not changed.  An adapter whose op has no weight in ``base``, or
     whose factors do not fit its shape, is a ``ValueError`` when made."""
 
     def __init__(self, base: Mapping[str, Any], adapters: Mapping[str, Any], rank: int, alpha: float):
-        self._base = base
+        self._base = self._keys = base
         self._scale = float(alpha) / float(rank)
         self._factors: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
         for name in sorted(n for n in adapters if n.endswith(".lora_a")):
@@ -171,12 +166,3 @@ class LoraMerged(Mapping):
 
     def shape(self, name: str) -> Tuple[int, ...]:
         return shape_of(self._base, name)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._base
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._base)
-
-    def __len__(self) -> int:
-        return len(self._base)

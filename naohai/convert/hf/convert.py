@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from naohai.ckpt_format import LazyTensors
 from naohai.config import Recipe, recipe_from_dict
 from naohai.data.hf_tokenizer import HFTokenizer
 from naohai.model.config import ModelConfig
@@ -61,9 +62,9 @@ def stream_hf(src: str, overrides: Optional[Dict[str, Any]] = None
               ) -> Tuple[ModelConfig, Iterator[Tuple[str, np.ndarray]]]:
     """The ModelConfig of a Hugging Face folder and its weights one parameter at a time (naohai names,
     float32), for an import that holds one tensor at a time rather than the model; the tensors' names
-    are checked before the first one is read (see :func:`naohai_tensors`)."""
+    are checked here, before the first one is read (see :class:`HFTensors`)."""
     recipe, arch = _recipe_of(src, overrides)
-    return recipe.model, naohai_tensors(src, recipe.model, arch)
+    return recipe.model, iter(HFTensors(src, recipe.model, arch).items())
 
 
 def read_hf(src: str, overrides: Optional[Dict[str, Any]] = None) -> Tuple[ModelConfig, Dict[str, np.ndarray]]:
@@ -81,15 +82,7 @@ def _stored_name(tensors: Dict[str, Any], name: str, arch: Architecture) -> Opti
     return None
 
 
-def naohai_tensors(src: str, cfg: ModelConfig, arch: Architecture) -> Iterator[Tuple[str, np.ndarray]]:
-    """The folder's weights as (naohai name, float32 array), one stored tensor read at a time (see
-    :class:`HFTensors`, whose checks these are)."""
-    tensors = HFTensors(src, cfg, arch)
-    for name in tensors:
-        yield name, tensors[name]
-
-
-class HFTensors(Mapping):
+class HFTensors(LazyTensors):
     """A Hugging Face folder's weights by naohai parameter name, each read (float32) when asked.
 
     Checked when made, before anything is read: every tensor the architecture names for this config is stored
@@ -102,7 +95,6 @@ class HFTensors(Mapping):
     def __init__(self, src: str, cfg: ModelConfig, arch: Architecture):
         self._stored = folder.stored_weights(src)
         self._where = _weights_file(src)
-        self._arch = arch
         links = arch.links(cfg)
         names = []
         for link in links:
@@ -125,6 +117,7 @@ class HFTensors(Mapping):
             raise ValueError(f"the {arch.model_type} links leave naohai parameters unset: {missing[:4]}")
         self._links = list(zip(links, names))
         self._of = {ours: i for i, (link, _) in enumerate(self._links) for ours in link.ours}
+        self._keys = self._of
         self._held: Tuple[int, Dict[str, np.ndarray]] = (-1, {})
 
     def __getitem__(self, ours: str) -> np.ndarray:
@@ -138,15 +131,6 @@ class HFTensors(Mapping):
         """A parameter's shape as ``config.json`` gives it (a stored tensor of another shape is refused when read)."""
         self._of[ours]                          # KeyError for a name that is not a parameter
         return tuple(self._expected[ours])
-
-    def __contains__(self, ours: object) -> bool:
-        return ours in self._of
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._of)
-
-    def __len__(self) -> int:
-        return len(self._of)
 
     def _read(self, link, name: str) -> Dict[str, np.ndarray]:
         where, expected = self._where, self._expected
