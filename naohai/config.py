@@ -108,6 +108,7 @@ class DataConfig:
 # evaluation.  TRAIN_SECTIONS says which flat keys each one holds.
 DEVICES = ("auto", "CPU", "GPU", "Ascend")
 LAYER_LOOP = ("auto", "always", "never")
+CPU_REDUCTIONS = ("mindspore", "fused")
 SCHEDULES = ("naohai", "pangu")
 DECAYS = ("cosine", "linear", "constant")
 
@@ -316,6 +317,10 @@ class TrainConfig:
     layer_loop: str = "auto"         # auto | always | never: equal layers as one loop over stacked weights
     #                                  (naohai.model.stack); auto = on CPU, one device or data parallel,
     #                                  from 12 looped layers (naohai.train.builder.AUTO_LOOP_MIN_LAYERS)
+    cpu_reductions: str = "mindspore"  # mindspore | fused: on CPU, the norms and the global gradient norm
+    #                                  summed by MindSpore's ops in their order (bit for bit the composed
+    #                                  graph) or by naohai's compiled kernels in theirs (faster; float32
+    #                                  results differ in the last bits; naohai.model.cpu_kernels)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     held_out: HeldOutConfig = field(default_factory=HeldOutConfig)
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -355,6 +360,9 @@ class TrainConfig:
         if self.layer_loop not in LAYER_LOOP:
             bad("layer_loop", f"'{self.layer_loop}' is not one of {', '.join(LAYER_LOOP)}."
                               f"{did_you_mean(str(self.layer_loop), LAYER_LOOP)}")
+        if self.cpu_reductions not in CPU_REDUCTIONS:
+            bad("cpu_reductions", f"'{self.cpu_reductions}' is not one of {', '.join(CPU_REDUCTIONS)}."
+                                  f"{did_you_mean(str(self.cpu_reductions), CPU_REDUCTIONS)}")
         _positive(self, ("steps", "global_batch_size", "micro_batch_size"), bad)
         if self.seed < 0:
             bad("seed", f"must be an integer >= 0, got {self.seed}", "seed >= 0")

@@ -57,15 +57,21 @@ class StepTimer(Callback):
         return [b[i + 1] - b[i] for i in range(1, len(b) - 1)] + ([self.last_end - b[-1]] if len(b) > 1 else [])
 
 
+#: the environment variable through which `naohai bench --cpu-reductions` reaches its workers
+CPU_REDUCTIONS_ENV = "NAOHAI_BENCH_CPU_REDUCTIONS"
+
+
 def bench_recipe(bm: BenchModel, output_dir: str, prepared_dir: str, finetune: Optional[Dict] = None):
     """The recipe of a benchmark run: the model, one device, no accumulation, AdamW, clip 1.0, fp32;
     evaluation and checkpoints only outside the timed iterations; ``finetune``: the recipe's ``finetune``
-    section (None: every parameter trained)."""
+    section (None: every parameter trained); ``train.cpu_reductions`` from :data:`CPU_REDUCTIONS_ENV`, else
+    ``fused`` (naohai's fastest, as `naohai bench` runs it by default)."""
     from naohai.config import recipe_from_dict
     model = {k: v for k, v in dataclasses.asdict(bm.model).items()}
     train = dict(steps=100000, global_batch_size=bm.batch, micro_batch_size=bm.batch, grad_clip=1.0,
                  weight_decay=0.1, log_every=10, eval_every=100000, eval_batches=1, save_every=100000,
-                 keep_checkpoints=1, output_dir=output_dir, device="CPU", mode="graph")
+                 keep_checkpoints=1, output_dir=output_dir, device="CPU", mode="graph",
+                 cpu_reductions=os.environ.get(CPU_REDUCTIONS_ENV) or "fused")
     d = {"name": f"bench-{bm.name}", "model": model, "data": {"prepared_dir": prepared_dir}, "train": train}
     if finetune is not None:
         d["finetune"] = dict(finetune)

@@ -161,7 +161,8 @@ def render_markdown(results: Dict[str, Any]) -> str:
     out += [f"{env['date']} on {env['machine']} ({env['cpus']} CPUs; load average {env['load_before']} before, "
             f"{env['load_after']} after"
             + (f"; other processes used {100 * other:.1f}% of the cores during the run" if other is not None else "")
-            + f"); MindSpore {env['mindspore']}, PyTorch {env.get('torch') or DASH} "
+            + f"); MindSpore {env['mindspore']} (naohai's `train.cpu_reductions: "
+            f"{env.get('cpu_reductions') or 'mindspore'}`), PyTorch {env.get('torch') or DASH} "
             f"({env.get('torch_threads') or DASH} threads, OMP_WAIT_POLICY={env.get('omp_wait_policy') or DASH}); "
             f"best of {results['rounds']} alternating rounds; timed steps per round: {per_round} "
             f"(each round's first step is not timed).", ""]

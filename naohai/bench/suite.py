@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from naohai.bench import arith
 from naohai.bench.models import BenchModel
+from naohai.bench.naohai_row import CPU_REDUCTIONS_ENV
 
 DEFAULT_STEPS = {"tiny": 20, "27m": 6, "42m": 6}
 
@@ -47,6 +48,7 @@ class Options:
     finetune: bool = True                           # full SFT against LoRA on the first model (naohai.bench.finetune)
     matmul_floor: bool = True                       # the train step's matmuls alone, both sides (naohai.bench.matmul_floor)
     torch_threads: Optional[int] = None
+    cpu_reductions: str = "fused"                   # naohai's train.cpu_reductions in its training rows
     peak_n: int = 2048
     peak_repeats: int = 5
     workdir: Optional[str] = None
@@ -200,6 +202,7 @@ def run_suite(opts: Options, log: Callable[[str], None] = print) -> Dict[str, An
     env["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "unset (each library's default)")
     if opts.torch_threads:
         os.environ["NAOHAI_BENCH_TORCH_THREADS"] = str(int(opts.torch_threads))
+    os.environ[CPU_REDUCTIONS_ENV] = env["cpu_reductions"] = opts.cpu_reductions
     peer, why = peer_module()      # imports torch here only to say whether the rows can run
     if peer is not None:
         import torch

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+from naohai.config import CPU_REDUCTIONS
 from naohai.errors import UserError
 from naohai.validate import cli_int
 
@@ -48,6 +49,9 @@ def register(sub) -> None:
     p.add_argument("--no-matmul-floor", action="store_true", help="skip the train steps' matmuls alone "
                                                                   "(MindSpore's and PyTorch's, beside each model's rows)")
     p.add_argument("--torch-threads", type=cli_int(1, 4096), help="torch.set_num_threads (default: PyTorch's)")
+    p.add_argument("--cpu-reductions", choices=CPU_REDUCTIONS, default="fused",
+                   help="naohai's train.cpu_reductions in its training rows (default fused, its fastest; "
+                        "mindspore: MindSpore's own summation order, bit for bit the composed graph)")
     p.set_defaults(run=run)
 
 
@@ -97,7 +101,7 @@ def options(args):
     return Options(models=models, rounds=args.rounds or (1 if quick else 3), steps=args.steps or (6 if quick else None),
                    compile_layers=layers, compile_forms=parse_forms(args.compile_forms, quick),
                    torch_compile=not (quick or args.no_torch_compile), torch_threads=args.torch_threads,
-                   lm_eval=not args.no_lm_eval, inference=not args.no_inference,
+                   cpu_reductions=args.cpu_reductions, lm_eval=not args.no_lm_eval, inference=not args.no_inference,
                    finetune=not args.no_finetune, matmul_floor=not (quick or args.no_matmul_floor))
 
 

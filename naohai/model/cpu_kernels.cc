@@ -1,8 +1,8 @@
 // Float32 kernels for MindSpore's CPU backend (see cpu_kernels.py): broadcasting Add / Sub / Mul, the
 // attention's head transpose, SwiGLU's products forward and backward, the softmax backward's tail, and the
-// generation cache's column write.
+// generation cache's column write; at the end, the fused reductions a recipe opts into (train.cpu_reductions).
 //
-// Each output element comes from the same IEEE operations on the same values, in the same order, as the
+// Each output element of the kernels before those comes from the same IEEE operations on the same values, in the same order, as the
 // MindSpore ops they replace compute it, so the results are theirs bit for bit (built with
 // -ffp-contract=off: no fused multiply-add; no reductions, no reassociation).  What they save is memory
 // traffic (one pass instead of several, no tiled copy of a broadcast operand) and MindSpore's per-kernel
@@ -16,6 +16,7 @@
 // not take (the Python side never passes such).
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace {
@@ -208,5 +209,150 @@ int NaohaiBroadcastSub(int nparam, void **params, int *ndims, int64_t **shapes, 
 }
 int NaohaiBroadcastMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
   return Broadcast<Mul>(nparam, params, ndims, shapes);
+}
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Fused reductions (the recipe's train.cpu_reductions: fused).  Unlike the kernels above these sum in their
+// own order (sixteen float32 lanes along a row, combined pairwise; float64 lanes for a gradient's sum of
+// squares; the rows in order for a norm's gain and shift gradients), so their results differ from the
+// composed MindSpore graph's in the last bits.  The order is fixed: a run repeats itself bit for bit.
+
+namespace {
+constexpr int kLanes = 16;
+
+template <typename T>
+T Fold(T *lanes) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+
+// sum of f(k) for k < n: kLanes float32 lanes, then folded pairwise.
+template <typename F>
+float RowSum(int64_t n, F f) {
+  float lanes[kLanes] = {0};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += f(k + l);
+  for (int l = 0; k < n; ++k, ++l) lanes[l] += f(k);
+  return Fold(lanes);
+}
+
+// The row statistics of LayerNorm (kCentered) or RMSNorm: m = the mean of the row (0 for RMSNorm),
+// rstd = 1 / sqrt(mean((x - m)^2) + eps).  The backward recomputes them from x, the same way.
+template <bool kCentered>
+void RowStats(const float *xr, int64_t h, float eps, float *m, float *rstd) {
+  const float inv_h = 1.0f / static_cast<float>(h);
+  const float mean = kCentered ? RowSum(h, [&](int64_t k) { return xr[k]; }) * inv_h : 0.0f;
+  const float v = RowSum(h, [&](int64_t k) { const float c = xr[k] - mean; return c * c; }) * inv_h;
+  *m = mean;
+  *rstd = 1.0f / std::sqrt(v + eps);
+}
+
+// x [rows, h] -> y = (x - m) * rstd * gamma (+ beta), over the last axis.
+template <bool kCentered>
+void NormForward(const float *x, const float *gamma, const float *beta, float eps, int64_t rows, int64_t h,
+                 float *y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * h;
+    float m, s;
+    RowStats<kCentered>(xr, h, eps, &m, &s);
+    float *yr = y + r * h;
+    if (kCentered) {
+      for (int64_t k = 0; k < h; ++k) yr[k] = (xr[k] - m) * s * gamma[k] + beta[k];
+    } else {
+      for (int64_t k = 0; k < h; ++k) yr[k] = xr[k] * s * gamma[k];
+    }
+  }
+}
+
+// The backward: with n = (x - m) * rstd and g = dy * gamma, dx = rstd * (g - mean_k(g) - n * mean_k(g * n))
+// (RMSNorm: without the mean_k(g) term), dgamma = sum over rows of dy * n, dbeta = sum over rows of dy.
+template <bool kCentered>
+void NormBackward(const float *dy, const float *x, const float *gamma, float eps, int64_t rows, int64_t h,
+                  float *dx, float *dgamma, float *dbeta) {
+  const float inv_h = 1.0f / static_cast<float>(h);
+  std::fill_n(dgamma, h, 0.0f);
+  if (kCentered) std::fill_n(dbeta, h, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *dyr = dy + r * h, *xr = x + r * h;
+    float m, s;
+    RowStats<kCentered>(xr, h, eps, &m, &s);
+    const float a = kCentered ? RowSum(h, [&](int64_t k) { return dyr[k] * gamma[k]; }) * inv_h : 0.0f;
+    const float b = RowSum(h, [&](int64_t k) { return dyr[k] * gamma[k] * ((xr[k] - m) * s); }) * inv_h;
+    float *dxr = dx + r * h;
+    for (int64_t k = 0; k < h; ++k) {
+      const float n = (xr[k] - m) * s;
+      dxr[k] = s * (dyr[k] * gamma[k] - a - n * b);
+      dgamma[k] += dyr[k] * n;
+    }
+    if (kCentered)
+      for (int64_t k = 0; k < h; ++k) dbeta[k] += dyr[k];
+  }
+}
+
+bool IsRows(int nd, const int64_t *shape, int64_t rows, int64_t width) {
+  return nd == 2 && shape[0] == rows && shape[1] == width;
+}
+
+const float *In(void **params, int i) { return static_cast<const float *>(params[i]); }
+float *Out(void **params, int i) { return static_cast<float *>(params[i]); }
+}  // namespace
+
+extern "C" {
+// x [rows, h], gamma [h], beta [h], eps [1] -> y [rows, h].
+int NaohaiLayerNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 5 || ndims[0] != 2) return 1;
+  const int64_t rows = shapes[0][0], h = shapes[0][1];
+  if (Count(ndims[1], shapes[1]) != h || Count(ndims[2], shapes[2]) != h || Count(ndims[3], shapes[3]) != 1)
+    return 1;
+  NormForward<true>(In(params, 0), In(params, 1), In(params, 2), *In(params, 3), rows, h, Out(params, 4));
+  return 0;
+}
+
+// dy [rows, h], x [rows, h], gamma [h], eps [1] -> dx [rows, h], dgamma [h], dbeta [h].
+int NaohaiLayerNormGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 7 || ndims[0] != 2) return 1;
+  const int64_t rows = shapes[0][0], h = shapes[0][1];
+  if (!IsRows(ndims[1], shapes[1], rows, h) || Count(ndims[2], shapes[2]) != h || Count(ndims[3], shapes[3]) != 1)
+    return 1;
+  NormBackward<true>(In(params, 0), In(params, 1), In(params, 2), *In(params, 3), rows, h, Out(params, 4),
+                     Out(params, 5), Out(params, 6));
+  return 0;
+}
+
+// x [rows, h], gamma [h], eps [1] -> y [rows, h].
+int NaohaiRMSNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 4 || ndims[0] != 2) return 1;
+  const int64_t rows = shapes[0][0], h = shapes[0][1];
+  if (Count(ndims[1], shapes[1]) != h || Count(ndims[2], shapes[2]) != 1) return 1;
+  NormForward<false>(In(params, 0), In(params, 1), nullptr, *In(params, 2), rows, h, Out(params, 3));
+  return 0;
+}
+
+// dy [rows, h], x [rows, h], gamma [h], eps [1] -> dx [rows, h], dgamma [h].
+int NaohaiRMSNormGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 6 || ndims[0] != 2) return 1;
+  const int64_t rows = shapes[0][0], h = shapes[0][1];
+  if (!IsRows(ndims[1], shapes[1], rows, h) || Count(ndims[2], shapes[2]) != h || Count(ndims[3], shapes[3]) != 1)
+    return 1;
+  NormBackward<false>(In(params, 0), In(params, 1), In(params, 2), *In(params, 3), rows, h, Out(params, 4),
+                      Out(params, 5), nullptr);
+  return 0;
+}
+
+// A gradient's sum of squares, float32 [1]: kLanes float64 lanes, folded pairwise.
+int NaohaiSquareSum(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 2) return 1;
+  const float *g = static_cast<const float *>(params[0]);
+  const int64_t n = Count(ndims[0], shapes[0]);
+  double lanes[kLanes] = {0};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(g[k + l]) * g[k + l];
+  for (int l = 0; k < n; ++k, ++l) lanes[l] += static_cast<double>(g[k]) * g[k];
+  *static_cast<float *>(params[1]) = static_cast<float>(Fold(lanes));
+  return 0;
 }
 }

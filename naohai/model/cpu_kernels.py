@@ -9,6 +9,13 @@ the same IEEE operations on the same values, in the same order for each element,
 MindSpore's bit for bit (checked against MindSpore's ops in ``tests/model/test_cpu_kernels.py``); they write
 and keep less memory (on the bench models the peak resident set falls by 10-18%), one thread per call.
 
+The *fused reductions* are the exception, used only where a recipe asks for them (``train.cpu_reductions:
+fused``): LayerNorm and RMSNorm forward and backward in one kernel each (``layer_norm``, ``rms_norm`` and their
+``_grad``), and a gradient's sum of squares for the global norm (``square_sum``).  They sum in an order of their
+own (fixed, so runs repeat), not in the order of MindSpore's ``MatMul``, ``ReduceSum`` and ``AddN`` that the
+composed graph uses -- which depends on the shapes, and for ``ReduceSum`` above 200,000 elements on which of
+its threads finishes first -- so float32 results differ from the composed graph's in the last bits.
+
 They are AOT custom ops (``ops.Custom``, func_type ``"aot"``) built from the C++ source shipped beside this
 file, once per machine and source, with the system's C++ compiler (``$CXX``, default ``g++``) into
 ``<cache>/cpu_kernels`` (:func:`naohai.cache.cache_dir`: ``$NAOHAI_CACHE_DIR``, else ``~/.cache/naohai``;
@@ -41,8 +48,14 @@ ENTRY = {"add": ("NaohaiBroadcastAdd", lambda x, b: x),
          "swiglu": ("NaohaiSwiGLU", lambda g, s, u: g),
          "swiglu_grad": ("NaohaiSwiGLUGrad", lambda dy, g, s, u: (g, g, g)),
          "sub_mul_rows": ("NaohaiSubMulRows", lambda yd, y, m: yd),
-         "write_column": ("NaohaiWriteColumn", lambda past, new, slot: past)}
-_SHAPES = {"swap_axes_1_2": lambda x: [x[0], x[2], x[1], x[3]]}
+         "write_column": ("NaohaiWriteColumn", lambda past, new, slot: past),
+         "layer_norm": ("NaohaiLayerNorm", lambda x, g, b, e: x),
+         "layer_norm_grad": ("NaohaiLayerNormGrad", lambda dy, x, g, e: (dy, g, g)),
+         "rms_norm": ("NaohaiRMSNorm", lambda x, g, e: x),
+         "rms_norm_grad": ("NaohaiRMSNormGrad", lambda dy, x, g, e: (dy, g)),
+         "square_sum": ("NaohaiSquareSum", lambda g: g)}
+_SHAPES = {"swap_axes_1_2": lambda x: [x[0], x[2], x[1], x[3]],
+           "square_sum": lambda g: [1]}
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-shared", "-fPIC"]
 
 _STATE: Dict[str, object] = {}

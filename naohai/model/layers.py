@@ -319,6 +319,7 @@ def write_column(past, new, slot, on: bool):
 
 
 _KERNELS_ON = False
+_FUSED = {}
 _BROADCAST_ADD = _BROADCAST_SUB = _BROADCAST_MUL = _SWAP_AXES_1_2 = _SWIGLU = _SUB_MUL_ROWS = _WRITE_COLUMN = None
 
 
@@ -339,6 +340,8 @@ def prepare_broadcast() -> bool:
             _SWIGLU = _SwiGLU(prims["swiglu"], prims["swiglu_grad"])
             _SUB_MUL_ROWS = prims["sub_mul_rows"]
             _WRITE_COLUMN = prims["write_column"]
+            _FUSED.update({name: prims[name] for name in ("layer_norm", "layer_norm_grad", "rms_norm",
+                                                          "rms_norm_grad", "square_sum")})
             _KERNELS_ON = True
     return True
 
@@ -369,6 +372,9 @@ class Norm(nn.Cell):
     and its row reductions are slow (forward and backward on [2048, 128]: 4.7 ms fused, 2.4 ms so;
     on [2048, 512]: 19.9 and 7.8 ms).  CPU runs are one-device runs: the strategy's shard of the
     fused op has nothing to apply to there; recomputing the norm recomputes this cell, either form.
+    Built inside :func:`fused_reductions` (``train.cpu_reductions: fused``) on CPU, any of the three kinds
+    is one compiled kernel forward and one backward instead (:class:`_FusedLayerNorm`), summing in the
+    kernels' own order.
     """
 
     def __init__(self, cfg: ModelConfig, rng=None):
@@ -396,6 +402,7 @@ class Norm(nn.Cell):
                 self.beta = Tensor(np.zeros(h, np.float32))
         self.composite = self.norm is not None and cpu_backend()
         self.full = prepare_broadcast()
+        self.fused = _fused_norm(self.kind, self.eps) if self.full and fused_reductions_on() else None
         if self.composite:
             self.reshape = ops.Reshape()
             self.row_mean = ops.MatMul()
@@ -417,7 +424,12 @@ class Norm(nn.Cell):
             gamma, beta = layer_slice(gamma, layer), layer_slice(beta, layer)
         if self.fp32:
             x = self.cast(x, ms.float32)
-        if self.composite:
+        if self.fused is not None and x.dtype == ms.float32:
+            shape = x.shape
+            x2 = ops.reshape(x, (-1, self.h))
+            y = self.fused(x2, gamma) if self.beta is None else self.fused(x2, gamma, beta)
+            y = ops.reshape(y, shape)
+        elif self.composite:
             shape = x.shape
             x2 = self.reshape(x, (-1, self.h))
             average = self.cast(self.average, x2.dtype)
@@ -436,6 +448,79 @@ class Norm(nn.Cell):
 
     def primitive(self):
         return self.norm
+
+
+class _FusedLayerNorm(nn.Cell):
+    """LayerNorm of x [rows, h] by one compiled kernel forward and one backward (``train.cpu_reductions:
+    fused``); the backward recomputes each row's statistics from x as the forward took them (nothing is kept
+    between the two but x, which the graph keeps anyway)."""
+
+    def __init__(self, prim, grad, eps: float):
+        super().__init__()
+        self.op = prim
+        self.grad = grad
+        self.eps = Tensor(np.array([eps], np.float32))
+
+    def construct(self, x, gamma, beta):
+        return self.op(x, gamma, beta, self.eps)
+
+    def bprop(self, x, gamma, beta, out, dout):
+        dx, dgamma, dbeta = self.grad(dout, x, gamma, self.eps)
+        return dx, dgamma, dbeta
+
+
+class _FusedRMSNorm(nn.Cell):
+    """RMSNorm of x [rows, h] as :class:`_FusedLayerNorm`."""
+
+    def __init__(self, prim, grad, eps: float):
+        super().__init__()
+        self.op = prim
+        self.grad = grad
+        self.eps = Tensor(np.array([eps], np.float32))
+
+    def construct(self, x, gamma):
+        return self.op(x, gamma, self.eps)
+
+    def bprop(self, x, gamma, out, dout):
+        dx, dgamma = self.grad(dout, x, gamma, self.eps)
+        return dx, dgamma
+
+
+def _fused_norm(kind: str, eps: float):
+    """The fused norm cell of ``kind``, or None when the compiled kernels are not built."""
+    if not _FUSED:
+        return None
+    if kind == "rmsnorm":
+        return _FusedRMSNorm(_FUSED["rms_norm"], _FUSED["rms_norm_grad"], eps)
+    return _FusedLayerNorm(_FUSED["layer_norm"], _FUSED["layer_norm_grad"], eps)
+
+
+class _FusedReductions:
+    on = False
+
+
+@contextlib.contextmanager
+def fused_reductions(on: bool = True):
+    """Build cells that take their norms' statistics and gradients with naohai's fused kernels (the recipe's
+    ``train.cpu_reductions: fused``; on the CPU backend with the compiled kernels built, else no effect):
+    faster, in their own summation order (:mod:`naohai.model.cpu_kernels`)."""
+    before = _FusedReductions.on
+    _FusedReductions.on = bool(on)
+    try:
+        yield
+    finally:
+        _FusedReductions.on = before
+
+
+def fused_reductions_on() -> bool:
+    """Whether cells are being built inside :func:`fused_reductions`."""
+    return _FusedReductions.on
+
+
+def fused_square_sum():
+    """The compiled kernel for a float32 gradient's sum of squares ([1]) when the CPU kernels are built
+    (:func:`prepare_broadcast` ran on the CPU backend), else None."""
+    return _FUSED.get("square_sum")
 
 
 class RowSumSoftmax(nn.Cell):

@@ -18,6 +18,7 @@ from naohai.cli import main
     (["--compile-layers", "100000"], "[1, 512]"),
     (["--compile-forms", "loop,fused"], "not one of loop, shared, separate"),
     (["--compile-forms", "loop,loop"], "twice"),
+    (["--cpu-reductions", "fast"], "invalid choice: 'fast'"),
     (["--bogus"], "unrecognized arguments"),
 ])
 def test_bad_flags_exit_2_without_traceback(capsys, argv, words):
@@ -50,3 +51,5 @@ def test_flags_become_options():
     assert not options(build_parser().parse_args(["bench", "--no-finetune"])).finetune
     assert o.matmul_floor and not options(build_parser().parse_args(["bench", "--quick"])).matmul_floor
     assert not options(build_parser().parse_args(["bench", "--no-matmul-floor"])).matmul_floor
+    assert o.cpu_reductions == "fused"           # naohai at its fastest documented setting (train.cpu_reductions)
+    assert options(build_parser().parse_args(["bench", "--cpu-reductions", "mindspore"])).cpu_reductions == "mindspore"

@@ -17,7 +17,7 @@ def _results():
                                       "first_step_s": 1.0, "note": "", "peak_rss": rss}
     return {
         "environment": {"date": "2026-01-02 03:04", "machine": "test cpu", "cpus": 2, "mindspore": "2.10.0",
-                        "torch": "2.13.0", "torch_threads": 2, "load_before": "1.00", "load_after": "2.00", "omp_wait_policy": "unset (each library's default)",
+                        "torch": "2.13.0", "torch_threads": 2, "load_before": "1.00", "load_after": "2.00", "omp_wait_policy": "unset (each library's default)", "cpu_reductions": "fused",
                         "quiet": {"other_cpu_share": 0.2, "warning": "WARNING: the machine was not quiet -- x."}},
         "rounds": 3, "steps": {"tiny": 20},
         "peak": {"n": 2048, "repeats": 5, "tflops": 0.16,
@@ -55,6 +55,7 @@ def test_markdown_tables_hold_the_figures():
     assert "load average 1.00 before, 2.00 after; other processes used 20.0% of the cores" in md
     assert md.split("\n")[2] == "**WARNING: the machine was not quiet -- x.**"
     assert "OMP_WAIT_POLICY=unset (each library's default)" in md
+    assert "(naohai's `train.cpu_reductions: fused`)" in md
     assert "| tiny | 3.00 GiB | 1.00 GiB | \u2014 | 3.00 | \u2014 |" in md
     assert "| 16 | separate | 8.0 s | 4.00 | 2.0 s | 4.0 s | 1.5 s |  |" in md
     assert "| 64 | separate | \u2014 | \u2014 | \u2014 | \u2014 | \u2014 | timed out |" in md

@@ -1,0 +1,191 @@
+"""The fused reductions a recipe opts into (``train.cpu_reductions: fused``, naohai/model/cpu_kernels.cc).
+
+References: the float64 NumPy math of LayerNorm and RMSNorm and of their gradients, written from their
+definitions (not from the kernels' formulas), and MindSpore's own composed graph, which the fused kernels
+must track to float32 accuracy; the global norm against NumPy's float64 sum of squares."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from naohai.config import ModelConfig, load_recipe
+from naohai.errors import UserError
+from naohai.model import cpu_kernels, layers
+
+
+def _cfg(norm: str, h: int) -> ModelConfig:
+    cfg = ModelConfig(vocab_size=64, vocab_pad_multiple=8, hidden_size=h, num_layers=1, num_heads=2,
+                      ffn_hidden_size=48, seq_length=16, norm=norm, compute_dtype="float32")
+    cfg.validate()
+    return cfg
+
+
+class _Grad(nn.Cell):
+    """(y, dx, gradients of the norm's parameters) of ``norm`` at x for the output gradient dy."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+        self.params = norm.trainable_params()
+        self.grad = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)
+
+    def construct(self, x, dy):
+        return self.norm(x), self.grad(self.norm, self.params)(x, dy)
+
+
+def _norm_and_grads(norm, x, dy):
+    y, ((dx,), dparams) = _Grad(norm)(Tensor(x), Tensor(dy))
+    return [y.asnumpy(), dx.asnumpy()] + [d.asnumpy() for d in dparams]
+
+
+def _reference(kind, x, dy, gamma, beta, eps):
+    """Float64: y of the norm, and by the chain rule written out over the row (mean and variance as functions
+    of every element of the row) dx, dgamma, dbeta."""
+    h = x.shape[-1]
+    x, dy = x.reshape(-1, h).astype(np.float64), dy.reshape(-1, h).astype(np.float64)
+    g64 = gamma.astype(np.float64)
+    centered = kind != "rmsnorm"
+    mu = x.mean(axis=1, keepdims=True) if centered else np.zeros((x.shape[0], 1))
+    var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat = (x - mu) * rstd
+    y = xhat * g64 + (beta.astype(np.float64) if centered else 0.0)
+    dxhat = dy * g64
+    # d xhat_j / d x_i = rstd * (delta_ij - [centered] / h - xhat_i xhat_j / h)
+    dx = rstd * (dxhat - (dxhat.mean(axis=1, keepdims=True) if centered else 0.0)
+                 - xhat * (dxhat * xhat).mean(axis=1, keepdims=True))
+    out = [y, dx, (dy * xhat).sum(axis=0)]
+    return out + ([dy.sum(axis=0)] if centered else [])
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm", "nonparam_layernorm"])
+@pytest.mark.parametrize("shape", [(2, 7, 40), (3, 128), (1, 1, 16), (4, 33, 512)])
+def test_fused_norms_equal_float64_math_and_track_the_composed_graph(kind, shape):
+    """Output, input gradient and parameter gradients: within float32 accuracy of the float64 math (widths
+    below, at and not a multiple of the kernels' 16 lanes; one row), as close to it as the composed graph,
+    and a second call repeats the first bit for bit."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    h = shape[-1]
+    cfg = _cfg(kind, h)
+    rng = np.random.RandomState(h)
+    x = (rng.standard_normal(shape) * 3 + rng.uniform(-2, 2, h)).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    with layers.fused_reductions():
+        fused = layers.Norm(cfg, rng=np.random.RandomState(1))
+    plain = layers.Norm(cfg, rng=np.random.RandomState(1))
+    assert fused.fused is not None and plain.fused is None
+    gamma, beta = rng.uniform(0.5, 1.5, h).astype(np.float32), rng.uniform(-1, 1, h).astype(np.float32)
+    if kind == "nonparam_layernorm":                  # fixed unit gain, zero shift
+        gamma, beta = np.ones(h, np.float32), np.zeros(h, np.float32)
+    else:
+        for norm in (fused, plain):
+            norm.gamma.set_data(Tensor(gamma))
+            if norm.beta is not None:
+                norm.beta.set_data(Tensor(beta))
+    got = _norm_and_grads(fused, x, dy)
+    composed = _norm_and_grads(plain, x, dy)
+    want = _reference(kind, x, dy, gamma, beta, cfg.norm_eps)
+    n_params = 0 if kind == "nonparam_layernorm" else (1 if kind == "rmsnorm" else 2)
+    assert len(got) == len(composed) == 2 + n_params
+    for name, a, c, r in zip(["y", "dx", "dgamma", "dbeta"], got, composed, want):
+        r = r.reshape(a.shape)
+        scale = np.abs(r).max() + 1e-30
+        tol = 2e-6 if name in ("y", "dx") else 1e-5                # parameter gradients: sums over rows
+        err, err_composed = np.abs(a - r).max() / scale, np.abs(c - r).max() / scale
+        assert err < tol, (name, err)
+        assert err_composed < tol, (name, err_composed)       # the reference agrees with MindSpore's own graph
+    again = _norm_and_grads(fused, x, dy)
+    for a, b in zip(got, again):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_square_sum_equals_float64_and_repeats(monkeypatch):
+    """Each gradient's sum of squares for the global norm: float64 lanes, so within a float32 rounding of
+    NumPy's float64 sum, whatever the length (the lanes' remainder, one element, ReduceSum's threaded sizes)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    prims = cpu_kernels.primitives()
+    assert prims is not None, cpu_kernels.why_not()
+
+    class _Apply(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.op = prims["square_sum"]
+
+        def construct(self, g):
+            return self.op(g)
+
+    apply = _Apply()
+    rng = np.random.RandomState(0)
+    for shape in [(1,), (15,), (17,), (3, 5, 7), (512, 513), (262147,)]:
+        g = (rng.standard_normal(shape) * rng.uniform(1e-4, 10)).astype(np.float32)
+        got = apply(Tensor(g)).asnumpy()
+        assert got.shape == (1,) and got.dtype == np.float32
+        want = float(np.sum(g.astype(np.float64) ** 2))
+        assert abs(float(got[0]) - want) <= 1.2e-7 * want, shape
+        assert apply(Tensor(g)).asnumpy().tobytes() == got.tobytes()
+
+
+def _micro(*over):
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    return load_recipe(str(root / "recipes/tiny.yaml"),
+                       ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=2", "model.ffn_hidden_size=96",
+                        "model.seq_length=32", "train.global_batch_size=4", "train.micro_batch_size=4",
+                        "train.warmup_steps=0", "train.grad_clip=0.05", *over])
+
+
+@pytest.mark.parametrize("micro", [4, 2])
+def test_a_recipe_opting_in_trains_as_the_composed_graph_does(micro):
+    """``train.cpu_reductions: fused`` through the builder (one step, and host accumulation of two
+    micro-batches): the norms are the fused cells, the note says so, and six steps with the clip acting on
+    every one give the losses and gradient norms of the default build to float32 accuracy, and weights to 1e-5
+    (Adam moves a weight whose gradient is near 0 by up to lr either way: 3 embedding rows of 131,072 moved 2.7e-6)."""
+    from naohai.strategy.run_plan import plan_run
+    from naohai.train.builder import build
+    ms.set_context(mode=ms.GRAPH_MODE)
+    tokens = [np.random.RandomState(0).randint(0, 2048, (4, 33)).astype(np.int32)] * 6      # one batch, six times
+    results = {}
+    for mode in ("mindspore", "fused"):
+        built = build(plan_run(_micro(f"train.micro_batch_size={micro}", f"train.cpu_reductions={mode}")))
+        norms = [c for _, c in built.model.cells_and_names() if isinstance(c, layers.Norm)]
+        assert norms and all((c.fused is not None) == (mode == "fused") for c in norms)
+        fused_note = [n for n in built.steps.notes if "cpu_reductions" in n]
+        assert fused_note == (["norms and the global gradient norm summed by naohai's fused kernels "
+                               "(train.cpu_reductions)"] if mode == "fused" else [])
+        rows = []
+        for t in tokens:
+            r = built.steps.train(Tensor(t))
+            assert r.applied
+            rows.append((r.loss, r.grad_norm))
+        results[mode] = rows, {p.name: p.asnumpy() for p in built.model.trainable_params()}
+    (plain, plain_w), (fused, fused_w) = results["mindspore"], results["fused"]
+    assert min(n for _, n in plain) > 0.05                        # the clip acts on every step
+    for (l0, n0), (l1, n1) in zip(plain, fused):
+        assert l1 == pytest.approx(l0, rel=2e-6) and n1 == pytest.approx(n0, rel=1e-5)
+    assert plain[-1][0] < plain[0][0]
+    for name, w in plain_w.items():
+        np.testing.assert_allclose(fused_w[name], w, rtol=1e-5, atol=1e-5, err_msg=name)   # lr 3e-3: Adam
+
+
+def test_the_key_is_checked_and_where_fused_cannot_apply_the_note_says_why(monkeypatch):
+    with pytest.raises(UserError) as e:
+        _micro("train.cpu_reductions=fast")
+    assert "train.cpu_reductions" in str(e.value) and "'fast' is not one of mindspore, fused" in str(e.value)
+    from naohai.train import builder
+    params = [ms.Parameter(Tensor(np.ones(3, np.float32)), name="w")]
+    assert builder.cpu_reductions("mindspore", params) == (None, None)
+    monkeypatch.setattr(builder, "fused_square_sum", lambda: None)
+    monkeypatch.setattr(cpu_kernels, "why_not", lambda: "NAOHAI_CPU_KERNELS=0")
+    kernel, note = builder.cpu_reductions("fused", params)
+    assert kernel is None and note == ("train.cpu_reductions is 'fused' but naohai's compiled CPU kernels are not "
+                                       "in use (NAOHAI_CPU_KERNELS=0): MindSpore's ops sum, as with 'mindspore'")
+    monkeypatch.setattr(builder, "fused_square_sum", lambda: "kernel")
+    half = [ms.Parameter(Tensor(np.ones(3, np.float16)), name="h")]
+    assert builder.cpu_reductions("fused", half) == (
+        None, "train.cpu_reductions is 'fused' but its kernels take float32 parameters only: MindSpore's ops "
+              "sum, as with 'mindspore'")
+    assert builder.cpu_reductions("fused", params)[0] == "kernel"
