@@ -424,7 +424,7 @@ class Norm(nn.Cell):
             gamma, beta = layer_slice(gamma, layer), layer_slice(beta, layer)
         if self.fp32:
             x = self.cast(x, ms.float32)
-        if self.fused is not None and x.dtype == ms.float32:
+        if self.fused is not None and x.dtype == ms.float32 and gamma.dtype == ms.float32:
             shape = x.shape
             x2 = ops.reshape(x, (-1, self.h))
             y = self.fused(x2, gamma) if self.beta is None else self.fused(x2, gamma, beta)
