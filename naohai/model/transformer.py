@@ -255,8 +255,8 @@ class NaohaiLM(nn.Cell):
         x = self.hidden(input_ids)
         if self.training and self.fuse_head_loss:
             x, weight = self.head.inputs(x, self.embedding.word_embedding)
-            loss, _, _ = self.chunked_loss(x, weight, labels, input_ids)
-            return loss
+            loss, dx, dw = self.chunked_loss(x, weight, labels, input_ids)
+            return ops.depend(loss, (dx, dw))      # the bprop's outputs, kept (MindSpore warned when it dropped them)
         logits = self.head(x, self.embedding.word_embedding)
         return self.loss(logits, labels, input_ids)
 
