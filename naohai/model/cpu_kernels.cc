@@ -228,15 +228,21 @@ T Fold(T *lanes) {
   return lanes[0];
 }
 
-// sum of f(k) for k < n: kLanes float32 lanes, then folded pairwise.
-template <typename F>
-float RowSum(int64_t n, F f) {
-  float lanes[kLanes] = {0};
+// sum of f(k) for k < n: kLanes lanes of T, then folded pairwise.
+template <typename T, typename F>
+T LaneSum(int64_t n, F f) {
+  T lanes[kLanes] = {0};
   int64_t k = 0;
   for (; k + kLanes <= n; k += kLanes)
     for (int l = 0; l < kLanes; ++l) lanes[l] += f(k + l);
   for (int l = 0; k < n; ++k, ++l) lanes[l] += f(k);
   return Fold(lanes);
+}
+
+// A row's sum in float32 lanes.
+template <typename F>
+float RowSum(int64_t n, F f) {
+  return LaneSum<float>(n, f);
 }
 
 // The row statistics of LayerNorm (kCentered) or RMSNorm: m = the mean of the row (0 for RMSNorm),
@@ -298,61 +304,56 @@ bool IsRows(int nd, const int64_t *shape, int64_t rows, int64_t width) {
 
 const float *In(void **params, int i) { return static_cast<const float *>(params[i]); }
 float *Out(void **params, int i) { return static_cast<float *>(params[i]); }
+
+// The entry points' checks.  Forward: x [rows, h], gamma [h], (beta [h],) eps [1] -> y [rows, h].
+template <bool kCentered>
+int NormForwardEntry(int nparam, void **params, int *ndims, int64_t **shapes) {
+  const int eps = kCentered ? 3 : 2;
+  if (nparam != eps + 2 || ndims[0] != 2) return 1;
+  const int64_t rows = shapes[0][0], h = shapes[0][1];
+  if (Count(ndims[1], shapes[1]) != h || (kCentered && Count(ndims[2], shapes[2]) != h) ||
+      Count(ndims[eps], shapes[eps]) != 1)
+    return 1;
+  NormForward<kCentered>(In(params, 0), In(params, 1), kCentered ? In(params, 2) : nullptr, *In(params, eps), rows,
+                         h, Out(params, eps + 1));
+  return 0;
+}
+
+// Backward: dy [rows, h], x [rows, h], gamma [h], eps [1] -> dx [rows, h], dgamma [h] (, dbeta [h]).
+template <bool kCentered>
+int NormBackwardEntry(int nparam, void **params, int *ndims, int64_t **shapes) {
+  if (nparam != (kCentered ? 7 : 6) || ndims[0] != 2) return 1;
+  const int64_t rows = shapes[0][0], h = shapes[0][1];
+  if (!IsRows(ndims[1], shapes[1], rows, h) || Count(ndims[2], shapes[2]) != h || Count(ndims[3], shapes[3]) != 1)
+    return 1;
+  NormBackward<kCentered>(In(params, 0), In(params, 1), In(params, 2), *In(params, 3), rows, h, Out(params, 4),
+                          Out(params, 5), kCentered ? Out(params, 6) : nullptr);
+  return 0;
+}
 }  // namespace
 
 extern "C" {
-// x [rows, h], gamma [h], beta [h], eps [1] -> y [rows, h].
 int NaohaiLayerNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
-  if (nparam != 5 || ndims[0] != 2) return 1;
-  const int64_t rows = shapes[0][0], h = shapes[0][1];
-  if (Count(ndims[1], shapes[1]) != h || Count(ndims[2], shapes[2]) != h || Count(ndims[3], shapes[3]) != 1)
-    return 1;
-  NormForward<true>(In(params, 0), In(params, 1), In(params, 2), *In(params, 3), rows, h, Out(params, 4));
-  return 0;
+  return NormForwardEntry<true>(nparam, params, ndims, shapes);
 }
-
-// dy [rows, h], x [rows, h], gamma [h], eps [1] -> dx [rows, h], dgamma [h], dbeta [h].
 int NaohaiLayerNormGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
-  if (nparam != 7 || ndims[0] != 2) return 1;
-  const int64_t rows = shapes[0][0], h = shapes[0][1];
-  if (!IsRows(ndims[1], shapes[1], rows, h) || Count(ndims[2], shapes[2]) != h || Count(ndims[3], shapes[3]) != 1)
-    return 1;
-  NormBackward<true>(In(params, 0), In(params, 1), In(params, 2), *In(params, 3), rows, h, Out(params, 4),
-                     Out(params, 5), Out(params, 6));
-  return 0;
+  return NormBackwardEntry<true>(nparam, params, ndims, shapes);
 }
-
-// x [rows, h], gamma [h], eps [1] -> y [rows, h].
 int NaohaiRMSNorm(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
-  if (nparam != 4 || ndims[0] != 2) return 1;
-  const int64_t rows = shapes[0][0], h = shapes[0][1];
-  if (Count(ndims[1], shapes[1]) != h || Count(ndims[2], shapes[2]) != 1) return 1;
-  NormForward<false>(In(params, 0), In(params, 1), nullptr, *In(params, 2), rows, h, Out(params, 3));
-  return 0;
+  return NormForwardEntry<false>(nparam, params, ndims, shapes);
 }
-
-// dy [rows, h], x [rows, h], gamma [h], eps [1] -> dx [rows, h], dgamma [h].
 int NaohaiRMSNormGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
-  if (nparam != 6 || ndims[0] != 2) return 1;
-  const int64_t rows = shapes[0][0], h = shapes[0][1];
-  if (!IsRows(ndims[1], shapes[1], rows, h) || Count(ndims[2], shapes[2]) != h || Count(ndims[3], shapes[3]) != 1)
-    return 1;
-  NormBackward<false>(In(params, 0), In(params, 1), In(params, 2), *In(params, 3), rows, h, Out(params, 4),
-                      Out(params, 5), nullptr);
-  return 0;
+  return NormBackwardEntry<false>(nparam, params, ndims, shapes);
 }
 
 // A gradient's sum of squares, float32 [1]: kLanes float64 lanes, folded pairwise.
 int NaohaiSquareSum(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
   if (nparam != 2) return 1;
-  const float *g = static_cast<const float *>(params[0]);
-  const int64_t n = Count(ndims[0], shapes[0]);
-  double lanes[kLanes] = {0};
-  int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(g[k + l]) * g[k + l];
-  for (int l = 0; k < n; ++k, ++l) lanes[l] += static_cast<double>(g[k]) * g[k];
-  *static_cast<float *>(params[1]) = static_cast<float>(Fold(lanes));
+  const float *g = In(params, 0);
+  const double sum = LaneSum<double>(Count(ndims[0], shapes[0]), [&](int64_t k) {
+    return static_cast<double>(g[k]) * g[k];
+  });
+  *Out(params, 1) = static_cast<float>(sum);
   return 0;
 }
 }

@@ -469,14 +469,8 @@ class _FusedLayerNorm(nn.Cell):
         return dx, dgamma, dbeta
 
 
-class _FusedRMSNorm(nn.Cell):
-    """RMSNorm of x [rows, h] as :class:`_FusedLayerNorm`."""
-
-    def __init__(self, prim, grad, eps: float):
-        super().__init__()
-        self.op = prim
-        self.grad = grad
-        self.eps = Tensor(np.array([eps], np.float32))
+class _FusedRMSNorm(_FusedLayerNorm):
+    """RMSNorm of x [rows, h] as :class:`_FusedLayerNorm` (no shift)."""
 
     def construct(self, x, gamma):
         return self.op(x, gamma, self.eps)
