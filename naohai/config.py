@@ -317,10 +317,11 @@ class TrainConfig:
     layer_loop: str = "auto"         # auto | always | never: equal layers as one loop over stacked weights
     #                                  (naohai.model.stack); auto = on CPU, one device or data parallel,
     #                                  from 12 looped layers (naohai.train.builder.AUTO_LOOP_MIN_LAYERS)
-    cpu_reductions: str = "mindspore"  # mindspore | fused: on CPU, the norms and the global gradient norm
-    #                                  summed by MindSpore's ops in their order (bit for bit the composed
-    #                                  graph) or by naohai's compiled kernels in theirs (faster; float32
-    #                                  results differ in the last bits; naohai.model.cpu_kernels)
+    cpu_reductions: str = "mindspore"  # mindspore | fused: on CPU, the norms, the attention's softmax,
+    #                                  SwiGLU's sigmoid and the global gradient norm by MindSpore's ops in
+    #                                  their order (bit for bit the composed graph) or by naohai's compiled
+    #                                  kernels in theirs (faster; float32 results differ in the last bits;
+    #                                  naohai.model.cpu_kernels)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     held_out: HeldOutConfig = field(default_factory=HeldOutConfig)
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -1,14 +1,18 @@
 // Float32 kernels for MindSpore's CPU backend (see cpu_kernels.py): broadcasting Add / Sub / Mul, the
-// attention's head transpose, SwiGLU's products forward and backward, the softmax backward's tail, and the
-// generation cache's column write; at the end, the fused reductions a recipe opts into (train.cpu_reductions).
+// attention's head transpose, SwiGLU's products forward and backward, the softmax backward's tail, RoPE's
+// rotation forward and backward, and the generation cache's column write; at the end, the fused kernels a
+// recipe opts into (train.cpu_reductions).
 //
-// Each output element of the kernels before those comes from the same IEEE operations on the same values, in the same order, as the
-// MindSpore ops they replace compute it, so the results are theirs bit for bit (built with
-// -ffp-contract=off: no fused multiply-add; no reductions, no reassociation).  What they save is memory
-// traffic (one pass instead of several, no tiled copy of a broadcast operand) and MindSpore's per-kernel
-// state (2.10's CPU arithmetic kernel keeps 16 bytes of index per output element for a broadcast operand).
-// They run on the calling thread: on the 2-core machine they were written on, a second thread per call
-// made the tiny bench model's step slower (median 0.213 against 0.201 s, one process, rounds rotating).
+// Each output element of the kernels before those comes from the same IEEE operations on the same values, in
+// the same order, as the MindSpore ops they replace compute it, so the results are theirs bit for bit (built
+// with -ffp-contract=off: no fused multiply-add; no reductions, no reassociation).  What they save is memory
+// traffic (one pass instead of several, no tiled copy of a broadcast operand), MindSpore's per-kernel state
+// (2.10's CPU arithmetic kernel keeps 16 bytes of index per output element for a broadcast operand) and its
+// launch cost (tens of microseconds per kernel on the bench machines).
+// They run on the calling thread: a second thread per call made the tiny bench model's step slower (median
+// 0.213 against 0.201 s, one process, rounds rotating), and a graph of a MatMul then SwiGLU's backward on
+// [2048, 1408] took 46 ms with two threads against 27 with one, and SwiGLU's backward alone 4.1 ms against 4.5
+// (not explained; MindSpore's workers waiting for work after a kernel would explain it), on a 2-core AMD EPYC VM.
 //
 // Broadcasting: out = x OP b, b's shape right-aligned against x's, each of its axes equal to x's or 1.
 // The entry points follow MindSpore's AOT custom-op interface (ops.Custom, func_type "aot"): params = the
@@ -18,6 +22,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 namespace {
 
@@ -112,6 +118,33 @@ int64_t Count(int nd, const int64_t *shape) {
   return n;
 }
 
+// RoPE's rotation: out = x * cos + rot(x) * sin, rot(x)[j] = x[src_j] * sign_j (x @ R for R a signed permutation
+// matrix, as MatMul computes it: one nonzero term per column; 0 where the column of R is 0, the dimensions
+// past rotary_dim).  x [b, n, s, d]; cos, sin [1 or b, 1, s, d]; code int32 [d]: sign_j * (src_j + 1), or 0.
+bool RopeShapes(int nparam, int *ndims, int64_t **shapes) {
+  if (nparam != 5 || ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4 || ndims[3] != 1) return false;
+  const int64_t *xs = shapes[0], *cs = shapes[1];
+  for (int i = 0; i < 4; ++i)
+    if (shapes[2][i] != cs[i]) return false;
+  return (cs[0] == 1 || cs[0] == xs[0]) && cs[1] == 1 && cs[2] == xs[2] && cs[3] == xs[3] && shapes[3][0] == xs[3];
+}
+
+// f(x's row, out's row, cos's row, sin's row) for every row [d] of params[0] [b, n, s, d] (out: params[4]).
+template <typename F>
+void RopeRows(void **params, int64_t **shapes, F f) {
+  const float *x = static_cast<const float *>(params[0]), *cos = static_cast<const float *>(params[1]),
+              *sin = static_cast<const float *>(params[2]);
+  float *out = static_cast<float *>(params[4]);
+  const int64_t *xs = shapes[0];
+  const int64_t b = xs[0], n = xs[1], s = xs[2], d = xs[3], cb = shapes[1][0];
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t h = 0; h < n; ++h)
+      for (int64_t q = 0; q < s; ++q) {
+        const int64_t row = ((i * n + h) * s + q) * d, crow = ((cb == 1 ? 0 : i) * s + q) * d;
+        f(x + row, out + row, cos + crow, sin + crow);
+      }
+}
+
 }  // namespace
 
 extern "C" {
@@ -201,6 +234,49 @@ int NaohaiWriteColumn(int nparam, void **params, int *ndims, int64_t **shapes, c
   return 0;
 }
 
+// RoPE's rotation (RopeShapes): inputs x, cos, sin, code; output out.
+int NaohaiRope(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (!RopeShapes(nparam, ndims, shapes)) return 1;
+  const int32_t *code = static_cast<const int32_t *>(params[3]);
+  const int64_t d = shapes[0][3];
+  for (int64_t j = 0; j < d; ++j)
+    if (code[j] > d || code[j] < -d) return 1;
+  RopeRows(params, shapes, [&](const float *xr, float *o, const float *cr, const float *sr) {
+    for (int64_t j = 0; j < d; ++j) {
+      const int32_t c = code[j];
+      const float rot = c > 0 ? xr[c - 1] : (c < 0 ? xr[-c - 1] * -1.0f : 0.0f);
+      o[j] = xr[j] * cr[j] + rot * sr[j];
+    }
+  });
+  return 0;
+}
+
+// Its backward, as MindSpore derives it for the ops above: dx = dout * cos + (dout * sin) @ R^T, the second term
+// at x's dimension src_j being (dout[j] * sin[j]) * sign_j (0 for a dimension no column takes).  Inputs dout,
+// cos, sin, code; output dx.
+int NaohaiRopeGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (!RopeShapes(nparam, ndims, shapes)) return 1;
+  const int32_t *code = static_cast<const int32_t *>(params[3]);
+  const int64_t d = shapes[0][3];
+  std::vector<int32_t> from(d, 0);          // from[src] = the code of the column that takes x[src], signed j + 1
+  for (int64_t j = 0; j < d; ++j) {
+    const int32_t c = code[j];
+    if (c > d || c < -d) return 1;
+    if (c == 0) continue;
+    const int64_t src = (c > 0 ? c : -c) - 1;
+    if (from[src] != 0) return 1;           // two columns from one dimension: not a signed permutation
+    from[src] = c > 0 ? static_cast<int32_t>(j + 1) : -static_cast<int32_t>(j + 1);
+  }
+  RopeRows(params, shapes, [&](const float *dr, float *o, const float *cr, const float *sr) {
+    for (int64_t k = 0; k < d; ++k) {
+      const int32_t f = from[k];
+      const float back = f > 0 ? dr[f - 1] * sr[f - 1] : (f < 0 ? (dr[-f - 1] * sr[-f - 1]) * -1.0f : 0.0f);
+      o[k] = dr[k] * cr[k] + back;
+    }
+  });
+  return 0;
+}
+
 int NaohaiBroadcastAdd(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
   return Broadcast<Add>(nparam, params, ndims, shapes);
 }
@@ -216,7 +292,8 @@ int NaohaiBroadcastMul(int nparam, void **params, int *ndims, int64_t **shapes, 
 // Fused reductions (the recipe's train.cpu_reductions: fused).  Unlike the kernels above these sum in their
 // own order (sixteen float32 lanes along a row, combined pairwise; float64 lanes for a gradient's sum of
 // squares; the rows in order for a norm's gain and shift gradients), so their results differ from the
-// composed MindSpore graph's in the last bits.  The order is fixed: a run repeats itself bit for bit.
+// composed MindSpore graph's in the last bits.  The order is fixed: a run repeats itself bit for bit.  The
+// clip's scaling of every gradient by one kernel comes with them (exact: one product per element).
 
 namespace {
 constexpr int kLanes = 16;
@@ -298,6 +375,56 @@ void NormBackward(const float *dy, const float *x, const float *gamma, float eps
   }
 }
 
+// exp(x) in float32, vectorizable (the compiler turns a loop of it into SIMD code): x = n ln 2 + r with n
+// rounded to nearest, exp(r) by Cephes' degree-7 polynomial for expf (S. L. Moshier's Cephes library), times
+// 2^n built in the exponent bits.  Within 2 ulp of exp on [-87.3, 88] (measured against double); 0 below that
+// range (as exp underflows: a blocked attention score), exp(88) above.
+inline float ExpF(float x) {
+  constexpr float kLo = -87.3365447504f, kHi = 88.0f;
+  const float c = x < kLo ? kLo : (x > kHi ? kHi : x);
+  const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;     // round to nearest (1.5 * 2^23)
+  const float r = (c - n * 0.693359375f) - n * -2.12194440e-4f;              // ln 2 in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = (p * (r * r) + r) + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < kLo ? 0.0f : y * two_n;
+}
+
+// sigmoid(g) = 1 / (1 + exp(-g)), with ExpF.
+inline float Sigmoid(float g) { return 1.0f / (1.0f + ExpF(-g)); }
+
+// The attention's probabilities: y = softmax(x * scale + bias) over the last axis.  x [b, n, s, t]; bias
+// right-aligned against it, [t] last and each other axis equal to x's or 1; scale [1].
+void ScaledSoftmax(const float *x, const float *bias, const int64_t *bs, float scale, const int64_t *xs,
+                   float *y) {
+  const int64_t t = xs[3];
+  for (int64_t i = 0; i < xs[0]; ++i)
+    for (int64_t j = 0; j < xs[1]; ++j)
+      for (int64_t q = 0; q < xs[2]; ++q) {
+        const int64_t row = (i * xs[1] + j) * xs[2] + q;
+        const int64_t brow = ((bs[0] == 1 ? 0 : i) * bs[1] + (bs[1] == 1 ? 0 : j)) * bs[2] + (bs[2] == 1 ? 0 : q);
+        const float *xr = x + row * t, *br = bias + brow * t;
+        float *yr = y + row * t;
+        float m = -INFINITY;                 // the row's maximum (exact in any order: SIMD lanes, -fopenmp-simd)
+#pragma omp simd reduction(max : m)
+        for (int64_t k = 0; k < t; ++k) {
+          const float z = xr[k] * scale + br[k];
+          yr[k] = z;
+          m = z > m ? z : m;
+        }
+        for (int64_t k = 0; k < t; ++k) yr[k] = ExpF(yr[k] - m);
+        const float inv = 1.0f / RowSum(t, [&](int64_t k) { return yr[k]; });
+        for (int64_t k = 0; k < t; ++k) yr[k] = yr[k] * inv;
+      }
+}
+
 bool IsRows(int nd, const int64_t *shape, int64_t rows, int64_t width) {
   return nd == 2 && shape[0] == rows && shape[1] == width;
 }
@@ -346,14 +473,99 @@ int NaohaiRMSNormGrad(int nparam, void **params, int *ndims, int64_t **shapes, c
   return NormBackwardEntry<false>(nparam, params, ndims, shapes);
 }
 
-// A gradient's sum of squares, float32 [1]: kLanes float64 lanes, folded pairwise.
-int NaohaiSquareSum(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
-  if (nparam != 2) return 1;
-  const float *g = In(params, 0);
-  const double sum = LaneSum<double>(Count(ndims[0], shapes[0]), [&](int64_t k) {
-    return static_cast<double>(g[k]) * g[k];
-  });
-  *Out(params, 1) = static_cast<float>(sum);
+// The global gradient norm's sum of squares: inputs g_0 .. g_{n-1} (every gradient), output float32 [1].  Each
+// gradient's sum of squares in kLanes float64 lanes, folded pairwise and rounded to float32; those added in input
+// order from the first (as AddN adds its inputs).  One kernel for all the gradients: MindSpore spends tens of
+// microseconds launching each kernel, which for a model's hundreds of small gradients cost more than the sums.
+int NaohaiSquareSums(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam < 2) return 1;
+  const int n = nparam - 1;
+  float total = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float *g = In(params, i);
+    const float sum = static_cast<float>(LaneSum<double>(Count(ndims[i], shapes[i]), [&](int64_t k) {
+      return static_cast<double>(g[k]) * g[k];
+    }));
+    total = i == 0 ? sum : total + sum;
+  }
+  *Out(params, n) = total;
+  return 0;
+}
+
+// The gradients scaled by one factor (the clip): inputs g_0 .. g_{n-1}, factor [1]; outputs out_i = g_i * factor,
+// each element as Mul computes it.  One kernel for all the gradients, as NaohaiSquareSums.
+int NaohaiScaleAll(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam < 3 || nparam % 2 == 0) return 1;
+  const int n = (nparam - 1) / 2;
+  if (Count(ndims[n], shapes[n]) != 1) return 1;
+  const float f = *In(params, n);
+  for (int i = 0; i < n; ++i) {
+    const int64_t count = Count(ndims[i], shapes[i]);
+    if (Count(ndims[n + 1 + i], shapes[n + 1 + i]) != count) return 1;
+    const float *g = In(params, i);
+    float *o = Out(params, n + 1 + i);
+    for (int64_t k = 0; k < count; ++k) o[k] = g[k] * f;
+  }
+  return 0;
+}
+
+// The attention's probabilities y = softmax(x * scale + bias) (ScaledSoftmax): x [b, n, s, t], bias [.., t]
+// broadcast (at most 4 axes), scale [1] -> y [b, n, s, t].
+int NaohaiScaledSoftmax(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 4 || ndims[0] != 4 || ndims[1] < 1 || ndims[1] > 4 || Count(ndims[2], shapes[2]) != 1) return 1;
+  int64_t bs[4] = {1, 1, 1, 1};
+  for (int i = 0; i < ndims[1]; ++i) bs[4 - ndims[1] + i] = shapes[1][i];
+  for (int i = 0; i < 4; ++i)
+    if (bs[i] != shapes[0][i] && (bs[i] != 1 || i == 3)) return 1;
+  ScaledSoftmax(In(params, 0), In(params, 1), bs, *In(params, 2), shapes[0], Out(params, 3));
+  return 0;
+}
+
+// Its backward: dx = (y * dy - y * sum(y * dy)) * scale, the sum over the row.  dy, y [.., t], scale [1].
+int NaohaiScaledSoftmaxGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *,
+                            void *) {
+  if (nparam != 4 || ndims[0] < 1 || Count(ndims[1], shapes[1]) != Count(ndims[0], shapes[0]) ||
+      Count(ndims[2], shapes[2]) != 1)
+    return 1;
+  const float *dy = In(params, 0), *y = In(params, 1);
+  const float scale = *In(params, 2);
+  float *dx = Out(params, 3);
+  const int64_t t = shapes[0][ndims[0] - 1], rows = Count(ndims[0], shapes[0]) / t;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *dyr = dy + r * t, *yr = y + r * t;
+    float *dxr = dx + r * t;
+    const float sum = RowSum(t, [&](int64_t k) { return yr[k] * dyr[k]; });
+    for (int64_t k = 0; k < t; ++k) dxr[k] = (yr[k] * dyr[k] - yr[k] * sum) * scale;
+  }
+  return 0;
+}
+
+// SwiGLU's activation and product in one pass: out = (g * sigmoid(g)) * u.
+int NaohaiSiluProduct(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam != 3 || Count(ndims[1], shapes[1]) != Count(ndims[0], shapes[0])) return 1;
+  const float *g = In(params, 0), *u = In(params, 1);
+  float *out = Out(params, 2);
+  const int64_t n = Count(ndims[0], shapes[0]);
+  for (int64_t k = 0; k < n; ++k) {
+    const float s = Sigmoid(g[k]);
+    out[k] = (g[k] * s) * u[k];
+  }
+  return 0;
+}
+
+// Its backward: with s = sigmoid(g), du = dy * (g * s), dg = (dy * u) * (s * (1 + g * (1 - s))).
+int NaohaiSiluProductGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *,
+                          void *) {
+  if (nparam != 5) return 1;
+  const int64_t n = Count(ndims[0], shapes[0]);
+  if (Count(ndims[1], shapes[1]) != n || Count(ndims[2], shapes[2]) != n) return 1;
+  const float *dy = In(params, 0), *g = In(params, 1), *u = In(params, 2);
+  float *dg = Out(params, 3), *du = Out(params, 4);
+  for (int64_t k = 0; k < n; ++k) {
+    const float s = Sigmoid(g[k]);
+    du[k] = dy[k] * (g[k] * s);
+    dg[k] = (dy[k] * u[k]) * (s * (1.0f + g[k] * (1.0f - s)));
+  }
   return 0;
 }
 }

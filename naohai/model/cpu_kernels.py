@@ -3,15 +3,18 @@
 MindSpore 2.10's CPU kernels are slow or memory-hungry for the elementwise work around the matmuls: a
 broadcast operand (a bias, a norm's row statistics or gamma, RoPE's tables, the attention bias; see
 :func:`naohai.model.layers.full`), the attention's head transposes (:func:`naohai.model.layers.swap_axes_1_2`),
-chains of products that each write a full tensor (SwiGLU, the softmax backward), and the generation cache's
-write of a new key or value (:func:`naohai.model.layers.write_column`).  These kernels do
+chains of products that each write a full tensor (SwiGLU, the softmax backward, RoPE's rotation), and the
+generation cache's write of a new key or value (:func:`naohai.model.layers.write_column`).  These kernels do
 the same IEEE operations on the same values, in the same order for each element, so every result is
 MindSpore's bit for bit (checked against MindSpore's ops in ``tests/model/test_cpu_kernels.py``); they write
 and keep less memory (on the bench models the peak resident set falls by 10-18%), one thread per call.
 
 The *fused reductions* are the exception, used only where a recipe asks for them (``train.cpu_reductions:
 fused``): LayerNorm and RMSNorm forward and backward in one kernel each (``layer_norm``, ``rms_norm`` and their
-``_grad``), and a gradient's sum of squares for the global norm (``square_sum``).  They sum in an order of their
+``_grad``), the attention's scale, bias and softmax (``scaled_softmax``) and SwiGLU's sigmoid and products
+(``silu_product``) likewise, with an exp of their own (within 2 ulp, not MindSpore's), and the gradients' sums of
+squares for the global norm, all in one kernel (``square_sums``), with the clip's scaling of all the gradients by
+one kernel (``scale_all``, exact).  They sum in an order of their
 own (fixed, so runs repeat), not in the order of MindSpore's ``MatMul``, ``ReduceSum`` and ``AddN`` that the
 composed graph uses -- which depends on the shapes, and for ``ReduceSum`` above 200,000 elements on which of
 its threads finishes first -- so float32 results differ from the composed graph's in the last bits.
@@ -49,14 +52,22 @@ ENTRY = {"add": ("NaohaiBroadcastAdd", lambda x, b: x),
          "swiglu_grad": ("NaohaiSwiGLUGrad", lambda dy, g, s, u: (g, g, g)),
          "sub_mul_rows": ("NaohaiSubMulRows", lambda yd, y, m: yd),
          "write_column": ("NaohaiWriteColumn", lambda past, new, slot: past),
+         "rope": ("NaohaiRope", lambda x, cos, sin, code: x),
+         "rope_grad": ("NaohaiRopeGrad", lambda dout, cos, sin, code: dout),
          "layer_norm": ("NaohaiLayerNorm", lambda x, g, b, e: x),
          "layer_norm_grad": ("NaohaiLayerNormGrad", lambda dy, x, g, e: (dy, g, g)),
          "rms_norm": ("NaohaiRMSNorm", lambda x, g, e: x),
          "rms_norm_grad": ("NaohaiRMSNormGrad", lambda dy, x, g, e: (dy, g)),
-         "square_sum": ("NaohaiSquareSum", lambda g: g)}
+         "scaled_softmax": ("NaohaiScaledSoftmax", lambda x, bias, scale: x),
+         "scaled_softmax_grad": ("NaohaiScaledSoftmaxGrad", lambda dy, y, scale: dy),
+         "silu_product": ("NaohaiSiluProduct", lambda g, u: g),
+         "silu_product_grad": ("NaohaiSiluProductGrad", lambda dy, g, u: (g, g)),
+         "square_sums": ("NaohaiSquareSums", lambda *grads: grads[0]),
+         "scale_all": ("NaohaiScaleAll", lambda *grads_and_factor: tuple(grads_and_factor[:-1]))}
 _SHAPES = {"swap_axes_1_2": lambda x: [x[0], x[2], x[1], x[3]],
-           "square_sum": lambda g: [1]}
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-shared", "-fPIC"]
+           "square_sums": lambda *grads: [1]}
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp-simd", "-std=c++17", "-shared",
+         "-fPIC"]
 
 _STATE: Dict[str, object] = {}
 

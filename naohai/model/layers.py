@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Dict
+from typing import Dict, NamedTuple, Optional
 
 import numpy as np
 import mindspore as ms
@@ -301,6 +301,48 @@ def swiglu_product(mul, act_mul, gate, sig, up, on: bool):
     return mul(act_mul(gate, sig), up)
 
 
+class _Rope(nn.Cell):
+    """RoPE's ``x * cos + (x @ R) * sin`` for R a signed permutation matrix (:func:`rotation_matrix`) by one
+    compiled kernel forward and one backward, the numbers MindSpore's ``Mul``, ``MatMul``, ``Add`` (and their
+    derived backward) give, bit for bit; ``code`` [d] int32 says which dimension of x, with which sign, each
+    column of R takes (:func:`rotation_code`)."""
+
+    def __init__(self, prim, grad, code: np.ndarray):
+        super().__init__()
+        self.op = prim
+        self.grad = grad
+        self.code = Tensor(code)
+        self.zeros_like = ops.ZerosLike()
+
+    def construct(self, x, cos, sin):
+        return self.op(x, cos, sin, self.code)
+
+    def bprop(self, x, cos, sin, out, dout):
+        return self.grad(dout, cos, sin, self.code), self.zeros_like(cos), self.zeros_like(sin)
+
+
+def rotation_code(r: np.ndarray) -> Optional[np.ndarray]:
+    """For a rotation matrix R [d, d] whose every column holds one +1 or -1 (or nothing): per column j,
+    ``sign * (the row of its nonzero + 1)``, 0 for an empty column (int32 [d]); None for any other R."""
+    code = np.zeros(r.shape[1], np.int32)
+    for j in range(r.shape[1]):
+        rows = np.flatnonzero(r[:, j])
+        if len(rows) > 1 or (len(rows) == 1 and abs(float(r[rows[0], j])) != 1.0):
+            return None
+        if len(rows) == 1:
+            code[j] = int(np.sign(r[rows[0], j])) * (int(rows[0]) + 1)
+    return code
+
+
+def rope_kernel(rot: np.ndarray):
+    """The compiled RoPE cell (:class:`_Rope`) for rotation matrix ``rot`` when the CPU kernels are built and
+    ``rot`` is a signed permutation, else None."""
+    code = rotation_code(rot)
+    if not _KERNELS_ON or code is None:
+        return None
+    return _Rope(_ROPE[0], _ROPE[1], code)
+
+
 def sub_mul_rows(sub, mul, yd, y, m):
     """``yd - y * m`` with ``m`` one value per row (``[..., 1]``), for code that is not differentiated: the
     compiled kernel when built (float32), else ``sub`` and ``mul`` on :func:`repeat`'s copy of ``m``."""
@@ -321,13 +363,14 @@ def write_column(past, new, slot, on: bool):
 _KERNELS_ON = False
 _FUSED = {}
 _BROADCAST_ADD = _BROADCAST_SUB = _BROADCAST_MUL = _SWAP_AXES_1_2 = _SWIGLU = _SUB_MUL_ROWS = _WRITE_COLUMN = None
+_ROPE = (None, None)
 
 
 def prepare_broadcast() -> bool:
     """Build (once) the compiled CPU kernels :func:`add_full` and its siblings use, when on the CPU
     backend; returns whether the cells take the CPU forms (:func:`cpu_backend`)."""
     global _KERNELS_ON, _BROADCAST_ADD, _BROADCAST_SUB, _BROADCAST_MUL, _SWAP_AXES_1_2, _SWIGLU, _SUB_MUL_ROWS, \
-        _WRITE_COLUMN
+        _WRITE_COLUMN, _ROPE
     if not cpu_backend():
         return False
     if not _KERNELS_ON:
@@ -340,8 +383,10 @@ def prepare_broadcast() -> bool:
             _SWIGLU = _SwiGLU(prims["swiglu"], prims["swiglu_grad"])
             _SUB_MUL_ROWS = prims["sub_mul_rows"]
             _WRITE_COLUMN = prims["write_column"]
-            _FUSED.update({name: prims[name] for name in ("layer_norm", "layer_norm_grad", "rms_norm",
-                                                          "rms_norm_grad", "square_sum")})
+            _ROPE = (prims["rope"], prims["rope_grad"])
+            _FUSED.update({name: prims[name] for name in (
+                "layer_norm", "layer_norm_grad", "rms_norm", "rms_norm_grad", "scaled_softmax",
+                "scaled_softmax_grad", "silu_product", "silu_product_grad", "square_sums", "scale_all")})
             _KERNELS_ON = True
     return True
 
@@ -489,15 +534,59 @@ def _fused_norm(kind: str, eps: float):
     return _FusedLayerNorm(_FUSED["layer_norm"], _FUSED["layer_norm_grad"], eps)
 
 
+class _FusedSoftmax(nn.Cell):
+    """The attention's probabilities softmax(x * scale + bias) over the last axis by one compiled kernel
+    forward and one backward (``train.cpu_reductions: fused``); x float32 [b, n, s, t], bias broadcast to it,
+    scale [1] or a scalar.  The backward gives x's gradient (the bias is a constant of the batch)."""
+
+    def __init__(self, prim, grad):
+        super().__init__()
+        self.op = prim
+        self.grad = grad
+        self.zeros_like = ops.ZerosLike()
+
+    def construct(self, x, bias, scale):
+        return self.op(x, bias, scale)
+
+    def bprop(self, x, bias, scale, out, dout):
+        return self.grad(dout, out, scale), self.zeros_like(bias), self.zeros_like(scale)
+
+
+class _FusedSiluProduct(nn.Cell):
+    """SwiGLU's ``(g * sigmoid(g)) * u`` by one compiled kernel forward and one backward
+    (``train.cpu_reductions: fused``), float32."""
+
+    def __init__(self, prim, grad):
+        super().__init__()
+        self.op = prim
+        self.grad = grad
+
+    def construct(self, g, u):
+        return self.op(g, u)
+
+    def bprop(self, g, u, out, dout):
+        dg, du = self.grad(dout, g, u)
+        return dg, du
+
+
+def _fused_cell(cls, name: str):
+    """``cls(kernel, its backward)`` for the fused kernel ``name`` when built inside :func:`fused_reductions`
+    with the compiled kernels built, else None."""
+    if not (fused_reductions_on() and _FUSED):
+        return None
+    return cls(_FUSED[name], _FUSED[name + "_grad"])
+
+
 class _FusedReductions:
     on = False
 
 
 @contextlib.contextmanager
 def fused_reductions(on: bool = True):
-    """Build cells that take their norms' statistics and gradients with naohai's fused kernels (the recipe's
-    ``train.cpu_reductions: fused``; on the CPU backend with the compiled kernels built, else no effect):
-    faster, in their own summation order (:mod:`naohai.model.cpu_kernels`)."""
+    """Build cells that take their norms, the attention's softmax and SwiGLU's activation, forward and backward,
+    with naohai's fused kernels (the recipe's ``train.cpu_reductions: fused``; on the CPU backend with the
+    compiled kernels built, else no effect): faster, in their own summation order and with their own exp
+    (:mod:`naohai.model.cpu_kernels`)."""
     before = _FusedReductions.on
     _FusedReductions.on = bool(on)
     try:
@@ -511,10 +600,19 @@ def fused_reductions_on() -> bool:
     return _FusedReductions.on
 
 
-def fused_square_sum():
-    """The compiled kernel for a float32 gradient's sum of squares ([1]) when the CPU kernels are built
-    (:func:`prepare_broadcast` ran on the CPU backend), else None."""
-    return _FUSED.get("square_sum")
+class GradientKernels(NamedTuple):
+    """The fused kernels for all of a step's float32 gradients at once: ``square_sums(*grads)`` -> the sum of
+    their sums of squares ([1]), ``scale_all(*grads, factor)`` -> each gradient times ``factor`` ([1])."""
+    square_sums: object
+    scale_all: object
+
+
+def fused_gradient_kernels() -> Optional[GradientKernels]:
+    """:class:`GradientKernels` when the CPU kernels are built (:func:`prepare_broadcast` ran on the CPU
+    backend), else None."""
+    if not _FUSED:
+        return None
+    return GradientKernels(_FUSED["square_sums"], _FUSED["scale_all"])
 
 
 class RowSumSoftmax(nn.Cell):
@@ -700,6 +798,7 @@ class Attention(nn.Cell):
         self.softmax = ops.Softmax(axis=-1)
         self.probs = RowSumSoftmax(self.softmax) if cpu_backend() else self.softmax
         self.full = prepare_broadcast()
+        self.fused_probs = _fused_cell(_FusedSoftmax, "scaled_softmax") if self.full else None
         self.prob_dropout = Dropout(cfg.dropout)
         self.context = ops.BatchMatMul()
         self.out = ops.MatMul(transpose_b=True)
@@ -715,12 +814,14 @@ class Attention(nn.Cell):
             self.sin_table = Tensor(sin)
             self.cos = Tensor(cos[None, None, : cfg.seq_length])          # [1, 1, s, d]
             self.sin = Tensor(sin[None, None, : cfg.seq_length])
-            self.rot = Tensor(rotation_matrix(hd, cfg.rope_style, cfg.rotary_dim))   # [d, d]
+            rot = rotation_matrix(hd, cfg.rope_style, cfg.rotary_dim)
+            self.rot = Tensor(rot)                                                  # [d, d]
             self.rope_lookup = ops.Gather()
             self.rot_mm = ops.MatMul()
             self.rope_mul_cos = ops.Mul()
             self.rope_mul_sin = ops.Mul()
             self.rope_add = ops.Add()
+            self.rope_fused = rope_kernel(rot) if self.full else None
         if self.group > 1:
             self.expand = ops.Tile()
 
@@ -745,6 +846,8 @@ class Attention(nn.Cell):
         return cos, sin
 
     def apply_rope(self, x, cos, sin):
+        if self.rope_fused is not None and x.dtype == ms.float32:
+            return self.rope_fused(x, self.cast(cos, x.dtype), self.cast(sin, x.dtype))
         b, n, s = x.shape[0], x.shape[1], x.shape[2]
         flat = self.reshape(x, (-1, self.hd))
         rot = self.reshape(self.rot_mm(flat, self.cast(self.rot, x.dtype)), (b, n, s, self.hd))
@@ -813,9 +916,13 @@ class Attention(nn.Cell):
         v = self._expand_kv(v)
         scores = self.scores(q, k)                                             # [b, nh, s, t]
         scores = self.cast(scores, self.softmax_dtype)
-        scores = self.scale(scores, self.cast(self.scale_value, self.softmax_dtype))
-        scores = add_full(self.mask, scores, self.cast(bias, self.softmax_dtype), self.full)
-        probs = self.prob_dropout(self.cast(self.probs(scores), self.dtype))
+        if self.fused_probs is not None and scores.dtype == ms.float32:
+            probs = self.fused_probs(scores, self.cast(bias, ms.float32), self.scale_value)
+        else:
+            scores = self.scale(scores, self.cast(self.scale_value, self.softmax_dtype))
+            scores = add_full(self.mask, scores, self.cast(bias, self.softmax_dtype), self.full)
+            probs = self.probs(scores)
+        probs = self.prob_dropout(self.cast(probs, self.dtype))
         ctx = self.context(probs, v)                                           # [b, nh, s, d]
         ctx = self.reshape(swap_axes_1_2(ctx, self.transpose, self.full), (-1, self.nh * self.hd))
         out = self._proj(self.out, self.out_add, ctx, layer_slice(self.out_weight, layer),
@@ -916,6 +1023,7 @@ class MLP(nn.Cell):
             # tanh approximation (measured up to 4.7e-4 off on [-4, 4])
             self.act = ops.Erf()
         self.full = prepare_broadcast()
+        self.fused_glu = _fused_cell(_FusedSiluProduct, "silu_product") if self.full and self.swiglu else None
         self.exact_gelu = cfg.activation == "gelu"
         self.tanh_gelu = cfg.activation == "gelu_tanh"
         self.dropout = Dropout(cfg.dropout)
@@ -934,7 +1042,10 @@ class MLP(nn.Cell):
             gate = self.gate(x, self._weight(self.gate_weight, layer))
             if self.use_bias:
                 gate = add_full(self.gate_add, gate, self._weight(self.gate_bias, layer), self.full)
-            hidden = swiglu_product(self.mul, self.act_mul, gate, self.act(gate), up, self.full)
+            if self.fused_glu is not None and gate.dtype == ms.float32 and up.dtype == ms.float32:
+                hidden = self.fused_glu(gate, up)
+            else:
+                hidden = swiglu_product(self.mul, self.act_mul, gate, self.act(gate), up, self.full)
         else:
             hidden = self.activation(up)
         out = self.down(hidden, self._weight(self.down_weight, layer))

@@ -24,7 +24,7 @@ from naohai.config import Recipe
 from naohai.errors import UserError
 from naohai.model import cpu_kernels
 from naohai.model.finetune import apply_finetune
-from naohai.model.layers import fused_reductions, fused_square_sum
+from naohai.model.layers import fused_gradient_kernels, fused_reductions
 from naohai.model.params import param_shapes
 from naohai.model.stack import per_layer_names, stacked_count
 from naohai.model.transformer import NaohaiLM
@@ -311,13 +311,14 @@ def layer_loop(recipe: Recipe, resolved: ResolvedStrategy, runtime: Runtime) -> 
 
 
 def cpu_reductions(wanted: str, trained) -> Tuple[Optional[object], Optional[str]]:
-    """(the global norm's fused square-sum kernel or None, a note for the log) for ``train.cpu_reductions``.
+    """(the fused gradient kernels (:class:`naohai.model.layers.GradientKernels`) or None, a note for the log) for
+    ``train.cpu_reductions``.
     ``fused`` takes effect on the CPU backend with naohai's compiled kernels built (the norms' cells were
     built inside :func:`naohai.model.layers.fused_reductions`) and float32 trained parameters; elsewhere the
     note says that MindSpore's ops sum, as with ``mindspore``."""
     if wanted != "fused":
         return None, None
-    kernel = fused_square_sum()
+    kernel = fused_gradient_kernels()
     if ms.get_context("device_target") != "CPU":
         why = "it applies to the CPU backend only"
     elif kernel is None:
@@ -326,7 +327,8 @@ def cpu_reductions(wanted: str, trained) -> Tuple[Optional[object], Optional[str
         why = "its kernels take float32 parameters only"
         kernel = None
     else:
-        return kernel, "norms and the global gradient norm summed by naohai's fused kernels (train.cpu_reductions)"
+        return kernel, ("norms, attention softmax, SwiGLU activation, global gradient norm and clip by naohai's "
+                        "fused kernels (train.cpu_reductions)")
     return None, f"train.cpu_reductions is 'fused' but {why}: MindSpore's ops sum, as with 'mindspore'"
 
 
@@ -364,11 +366,11 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
                   token_weight=token_weight, model=model)
     k = host_accumulation(resolved, runtime)
     steps.weight_factor, steps.eval_weight_factor = token_weight_factors(parts, k)
-    square_sum, note = cpu_reductions(t.cpu_reductions, optimizer.parameters)
+    fused_gradients, note = cpu_reductions(t.cpu_reductions, optimizer.parameters)
     steps.notes += [note] if note else []
     if k == 1:
         step = TrainStep(parts.network, optimizer, guard, t.optimizer.grad_clip, parts.micro, parts.collect, parts.reduce_loss,
-                         token_weight, square_sum)
+                         token_weight, fused_gradients)
         step.set_train()
         steps.train_step = compile_parallel(step, resolved, runtime, train=True)
         if strategy_file and runtime.mode == "semi_auto":
@@ -377,7 +379,8 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
         buffers = make_buffers(optimizer.parameters)
         steps.accumulate_step = AccumulateStep(parts.network, optimizer.parameters, buffers, guard, token_weight)
         steps.accumulate_step.set_train()
-        steps.apply_step = ApplyStep(optimizer, buffers, guard, t.optimizer.grad_clip, k, parts.collect, square_sum)
+        steps.apply_step = ApplyStep(optimizer, buffers, guard, t.optimizer.grad_clip, k, parts.collect,
+                                     fused_gradients)
         steps.micro_batch = t.micro_batch_size
     evaluator = EvalStep(parts.eval_network, parts.eval_reduce_loss)
     evaluator.set_train(False)

@@ -10,8 +10,8 @@ called as ``step(input_ids, labels) -> (loss, grad_norm, applied, loss_scale)``:
    parallel as the layout needs (the collectors live in ``naohai/strategy/gradients.py``;
    on one device with a static loss scale, which is 1, there is nothing to do);
 3. the global gradient norm in fp32 (see :func:`global_norm`), identical on every
-   rank and every pipeline stage (with ``fused_square_sum``, the recipe's ``train.cpu_reductions:
-   fused`` on CPU, each gradient's sum of squares is one compiled kernel's);
+   rank and every pipeline stage (with ``fused_gradients``, the recipe's ``train.cpu_reductions:
+   fused`` on CPU, all the gradients' sums of squares are one compiled kernel's, and so is the clip);
 4. the update is applied only when the norm is finite and, when the spike guard is
    on, not above ``spike_factor`` x its running mean; gradients are clipped to
    ``grad_clip`` by the global norm;
@@ -64,11 +64,12 @@ def _zero_tensor(buf):
     return F.assign(buf, F.zeros_like(buf))
 
 
-def global_norm(hyper_map, grads, fused_square_sum=None):
-    """sqrt(sum of squares) of all gradients in fp32, shape ``(1,)``; each gradient's sum of squares by
-    ``fused_square_sum`` when given (``train.cpu_reductions: fused``, float32 gradients on CPU)."""
-    if fused_square_sum is not None:
-        return ops.sqrt(ops.addn(hyper_map(fused_square_sum, grads)))
+def global_norm(hyper_map, grads, square_sums=None):
+    """sqrt(sum of squares) of all gradients in fp32, shape ``(1,)``; summed by the one kernel ``square_sums``
+    when given (:class:`naohai.model.layers.GradientKernels`: ``train.cpu_reductions: fused``, float32
+    gradients on CPU)."""
+    if square_sums is not None:
+        return ops.sqrt(square_sums(*grads))
     return ops.sqrt(ops.addn(hyper_map(square_sum, grads)))
 
 
@@ -142,20 +143,24 @@ class StepGuard(nn.Cell):
 class _Finish(nn.Cell):
     """Steps 3-5 of the module docstring: norm, decision, clip, update, guard."""
 
-    def _init_finish(self, optimizer, guard: StepGuard, grad_clip: float, fused_square_sum=None):
+    def _init_finish(self, optimizer, guard: StepGuard, grad_clip: float, fused_gradients=None):
         self.optimizer = optimizer
         self.weights = optimizer.parameters
         self.guard = guard
         self.grad_clip = float(grad_clip)
         self.hyper_map = C.HyperMap()
-        self.fused_square_sum = fused_square_sum
+        self.square_sums = fused_gradients.square_sums if fused_gradients is not None else None
+        self.scale_all = fused_gradients.scale_all if fused_gradients is not None else None
 
     def _finish(self, grads):
-        norm = global_norm(self.hyper_map, grads, self.fused_square_sum)
+        norm = global_norm(self.hyper_map, grads, self.square_sums)
         finite, applied = self.guard.decide(norm)
         if self.grad_clip > 0:
             factor = self.grad_clip / ops.maximum(norm, self.grad_clip)
-            grads = self.hyper_map(F.partial(scale_by, factor), grads)
+            if self.scale_all is not None:
+                grads = self.scale_all(*grads, factor)
+            else:
+                grads = self.hyper_map(F.partial(scale_by, factor), grads)
         if applied:
             norm = F.depend(norm, self.optimizer(grads))
         norm = F.depend(norm, self.guard.update(finite, applied, norm))
@@ -166,10 +171,10 @@ class TrainStep(_Finish):
     """One optimizer step in one graph (see the module docstring)."""
 
     def __init__(self, network, optimizer, guard: StepGuard, grad_clip: float, micro: int = 1,
-                 collect=None, reduce_loss=None, token_weight=None, fused_square_sum=None):
+                 collect=None, reduce_loss=None, token_weight=None, fused_gradients=None):
         super().__init__(auto_prefix=False)
         self.network = network
-        self._init_finish(optimizer, guard, grad_clip, fused_square_sum)
+        self._init_finish(optimizer, guard, grad_clip, fused_gradients)
         self.micro = float(micro)
         # a static loss scale is 1: on one device there is nothing to unscale (x * 1 is x)
         self.static_one = not guard.dynamic and collect is None and \
@@ -227,9 +232,9 @@ class ApplyStep(_Finish):
     """Collects the buffers of ``micro`` accumulated micro-batches, updates, clears them."""
 
     def __init__(self, optimizer, buffers, guard: StepGuard, grad_clip: float, micro: int, collect=None,
-                 fused_square_sum=None):
+                 fused_gradients=None):
         super().__init__(auto_prefix=False)
-        self._init_finish(optimizer, guard, grad_clip, fused_square_sum)
+        self._init_finish(optimizer, guard, grad_clip, fused_gradients)
         self.buffers = buffers
         self.micro = float(micro)
         self.collect = collect if collect is not None else Unscale()

@@ -163,6 +163,38 @@ def test_softmax_backward_tail_equals_mindspores_sub_and_mul(shape):
         np.testing.assert_array_equal(a, r)
 
 
+@pytest.mark.parametrize("style, rotary_dim, cos_batch", [("rotate_half", 0, 1), ("interleaved", 0, 2),
+                                                          ("rotate_half", 4, 2)])
+def test_rope_equals_mindspores_mul_matmul_add_forward_and_backward(style, rotary_dim, cos_batch):
+    """RoPE's rotation by the kernel: NumPy's ``x * cos + (x @ R) * sin`` and, backward, ``dout * cos +
+    (dout * sin) @ R^T`` (exact: one nonzero per column of R), and MindSpore's own ops (``Mul``, ``MatMul``,
+    ``Add`` and their derived backward), bit for bit; tables per sequence (positions given) or shared."""
+    b, n, s, d = 2, 3, 8, 8
+    rng = np.random.RandomState(8)
+    x, dout = ((rng.standard_normal((b, n, s, d)) * 3).astype(np.float32) for _ in range(2))
+    angles = rng.uniform(-7, 7, (cos_batch, 1, s, d))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    r = layers.rotation_matrix(d, style, rotary_dim)
+    assert layers.prepare_broadcast()
+    rope = layers.rope_kernel(r)
+    assert rope is not None
+    rot = (x.reshape(-1, d) @ r).reshape(x.shape)
+    np.testing.assert_array_equal(rope(Tensor(x), Tensor(cos), Tensor(sin)).asnumpy(), x * cos + rot * sin)
+    back = ((dout * sin).reshape(-1, d) @ r.T).reshape(x.shape)
+    grad = ops.GradOperation(sens_param=True)(rope)(Tensor(x), Tensor(cos), Tensor(sin), Tensor(dout))
+    np.testing.assert_array_equal(grad.asnumpy(), dout * cos + back)
+    mul_cos, mul_sin, matmul, add = ops.Mul(), ops.Mul(), ops.MatMul(), ops.Add()
+
+    tables = Tensor(r), Tensor(cos), Tensor(sin), Tensor(dout)
+
+    def loss(t):
+        flat = matmul(t.reshape(-1, d), tables[0]).reshape(t.shape)
+        return (add(mul_cos(t, tables[1]), mul_sin(flat, tables[2])) * tables[3]).sum()
+    own = ms.jit(ops.grad(loss))(Tensor(x))
+    np.testing.assert_array_equal(own.asnumpy(), grad.asnumpy())
+    assert layers.rotation_code(np.eye(d, dtype=np.float32) * 2) is None        # not a signed permutation
+
+
 def test_a_model_step_is_the_same_with_and_without_the_kernels():
     """Loss and every parameter gradient of a small decoder (LayerNorm, biases, RoPE, SwiGLU, causal bias),
     built with the kernels and built without them (the Tile form): equal bit for bit."""

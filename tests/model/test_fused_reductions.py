@@ -2,7 +2,8 @@
 
 References: the float64 NumPy math of LayerNorm and RMSNorm and of their gradients, written from their
 definitions (not from the kernels' formulas), and MindSpore's own composed graph, which the fused kernels
-must track to float32 accuracy; the global norm against NumPy's float64 sum of squares."""
+must track to float32 accuracy; the attention's softmax and SwiGLU's activation against float64 NumPy from their
+definitions; the global norm against NumPy's float64 sum of squares."""
 from __future__ import annotations
 
 import dataclasses
@@ -103,9 +104,10 @@ def test_fused_norms_equal_float64_math_and_track_the_composed_graph(kind, shape
         assert a.tobytes() == b.tobytes()
 
 
-def test_square_sum_equals_float64_and_repeats(monkeypatch):
-    """Each gradient's sum of squares for the global norm: float64 lanes, so within a float32 rounding of
-    NumPy's float64 sum, whatever the length (the lanes' remainder, one element, ReduceSum's threaded sizes)."""
+def test_square_sums_equal_float64_and_repeat_and_the_clip_is_numpys_product():
+    """All the gradients' sums of squares by one kernel: each in float64 lanes, so within a float32 rounding of
+    NumPy's float64 sum whatever the lengths (the lanes' remainder, one element, ReduceSum's threaded sizes), and
+    added in input order as AddN adds; the clip's one kernel multiplies every gradient as NumPy's float32 product."""
     ms.set_context(mode=ms.GRAPH_MODE)
     prims = cpu_kernels.primitives()
     assert prims is not None, cpu_kernels.why_not()
@@ -113,20 +115,69 @@ def test_square_sum_equals_float64_and_repeats(monkeypatch):
     class _Apply(nn.Cell):
         def __init__(self):
             super().__init__()
-            self.op = prims["square_sum"]
+            self.sums = prims["square_sums"]
+            self.scale = prims["scale_all"]
 
-        def construct(self, g):
-            return self.op(g)
+        def construct(self, factor, *grads):
+            return self.sums(*grads), self.scale(*grads, factor)
 
     apply = _Apply()
     rng = np.random.RandomState(0)
-    for shape in [(1,), (15,), (17,), (3, 5, 7), (512, 513), (262147,)]:
-        g = (rng.standard_normal(shape) * rng.uniform(1e-4, 10)).astype(np.float32)
-        got = apply(Tensor(g)).asnumpy()
-        assert got.shape == (1,) and got.dtype == np.float32
-        want = float(np.sum(g.astype(np.float64) ** 2))
-        assert abs(float(got[0]) - want) <= 1.2e-7 * want, shape
-        assert apply(Tensor(g)).asnumpy().tobytes() == got.tobytes()
+    shapes = [(1,), (15,), (17,), (3, 5, 7), (512, 513), (262147,)]
+    grads = [(rng.standard_normal(shape) * rng.uniform(1e-4, 10)).astype(np.float32) for shape in shapes]
+    factor = np.array([0.37], np.float32)
+    total, scaled = apply(Tensor(factor), *[Tensor(g) for g in grads])
+    got = total.asnumpy()
+    assert got.shape == (1,) and got.dtype == np.float32
+    per = [float(np.sum(g.astype(np.float64) ** 2)) for g in grads]
+    assert abs(float(got[0]) - sum(per)) <= 1e-6 * sum(per)
+    in_order = np.float32(per[0])
+    for p in per[1:]:
+        in_order = np.float32(in_order + np.float32(p))
+    assert abs(float(got[0]) - float(in_order)) <= 2.4e-7 * sum(per)
+    assert len(scaled) == len(grads)
+    for g, out in zip(grads, scaled):
+        assert out.asnumpy().tobytes() == (g * factor[0]).tobytes()
+    again, _ = apply(Tensor(factor), *[Tensor(g) for g in grads])
+    assert again.asnumpy().tobytes() == got.tobytes()
+
+
+def test_attention_softmax_and_silu_product_equal_float64_forward_and_backward():
+    """The attention's softmax(x * scale + bias) and SwiGLU's (g * sigmoid(g)) * u by the fused kernels, against
+    NumPy's float64 math from the definitions: blocked scores (bias -1e9) are exactly 0, sigmoid saturates
+    (g = +-100, -88), a per-sequence bias broadcast over heads; forward and backward to float32 accuracy."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    assert layers.prepare_broadcast()
+    with layers.fused_reductions():
+        softmax = layers._fused_cell(layers._FusedSoftmax, "scaled_softmax")
+        glu = layers._fused_cell(layers._FusedSiluProduct, "silu_product")
+    assert softmax is not None and glu is not None
+    rng = np.random.RandomState(1)
+    grad = ops.GradOperation(get_all=True, sens_param=True)
+    for bias_shape in [(1, 5, 37), (2, 1, 5, 37)]:
+        x = (rng.standard_normal((2, 3, 5, 37)) * 6).astype(np.float32)
+        bias = np.where(rng.uniform(size=bias_shape) < 0.4, -1e9, rng.standard_normal(bias_shape)).astype(np.float32)
+        bias[..., 0] = 0.0                                   # every row sees one position
+        scale = Tensor(0.125, ms.float32)
+        y = softmax(Tensor(x), Tensor(bias), scale).asnumpy()
+        z = x.astype(np.float64) * 0.125 + bias
+        e = np.exp(z - z.max(-1, keepdims=True))
+        ref = e / e.sum(-1, keepdims=True)
+        assert np.abs(y - ref).max() < 3e-7
+        assert (y[np.broadcast_to(bias, y.shape) == -1e9] == 0).all()
+        dy = rng.standard_normal(x.shape).astype(np.float32)
+        dx = grad(softmax)(Tensor(x), Tensor(bias), scale, Tensor(dy))[0].asnumpy()
+        want = (ref * dy - ref * (ref * dy).sum(-1, keepdims=True)) * 0.125
+        assert np.abs(dx - want).max() < 2e-6 * np.abs(want).max()
+    g = (rng.standard_normal((64, 50)) * 5).astype(np.float32)
+    g[0, :4] = [-100, 100, -88, 0]
+    u, dy = (rng.standard_normal((64, 50)).astype(np.float32) for _ in range(2))
+    out = glu(Tensor(g), Tensor(u)).asnumpy()
+    g64 = g.astype(np.float64)
+    s = 1 / (1 + np.exp(-g64))
+    dg, du = grad(glu)(Tensor(g), Tensor(u), Tensor(dy))
+    for got, want in [(out, g64 * s * u), (du.asnumpy(), dy * g64 * s), (dg.asnumpy(), dy * u * (s + g64 * s * (1 - s)))]:
+        assert np.abs(got - want).max() < 4e-7 * np.abs(want).max()   # (dg's terms cancel near g = -1.28)
 
 
 def _micro(*over):
@@ -154,8 +205,8 @@ def test_a_recipe_opting_in_trains_as_the_composed_graph_does(micro):
         norms = [c for _, c in built.model.cells_and_names() if isinstance(c, layers.Norm)]
         assert norms and all((c.fused is not None) == (mode == "fused") for c in norms)
         fused_note = [n for n in built.steps.notes if "cpu_reductions" in n]
-        assert fused_note == (["norms and the global gradient norm summed by naohai's fused kernels "
-                               "(train.cpu_reductions)"] if mode == "fused" else [])
+        assert fused_note == (["norms, attention softmax, SwiGLU activation, global gradient norm and clip by "
+                               "naohai's fused kernels (train.cpu_reductions)"] if mode == "fused" else [])
         rows = []
         for t in tokens:
             r = built.steps.train(Tensor(t))
@@ -178,12 +229,12 @@ def test_the_key_is_checked_and_where_fused_cannot_apply_the_note_says_why(monke
     from naohai.train import builder
     params = [ms.Parameter(Tensor(np.ones(3, np.float32)), name="w")]
     assert builder.cpu_reductions("mindspore", params) == (None, None)
-    monkeypatch.setattr(builder, "fused_square_sum", lambda: None)
+    monkeypatch.setattr(builder, "fused_gradient_kernels", lambda: None)
     monkeypatch.setattr(cpu_kernels, "why_not", lambda: "NAOHAI_CPU_KERNELS=0")
     kernel, note = builder.cpu_reductions("fused", params)
     assert kernel is None and note == ("train.cpu_reductions is 'fused' but naohai's compiled CPU kernels are not "
                                        "in use (NAOHAI_CPU_KERNELS=0): MindSpore's ops sum, as with 'mindspore'")
-    monkeypatch.setattr(builder, "fused_square_sum", lambda: "kernel")
+    monkeypatch.setattr(builder, "fused_gradient_kernels", lambda: "kernel")
     half = [ms.Parameter(Tensor(np.ones(3, np.float16)), name="h")]
     assert builder.cpu_reductions("fused", half) == (
         None, "train.cpu_reductions is 'fused' but its kernels take float32 parameters only: MindSpore's ops "
