@@ -568,4 +568,72 @@ int NaohaiSiluProductGrad(int nparam, void **params, int *ndims, int64_t **shape
   }
   return 0;
 }
+
+// The head's cross entropy and its gradient in one pass over each row (naohai.model.head_loss, fused):
+// logits x [r, V], labels int32 [r] (each in [0, V)), weight w [r] or [1] (one for every row) -> nll [r], the
+// rows' log(sum_k exp(x_k - m)) - (x_y - m) with m the row's maximum, and g [r, V] = w_i * (softmax(x_i) -
+// onehot(y_i)), the gradient of sum_i w_i * nll_i with respect to x.  The exps are written to g, summed in
+// lanes (RowSum) and scaled in place: each row is read once from memory.
+int NaohaiSoftmaxCrossEntropy(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                              void *) {
+  if (nparam != 5 || ndims[0] != 2 || std::strcmp(dtypes[1], "int32") != 0) return 1;
+  const int64_t rows = shapes[0][0], v = shapes[0][1], nw = Count(ndims[2], shapes[2]);
+  if (Count(ndims[1], shapes[1]) != rows || (nw != rows && nw != 1)) return 1;
+  const float *x = In(params, 0), *w = In(params, 2);
+  const int32_t *labels = static_cast<const int32_t *>(params[1]);
+  for (int64_t r = 0; r < rows; ++r)
+    if (labels[r] < 0 || labels[r] >= v) return 1;
+  float *nll = Out(params, 3), *g = Out(params, 4);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * v;
+    float *gr = g + r * v;
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t k = 0; k < v; ++k) m = xr[k] > m ? xr[k] : m;
+    for (int64_t k = 0; k < v; ++k) gr[k] = ExpF(xr[k] - m);
+    const float sum = RowSum(v, [&](int64_t k) { return gr[k]; });
+    const int32_t y = labels[r];
+    nll[r] = std::log(sum) - (xr[y] - m);
+    const float wr = w[nw == 1 ? 0 : r], f = wr / sum;
+    for (int64_t k = 0; k < v; ++k) gr[k] = gr[k] * f;
+    gr[y] = gr[y] - wr;
+  }
+  return 0;
+}
+
+// AdamW's update of every trained parameter by one kernel, in place (the optimizer of a fused CPU step:
+// naohai.train.adam_all).  Inputs p_0..p_{n-1}, m_0.., v_0.., g_0.. (parameters, first and second moments,
+// gradients), lr [1], beta1 [1], beta2 [1], eps [1], decay [n] (each parameter's weight decay, 0 for those that do
+// not decay); output [1] (0).  p, m and v are written where they lie (the primitive is marked as writing memory):
+// m += (g - m) * (1 - beta1), v += (g * g - v) * (1 - beta2), p -= lr * (m / (sqrt(v) + eps) + decay * p), the
+// update of MindSpore's AdamWeightDecay (no bias correction).  Its CPU kernel's results differ from these in the last
+// bit for a third of the elements of m and v (its vector path and thread split, not reproduced here).
+int NaohaiAdamWeightDecayAll(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  if (nparam < 10 || (nparam - 6) % 4 != 0) return 1;
+  const int n = (nparam - 6) / 4, s = 4 * n;
+  for (int i = s; i < s + 4; ++i)
+    if (Count(ndims[i], shapes[i]) != 1) return 1;
+  if (Count(ndims[s + 4], shapes[s + 4]) != n) return 1;
+  for (int i = 0; i < n; ++i) {
+    const int64_t count = Count(ndims[i], shapes[i]);
+    for (int j = 1; j < 4; ++j)
+      if (Count(ndims[i + j * n], shapes[i + j * n]) != count) return 1;
+  }
+  const float lr = *In(params, s), beta1 = *In(params, s + 1), beta2 = *In(params, s + 2), eps = *In(params, s + 3);
+  const float *decay = In(params, s + 4);
+  const float beta1_minus = 1.0f - beta1, beta2_minus = 1.0f - beta2;
+  for (int i = 0; i < n; ++i) {
+    float *p = Out(params, i), *m = Out(params, n + i), *v = Out(params, 2 * n + i);
+    const float *g = In(params, 3 * n + i);
+    const float d = decay[i];
+    const int64_t count = Count(ndims[i], shapes[i]);
+    for (int64_t k = 0; k < count; ++k) {
+      m[k] += (g[k] - m[k]) * beta1_minus;
+      v[k] += (g[k] * g[k] - v[k]) * beta2_minus;
+      p[k] -= lr * (m[k] / (std::sqrt(v[k]) + eps) + d * p[k]);
+    }
+  }
+  *Out(params, s + 5) = 0.0f;
+  return 0;
+}
 }

@@ -12,7 +12,9 @@ and keep less memory (on the bench models the peak resident set falls by 10-18%)
 The *fused reductions* are the exception, used only where a recipe asks for them (``train.cpu_reductions:
 fused``): LayerNorm and RMSNorm forward and backward in one kernel each (``layer_norm``, ``rms_norm`` and their
 ``_grad``), the attention's scale, bias and softmax (``scaled_softmax``) and SwiGLU's sigmoid and products
-(``silu_product``) likewise, with an exp of their own (within 2 ulp, not MindSpore's), and the gradients' sums of
+(``silu_product``) likewise, with an exp of their own (within 2 ulp, not MindSpore's), the head's cross entropy
+and its gradient with respect to the logits in one pass over each row (``softmax_cross_entropy``), and the
+gradients' sums of
 squares for the global norm, all in one kernel (``square_sums``), with the clip's scaling of all the gradients by
 one kernel (``scale_all``, exact).  They sum in an order of their
 own (fixed, so runs repeat), not in the order of MindSpore's ``MatMul``, ``ReduceSum`` and ``AddN`` that the
@@ -63,9 +65,15 @@ ENTRY = {"add": ("NaohaiBroadcastAdd", lambda x, b: x),
          "silu_product": ("NaohaiSiluProduct", lambda g, u: g),
          "silu_product_grad": ("NaohaiSiluProductGrad", lambda dy, g, u: (g, g)),
          "square_sums": ("NaohaiSquareSums", lambda *grads: grads[0]),
-         "scale_all": ("NaohaiScaleAll", lambda *grads_and_factor: tuple(grads_and_factor[:-1]))}
+         "scale_all": ("NaohaiScaleAll", lambda *grads_and_factor: tuple(grads_and_factor[:-1])),
+         "softmax_cross_entropy": ("NaohaiSoftmaxCrossEntropy", lambda x, labels, w: (x, x)),
+         "adam_all": ("NaohaiAdamWeightDecayAll", lambda *tensors: tensors[0])}
 _SHAPES = {"swap_axes_1_2": lambda x: [x[0], x[2], x[1], x[3]],
-           "square_sums": lambda *grads: [1]}
+           "square_sums": lambda *grads: [1],
+           "softmax_cross_entropy": lambda x, labels, w: ([x[0]], x),
+           "adam_all": lambda *tensors: [1]}
+#: kernels that write their inputs in place (MindSpore orders them as memory side effects)
+_WRITES_INPUTS = ("adam_all",)
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fopenmp-simd", "-std=c++17", "-shared",
          "-fPIC"]
 
@@ -165,5 +173,7 @@ def primitives():
             prims = {name: ops.Custom(f"{lib}:{entry}", out_shape=_SHAPES.get(name, like), out_dtype=like,
                                       func_type="aot")
                      for name, (entry, like) in ENTRY.items()}
+            for name in _WRITES_INPUTS:
+                prims[name].add_prim_attr("side_effect_mem", True)
     _STATE["prims"] = prims
     return prims

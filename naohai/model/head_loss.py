@@ -14,7 +14,10 @@ backward would have done.
 The numbers are the composed form's: the same kernels on the same rows give the same NLL and loss
 (bit for bit) and the same gradient of the hidden states; only the head weight's gradient sums the
 blocks explicitly (measured on the 42m bench model: the first 20 losses bit-identical to the composed
-form's).  The blocks run one after another (each block's input depends on the previous block's dx), so
+form's).  Built inside :func:`naohai.model.layers.fused_reductions` (``train.cpu_reductions: fused``), each
+block's ``LogSoftmax``, pick, one-hot and ``LogSoftmaxGrad`` are one compiled kernel instead
+(``softmax_cross_entropy`` of :mod:`naohai.model.cpu_kernels`: one pass over each row, with its own exp and
+summation order, so the numbers differ from the composed form's in the last bits).  The blocks run one after another (each block's input depends on the previous block's dx), so
 the memory pool reuses one block's buffers for the next.  With ``weight_grad`` off (fine-tuning, whose
 methods freeze the head) the weight's gradient is not computed.
 
@@ -33,7 +36,7 @@ from mindspore import nn, ops, Tensor
 from mindspore.ops.operations._grad_ops import LogSoftmaxGrad
 
 from naohai.model.config import ModelConfig
-from naohai.model.layers import repeat
+from naohai.model.layers import fused_kernel, repeat
 
 BLOCK_BYTES = 64 * 2 ** 20     # about this many bytes of float32 logits per block
 
@@ -69,6 +72,7 @@ class ChunkedHeadLoss(nn.Cell):
         self.neg = ops.Neg()              # the composed form's primitives, for its numbers
         self.mean = ops.ReduceMean()
         self.sum = ops.ReduceSum()
+        self.fused = fused_kernel("softmax_cross_entropy")   # None unless train.cpu_reductions: fused
 
     def construct(self, x, weight, labels, input_ids):
         flat = ops.reshape(labels, (-1,))
@@ -104,12 +108,12 @@ class ChunkedHeadLoss(nn.Cell):
                 # the next block (measured on 42m: 3.91 s a step chained on dx, 4.03-4.16 s chained on dw)
                 xb = ops.depend(xb, dxs[-1])
             yb = labels[start:end]
-            logp = self.log_softmax(self.logits(xb, w))
-            nlls.append(self.neg(ops.reshape(self.pick(logp, 1, ops.reshape(yb, (-1, 1))), (-1,))))
-            seed = self.one_hot(yb, vocab, on, off)          # d loss / d logp: -coef_i at the label
-            if coef is not None:
-                seed = seed * repeat(ops.reshape(-coef[start:end], (-1, 1)), seed)
-            g = self.log_softmax_grad(logp, seed)
+            if self.fused is not None:       # the loss's weight of each row: 1/n (the mean) or coef
+                rw = Tensor([1.0 / n], ms.float32) if coef is None else coef[start:end]
+                nll, g = self.fused(self.logits(xb, w), ops.cast(yb, ms.int32), rw)
+            else:
+                nll, g = self._composed_block(self.logits(xb, w), yb, vocab, on, off, coef, start, end)
+            nlls.append(nll)
             dxs.append(self.grad_x(g, w))
             if self.weight_grad:
                 part = self.grad_w(g, xb)
@@ -117,6 +121,15 @@ class ChunkedHeadLoss(nn.Cell):
         if dw is None:
             dw = ops.zeros_like(w)
         return ops.concat(nlls, 0), ops.concat(dxs, 0), dw
+
+    def _composed_block(self, logits, yb, vocab, on, off, coef, start, end):
+        """One block's (NLL, gradient with respect to its logits) by MindSpore's ops."""
+        logp = self.log_softmax(logits)
+        nll = self.neg(ops.reshape(self.pick(logp, 1, ops.reshape(yb, (-1, 1))), (-1,)))
+        seed = self.one_hot(yb, vocab, on, off)          # d loss / d logp: -coef_i at the label
+        if coef is not None:
+            seed = seed * repeat(ops.reshape(-coef[start:end], (-1, 1)), seed)
+        return nll, self.log_softmax_grad(logp, seed)
 
     def bprop(self, x, weight, labels, input_ids, out, dout):
         # the scalar broadcast first: MindSpore 2.10's CPU Mul keeps index tables for a broadcasting

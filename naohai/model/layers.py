@@ -386,7 +386,8 @@ def prepare_broadcast() -> bool:
             _ROPE = (prims["rope"], prims["rope_grad"])
             _FUSED.update({name: prims[name] for name in (
                 "layer_norm", "layer_norm_grad", "rms_norm", "rms_norm_grad", "scaled_softmax",
-                "scaled_softmax_grad", "silu_product", "silu_product_grad", "square_sums", "scale_all")})
+                "scaled_softmax_grad", "silu_product", "silu_product_grad", "square_sums", "scale_all",
+                "softmax_cross_entropy", "adam_all")})
             _KERNELS_ON = True
     return True
 
@@ -569,6 +570,14 @@ class _FusedSiluProduct(nn.Cell):
         return dg, du
 
 
+def fused_kernel(name: str):
+    """The fused kernel primitive ``name`` (:mod:`naohai.model.cpu_kernels`) when built inside
+    :func:`fused_reductions` with the compiled kernels built, else None."""
+    if not (fused_reductions_on() and _FUSED):
+        return None
+    return _FUSED[name]
+
+
 def _fused_cell(cls, name: str):
     """``cls(kernel, its backward)`` for the fused kernel ``name`` when built inside :func:`fused_reductions`
     with the compiled kernels built, else None."""
@@ -602,9 +611,12 @@ def fused_reductions_on() -> bool:
 
 class GradientKernels(NamedTuple):
     """The fused kernels for all of a step's float32 gradients at once: ``square_sums(*grads)`` -> the sum of
-    their sums of squares ([1]), ``scale_all(*grads, factor)`` -> each gradient times ``factor`` ([1])."""
+    their sums of squares ([1]), ``scale_all(*grads, factor)`` -> each gradient times ``factor`` ([1]),
+    ``adam_all(*params, *m, *v, *grads, lr, beta1, beta2, eps, decays)``: AdamW's update of every parameter, in
+    place (:class:`naohai.train.adam_all.AdamWeightDecayAll`)."""
     square_sums: object
     scale_all: object
+    adam_all: object
 
 
 def fused_gradient_kernels() -> Optional[GradientKernels]:
@@ -612,7 +624,7 @@ def fused_gradient_kernels() -> Optional[GradientKernels]:
     backend), else None."""
     if not _FUSED:
         return None
-    return GradientKernels(_FUSED["square_sums"], _FUSED["scale_all"])
+    return GradientKernels(_FUSED["square_sums"], _FUSED["scale_all"], _FUSED["adam_all"])
 
 
 class RowSumSoftmax(nn.Cell):

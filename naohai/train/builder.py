@@ -37,6 +37,7 @@ from naohai.strategy.resolve import ResolvedStrategy
 from naohai.strategy.run_plan import Run
 from naohai.strategy.runtime import Runtime, plan_runtime
 from naohai.strategy.scoring import score_inputs, score_rows, score_step
+from naohai.train.adam_all import AdamWeightDecayAll
 from naohai.train.schedule import learning_rate
 from naohai.checkpoint.entries import file_view
 from naohai.train.step import AccumulateStep, ApplyStep, EvalStep, StepGuard, TrainStep, make_buffers
@@ -50,9 +51,11 @@ class StepResult:
     loss_scale: float     # the scale this step used
 
 
-def make_optimizer(model: NaohaiLM, recipe: Recipe) -> nn.Optimizer:
+def make_optimizer(model: NaohaiLM, recipe: Recipe, adam_kernel=None) -> nn.Optimizer:
     """AdamW; as in both references, every parameter decays except norm gains/shifts and biases
-    (spec ``no_decay``), embedding tables included."""
+    (spec ``no_decay``), embedding tables included.  ``adam_kernel`` (:class:`naohai.model.layers.GradientKernels`'
+    ``adam_all``, ``train.cpu_reductions: fused``): the update of all parameters by that one kernel
+    (:class:`naohai.train.adam_all.AdamWeightDecayAll`)."""
     no_decay = {p.name for p in param_shapes(recipe.model) if p.no_decay}
     params = list(model.trainable_params())
     skips = [per_layer_names(recipe.model, p.name)[0] in no_decay for p in params]
@@ -65,8 +68,10 @@ def make_optimizer(model: NaohaiLM, recipe: Recipe) -> nn.Optimizer:
     # checkpoints), so resumed runs see exactly the same rates and skipped steps do not
     # advance it.
     table = np.array([learning_rate(t, i) for i in range(t.steps + 1)], np.float32)
-    return nn.AdamWeightDecay(groups, learning_rate=Tensor(table), beta1=opt.adam_beta1,
-                              beta2=opt.adam_beta2, eps=opt.adam_eps)
+    kwargs = dict(learning_rate=Tensor(table), beta1=opt.adam_beta1, beta2=opt.adam_beta2, eps=opt.adam_eps)
+    if adam_kernel is not None:
+        return AdamWeightDecayAll(groups, adam_kernel, **kwargs)
+    return nn.AdamWeightDecay(groups, **kwargs)
 
 
 def host_accumulation(resolved: ResolvedStrategy, runtime: Runtime) -> int:
@@ -327,8 +332,8 @@ def cpu_reductions(wanted: str, trained) -> Tuple[Optional[object], Optional[str
         why = "its kernels take float32 parameters only"
         kernel = None
     else:
-        return kernel, ("norms, attention softmax, SwiGLU activation, global gradient norm and clip by naohai's "
-                        "fused kernels (train.cpu_reductions)")
+        return kernel, ("norms, attention softmax, SwiGLU activation, cross entropy, global gradient norm, clip "
+                        "and AdamW update by naohai's fused kernels (train.cpu_reductions)")
     return None, f"train.cpu_reductions is 'fused' but {why}: MindSpore's ops sum, as with 'mindspore'"
 
 
@@ -356,7 +361,8 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
         apply_finetune(model, recipe.finetune, t.seed, recipe.source or "recipe")
         reuse = False        # adapted and plain layers differ: one graph per layer
     apply_strategy(model, resolved, reuse)
-    optimizer = make_optimizer(model, recipe)
+    fused_gradients, note = cpu_reductions(t.cpu_reductions, model.trainable_params())
+    optimizer = make_optimizer(model, recipe, fused_gradients.adam_all if fused_gradients is not None else None)
     guard = StepGuard(t.guard)
     parts = step_parts(model, optimizer.parameters, resolved, runtime)
     rows = t.global_batch_size // runtime.dp_size
@@ -366,7 +372,6 @@ def build(run: Run, runtime: Optional[Runtime] = None, strategy_file: Optional[s
                   token_weight=token_weight, model=model)
     k = host_accumulation(resolved, runtime)
     steps.weight_factor, steps.eval_weight_factor = token_weight_factors(parts, k)
-    fused_gradients, note = cpu_reductions(t.cpu_reductions, optimizer.parameters)
     steps.notes += [note] if note else []
     if k == 1:
         step = TrainStep(parts.network, optimizer, guard, t.optimizer.grad_clip, parts.micro, parts.collect, parts.reduce_loss,

@@ -16,6 +16,8 @@ from mindspore import Tensor, nn, ops
 from naohai.config import ModelConfig, load_recipe
 from naohai.errors import UserError
 from naohai.model import cpu_kernels, layers
+from naohai.model.head_loss import ChunkedHeadLoss
+from naohai.train.adam_all import AdamWeightDecayAll
 
 
 def _cfg(norm: str, h: int) -> ModelConfig:
@@ -180,6 +182,99 @@ def test_attention_softmax_and_silu_product_equal_float64_forward_and_backward()
         assert np.abs(got - want).max() < 4e-7 * np.abs(want).max()   # (dg's terms cancel near g = -1.28)
 
 
+def test_cross_entropy_kernel_equals_float64_nll_and_gradient():
+    """The head's cross entropy by one kernel (``softmax_cross_entropy``): each row's NLL and the gradient
+    w_i * (softmax - onehot) of sum_i w_i * nll_i against NumPy's float64 math, for one weight for every row (the
+    mean) and one per row (a mask); rows whose logits span 200 (their small probabilities underflow to 0), a label
+    at either end of the vocabulary; a label outside it is refused, not read."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    prims = cpu_kernels.primitives()
+    assert prims is not None, cpu_kernels.why_not()
+
+    class _Loss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.op = prims["softmax_cross_entropy"]
+
+        def construct(self, x, labels, w):
+            return self.op(x, labels, w)
+
+    loss = _Loss()
+    rng = np.random.RandomState(2)
+    rows, vocab = 37, 1000
+    x = (rng.standard_normal((rows, vocab)) * 4).astype(np.float32)
+    x[3] = np.linspace(-100, 100, vocab, dtype=np.float32)
+    labels = rng.randint(0, vocab, rows).astype(np.int32)
+    labels[:2] = [0, vocab - 1]
+    for w in (np.array([1.0 / rows], np.float32), (rng.uniform(size=rows) * (rng.uniform(size=rows) < 0.7)).astype(np.float32)):
+        nll, g = (t.asnumpy() for t in loss(Tensor(x), Tensor(labels), Tensor(w)))
+        z = x.astype(np.float64)
+        lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+        want_nll = lse - z[np.arange(rows), labels]
+        p = np.exp(z - lse[:, None])
+        onehot = np.zeros_like(p)
+        onehot[np.arange(rows), labels] = 1
+        want_g = np.broadcast_to(w.astype(np.float64), (rows,))[:, None] * (p - onehot)
+        assert nll.shape == (rows,) and g.shape == (rows, vocab)
+        assert np.abs(nll - want_nll).max() < 2e-6 * max(1.0, np.abs(want_nll).max())
+        assert np.abs(g - want_g).max() < 1e-6 * np.abs(want_g).max()      # p_y near 1: w * p - w cancels
+        assert (g[3, :400] == 0).all()                       # exp below -87.3 is 0, as it underflows
+    labels[5] = vocab
+    with pytest.raises(RuntimeError):
+        loss(Tensor(x), Tensor(labels), Tensor(np.array([1.0], np.float32)))
+
+
+def test_adam_all_updates_every_parameter_in_place_as_adam_weight_decay_does():
+    """AdamWeightDecayAll (one kernel for every parameter, written in place) against MindSpore's AdamWeightDecay
+    with the same decay groups and learning-rate table over four steps of the same gradients: the parameters and
+    both moments agree to the last bits (MindSpore's kernel rounds some moments' elements differently), both
+    against NumPy's float64 form of the update, and the step counters advance alike."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    assert layers.prepare_broadcast()
+    kernels = layers.fused_gradient_kernels()
+    rng = np.random.RandomState(3)
+    shapes = [(64, 32), (32,), (17,), (5, 7, 3)]
+    start = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    table = Tensor(np.array([3e-3, 2e-3, 1e-3, 5e-4, 1e-4], np.float32))
+
+    def make(cls, *extra):
+        params = [ms.Parameter(Tensor(v.copy()), name=f"{cls.__name__}{i}") for i, v in enumerate(start)]
+        groups = [{"params": params[:2], "weight_decay": 0.1}, {"params": params[2:], "weight_decay": 0.0}]
+        return params, cls(groups, *extra, learning_rate=table, beta1=0.9, beta2=0.95, eps=1e-8)
+
+    class _Update(nn.Cell):
+        def __init__(self, opt):
+            super().__init__()
+            self.opt = opt
+
+        def construct(self, grads):
+            return self.opt(grads)
+
+    (ref_params, ref), (params, fused) = make(nn.AdamWeightDecay), make(AdamWeightDecayAll, kernels.adam_all)
+    m = [np.zeros(s) for s in shapes]
+    v = [np.zeros(s) for s in shapes]
+    p = [a.astype(np.float64) for a in start]
+    for step in range(4):
+        grads = tuple(Tensor(rng.standard_normal(s).astype(np.float32)) for s in shapes)
+        _Update(ref)(grads)
+        _Update(fused)(grads)
+        lr = float(table.asnumpy()[step])
+        for i, g in enumerate(grads):
+            g = g.asnumpy().astype(np.float64)
+            m[i] = 0.9 * m[i] + 0.1 * g
+            v[i] = 0.95 * v[i] + 0.05 * g * g
+            p[i] = p[i] - lr * (m[i] / (np.sqrt(v[i]) + 1e-8) + (0.1 if i < 2 else 0.0) * p[i])
+    assert int(fused.global_step.asnumpy()[0]) == int(ref.global_step.asnumpy()[0]) == 4
+    for i in range(len(shapes)):
+        for got, want, exact in [(params[i], ref_params[i], p[i]), (fused.moments1[i], ref.moments1[i], m[i]),
+                                 (fused.moments2[i], ref.moments2[i], v[i])]:
+            got, want = got.asnumpy(), want.asnumpy()
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-7)       # a few ulp apart
+            np.testing.assert_allclose(got, exact, rtol=1e-5, atol=2e-7)
+            np.testing.assert_allclose(want, exact, rtol=1e-5, atol=2e-7)
+    assert not np.array_equal(params[0].asnumpy(), start[0])
+
+
 def _micro(*over):
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
@@ -205,8 +300,12 @@ def test_a_recipe_opting_in_trains_as_the_composed_graph_does(micro):
         norms = [c for _, c in built.model.cells_and_names() if isinstance(c, layers.Norm)]
         assert norms and all((c.fused is not None) == (mode == "fused") for c in norms)
         fused_note = [n for n in built.steps.notes if "cpu_reductions" in n]
-        assert fused_note == (["norms, attention softmax, SwiGLU activation, global gradient norm and clip by "
-                               "naohai's fused kernels (train.cpu_reductions)"] if mode == "fused" else [])
+        assert fused_note == (["norms, attention softmax, SwiGLU activation, cross entropy, global gradient norm, "
+                               "clip and AdamW update by naohai's fused kernels (train.cpu_reductions)"]
+                              if mode == "fused" else [])
+        assert isinstance(built.optimizer, AdamWeightDecayAll) == (mode == "fused")
+        heads = [c for _, c in built.model.cells_and_names() if isinstance(c, ChunkedHeadLoss)]
+        assert heads and all((c.fused is not None) == (mode == "fused") for c in heads)
         rows = []
         for t in tokens:
             r = built.steps.train(Tensor(t))
