@@ -318,10 +318,12 @@ class TrainConfig:
     #                                  (naohai.model.stack); auto = on CPU, one device or data parallel,
     #                                  from 12 looped layers (naohai.train.builder.AUTO_LOOP_MIN_LAYERS)
     cpu_reductions: str = "mindspore"  # mindspore | fused: on CPU, the norms, the attention's softmax,
-    #                                  SwiGLU's sigmoid and the global gradient norm by MindSpore's ops in
-    #                                  their order (bit for bit the composed graph) or by naohai's compiled
-    #                                  kernels in theirs (faster; float32 results differ in the last bits;
-    #                                  naohai.model.cpu_kernels)
+    #                                  SwiGLU's sigmoid, the cross entropy, the global gradient norm and the
+    #                                  AdamW update by MindSpore's ops in their order (bit for bit the composed
+    #                                  graph) or by naohai's compiled kernels in theirs (faster; float32 results
+    #                                  differ in the last bits; naohai.model.cpu_kernels)
+    cpu_affinity: bool = True        # on CPU, MindSpore's thread binding on this process's cores
+    #                                  (naohai.train.job.bind_cpu_threads); off: MindSpore's default
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     held_out: HeldOutConfig = field(default_factory=HeldOutConfig)
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
