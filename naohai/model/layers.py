@@ -592,10 +592,10 @@ class _FusedReductions:
 
 @contextlib.contextmanager
 def fused_reductions(on: bool = True):
-    """Build cells that take their norms, the attention's softmax and SwiGLU's activation, forward and backward,
-    with naohai's fused kernels (the recipe's ``train.cpu_reductions: fused``; on the CPU backend with the
-    compiled kernels built, else no effect): faster, in their own summation order and with their own exp
-    (:mod:`naohai.model.cpu_kernels`)."""
+    """Build cells that take their norms, the attention's softmax, SwiGLU's activation (forward and backward) and
+    the head's cross entropy (:class:`naohai.model.head_loss.ChunkedHeadLoss`) with naohai's fused kernels (the
+    recipe's ``train.cpu_reductions: fused``; on the CPU backend with the compiled kernels built, else no effect):
+    faster, in their own summation order and with their own exp (:mod:`naohai.model.cpu_kernels`)."""
     before = _FusedReductions.on
     _FusedReductions.on = bool(on)
     try:

@@ -11,7 +11,8 @@ called as ``step(input_ids, labels) -> (loss, grad_norm, applied, loss_scale)``:
    on one device with a static loss scale, which is 1, there is nothing to do);
 3. the global gradient norm in fp32 (see :func:`global_norm`), identical on every
    rank and every pipeline stage (with ``fused_gradients``, the recipe's ``train.cpu_reductions:
-   fused`` on CPU, all the gradients' sums of squares are one compiled kernel's, and so is the clip);
+   fused`` on CPU, all the gradients' sums of squares are one compiled kernel's, and so is the clip; the
+   optimizer is then :class:`naohai.train.adam_all.AdamWeightDecayAll`, one kernel for every update);
 4. the update is applied only when the norm is finite and, when the spike guard is
    on, not above ``spike_factor`` x its running mean; gradients are clipped to
    ``grad_clip`` by the global norm;
