@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from typing import Any, Dict, List, Optional
 
 from naohai.bench.arith import ratio
@@ -44,6 +45,18 @@ def fmt_gib(x: Optional[float]) -> str:
     return DASH if x is None else f"{x / 1024.0 ** 3:.2f} GiB"
 
 
+def median_round(row: Dict[str, Any]) -> Optional[float]:
+    """The median of a row's rounds (tokens/s); None when it has none."""
+    rounds = [r for r in (row.get("rounds_tokens_per_s") or []) if r is not None]
+    return float(statistics.median(rounds)) if rounds else None
+
+
+def median_ratio(t: Dict[str, Any], peer: str) -> Optional[float]:
+    """naohai's median round over ``peer``'s."""
+    a, b = median_round(t["naohai"]), median_round(t[peer])
+    return a / b if a is not None and b else None
+
+
 def throughput_rows(results: Dict[str, Any]) -> List[List[str]]:
     rows = []
     for m in results.get("models", []):
@@ -52,7 +65,8 @@ def throughput_rows(results: Dict[str, Any]) -> List[List[str]]:
                      fmt_int(t["naohai"]["tokens_per_s"]), fmt_pct(t["naohai"]["mfu"]),
                      fmt_int(t["eager"]["tokens_per_s"]), fmt_pct(t["eager"]["mfu"]),
                      fmt_int(t["compile"]["tokens_per_s"]), fmt_pct(t["compile"]["mfu"]),
-                     fmt_ratio(m["ratios"]["naohai_over_eager"]), fmt_ratio(m["ratios"]["naohai_over_compile"])])
+                     fmt_ratio(m["ratios"]["naohai_over_eager"]), fmt_ratio(m["ratios"]["naohai_over_compile"]),
+                     fmt_ratio(median_ratio(t, "eager")), fmt_ratio(median_ratio(t, "compile"))])
     return rows
 
 
@@ -171,8 +185,10 @@ def render_markdown(results: Dict[str, Any]) -> str:
         out += [f"PyTorch rows: {results['torch_note']}", ""]
     out += ["## Training throughput (tokens/s, MFU)", ""]
     out += _table(["model", "naohai", "MFU", "PyTorch eager", "MFU", "torch.compile", "MFU", "naohai / eager",
-                   "naohai / compile"], throughput_rows(results))
-    out += ["", "naohai runs through its trainer (data loader, `TrainStep` with clip 1.0 and the finite/loss-scale "
+                   "naohai / compile", "median rounds: / eager", "/ compile"], throughput_rows(results))
+    out += ["", "Tokens/s, MFU and the first two ratios are each row's best round; the last two are the ratios of the "
+            "rows' median rounds (this machine's rounds can vary by a quarter for any row). "
+            "naohai runs through its trainer (data loader, `TrainStep` with clip 1.0 and the finite/loss-scale "
             "guard, learning-rate read, console and metrics-file logging); PyTorch trains the same architecture "
             "(`run/bench/torch_peer.py`) on the same batches: fp32, AdamW with the same decay groups, clip 1.0, "
             "tied head, dropout 0.", ""]

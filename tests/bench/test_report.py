@@ -48,7 +48,8 @@ def _results():
 
 def test_markdown_tables_hold_the_figures():
     md = render_markdown(_results())
-    assert "| tiny (1.07M, 16 x 128) | 8,858 | 40.0% | 13,357 | 60.0% | \u2014 | \u2014 | 0.66 | \u2014 |" in md
+    assert ("| tiny (1.07M, 16 x 128) | 8,858 | 40.0% | 13,357 | 60.0% | \u2014 | \u2014 | 0.66 | \u2014 | 0.66 | \u2014 |"
+            in md)
     assert "**0.160 TFLOP/s**, the best of MindSpore compiled MatMul 0.100, NumPy BLAS (child, thread " in md
     assert "PyTorch matmul (child, defaults) failed" in md and "Cleared for NumPy: OPENBLAS_NUM_THREADS." in md
     assert "**0.320 TFLOP/s** = 2 cores x 2.5 GHz x 64" in md and "the measured peak is 50% of it" in md
@@ -61,6 +62,18 @@ def test_markdown_tables_hold_the_figures():
     assert "| 64 | separate | \u2014 | \u2014 | \u2014 | \u2014 | \u2014 | timed out |" in md
     assert "| tiny | 1,000,000 | 8,858 | 113 |" in md
     assert "| tiny | 4.0 MiB | 4.0 MiB | 8.0 MiB | 8.0 MiB | 4.0 MiB | 1.0 MiB | 1.0 MiB | 10.0 MiB |" in md
+
+
+def test_the_median_rounds_ratio_is_beside_the_best_rounds():
+    """Best rounds 30 against 40 (0.75); median rounds 20 against 20 (1.00): both are in the table."""
+    res = _results()
+    t = res["models"][0]["throughput"]
+    t["naohai"].update(tokens_per_s=30.0, rounds_tokens_per_s=[10.0, 30.0, 20.0])
+    t["eager"].update(tokens_per_s=40.0, rounds_tokens_per_s=[40.0, 20.0, 10.0])
+    res["models"][0]["ratios"]["naohai_over_eager"] = 0.75
+    md = render_markdown(res)
+    assert "| 30 | 40.0% | 40 | 60.0% | \u2014 | \u2014 | 0.75 | \u2014 | 1.00 | \u2014 |" in md
+    assert "| naohai / eager | naohai / compile | median rounds: / eager | / compile |" in md
 
 
 def test_peak_measured_before_and_after_the_rows_is_told():
