@@ -400,6 +400,13 @@ inline float ExpF(float x) {
 // sigmoid(g) = 1 / (1 + exp(-g)), with ExpF.
 inline float Sigmoid(float g) { return 1.0f / (1.0f + ExpF(-g)); }
 
+// dst[k] = exp(src[k] - m) (ExpF) for k < n, and their sum in lanes (RowSum): a softmax row's exps before the
+// division (dst may be src).
+float ExpSum(const float *src, float m, int64_t n, float *dst) {
+  for (int64_t k = 0; k < n; ++k) dst[k] = ExpF(src[k] - m);
+  return RowSum(n, [&](int64_t k) { return dst[k]; });
+}
+
 // The attention's probabilities: y = softmax(x * scale + bias) over the last axis.  x [b, n, s, t]; bias
 // right-aligned against it, [t] last and each other axis equal to x's or 1; scale [1].
 void ScaledSoftmax(const float *x, const float *bias, const int64_t *bs, float scale, const int64_t *xs,
@@ -419,8 +426,7 @@ void ScaledSoftmax(const float *x, const float *bias, const int64_t *bs, float s
           yr[k] = z;
           m = z > m ? z : m;
         }
-        for (int64_t k = 0; k < t; ++k) yr[k] = ExpF(yr[k] - m);
-        const float inv = 1.0f / RowSum(t, [&](int64_t k) { return yr[k]; });
+        const float inv = 1.0f / ExpSum(yr, m, t, yr);
         for (int64_t k = 0; k < t; ++k) yr[k] = yr[k] * inv;
       }
 }
@@ -572,8 +578,8 @@ int NaohaiSiluProductGrad(int nparam, void **params, int *ndims, int64_t **shape
 // The head's cross entropy and its gradient in one pass over each row (naohai.model.head_loss, fused):
 // logits x [r, V], labels int32 [r] (each in [0, V)), weight w [r] or [1] (one for every row) -> nll [r], the
 // rows' log(sum_k exp(x_k - m)) - (x_y - m) with m the row's maximum, and g [r, V] = w_i * (softmax(x_i) -
-// onehot(y_i)), the gradient of sum_i w_i * nll_i with respect to x.  The exps are written to g, summed in
-// lanes (RowSum) and scaled in place: each row is read once from memory.
+// onehot(y_i)), the gradient of sum_i w_i * nll_i with respect to x.  The exps are written to g and summed
+// (ExpSum), then scaled in place: each row is read once from memory.
 int NaohaiSoftmaxCrossEntropy(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                               void *) {
   if (nparam != 5 || ndims[0] != 2 || std::strcmp(dtypes[1], "int32") != 0) return 1;
@@ -590,8 +596,7 @@ int NaohaiSoftmaxCrossEntropy(int nparam, void **params, int *ndims, int64_t **s
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int64_t k = 0; k < v; ++k) m = xr[k] > m ? xr[k] : m;
-    for (int64_t k = 0; k < v; ++k) gr[k] = ExpF(xr[k] - m);
-    const float sum = RowSum(v, [&](int64_t k) { return gr[k]; });
+    const float sum = ExpSum(xr, m, v, gr);
     const int32_t y = labels[r];
     nll[r] = std::log(sum) - (xr[y] - m);
     const float wr = w[nw == 1 ? 0 : r], f = wr / sum;

@@ -13,11 +13,11 @@ The *fused reductions* are the exception, used only where a recipe asks for them
 fused``): LayerNorm and RMSNorm forward and backward in one kernel each (``layer_norm``, ``rms_norm`` and their
 ``_grad``), the attention's scale, bias and softmax (``scaled_softmax``) and SwiGLU's sigmoid and products
 (``silu_product``) likewise, with an exp of their own (within 2 ulp, not MindSpore's), the head's cross entropy
-and its gradient with respect to the logits in one pass over each row (``softmax_cross_entropy``), and the
-gradients' sums of
-squares for the global norm, all in one kernel (``square_sums``), with the clip's scaling of all the gradients by
-one kernel (``scale_all``, exact).  They sum in an order of their
-own (fixed, so runs repeat), not in the order of MindSpore's ``MatMul``, ``ReduceSum`` and ``AddN`` that the
+and its gradient with respect to the logits in one pass over each row (``softmax_cross_entropy``), the
+gradients' sums of squares for the global norm, all in one kernel (``square_sums``), the clip's scaling of all
+the gradients by one kernel (``scale_all``, exact), and AdamW's update of every parameter by one kernel that
+writes the parameters and moments in place (``adam_all``, marked as a memory side effect).  They sum in an order
+of their own (fixed, so runs repeat), not in the order of MindSpore's ``MatMul``, ``ReduceSum`` and ``AddN`` that the
 composed graph uses -- which depends on the shapes, and for ``ReduceSum`` above 200,000 elements on which of
 its threads finishes first -- so float32 results differ from the composed graph's in the last bits.
 

@@ -96,6 +96,7 @@ class ChunkedHeadLoss(nn.Cell):
         step = block_rows(n, vocab)
         off = Tensor(0.0, ms.float32)
         on = Tensor(-1.0 / n, ms.float32) if coef is None else Tensor(1.0, ms.float32)
+        mean_weight = Tensor([1.0 / n], ms.float32)     # the fused kernel's weight of every row for the mean
         nlls = []
         dxs = []
         dw = None
@@ -109,7 +110,7 @@ class ChunkedHeadLoss(nn.Cell):
                 xb = ops.depend(xb, dxs[-1])
             yb = labels[start:end]
             if self.fused is not None:       # the loss's weight of each row: 1/n (the mean) or coef
-                rw = Tensor([1.0 / n], ms.float32) if coef is None else coef[start:end]
+                rw = mean_weight if coef is None else coef[start:end]
                 nll, g = self.fused(self.logits(xb, w), ops.cast(yb, ms.int32), rw)
             else:
                 nll, g = self._composed_block(self.logits(xb, w), yb, vocab, on, off, coef, start, end)

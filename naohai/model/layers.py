@@ -579,11 +579,9 @@ def fused_kernel(name: str):
 
 
 def _fused_cell(cls, name: str):
-    """``cls(kernel, its backward)`` for the fused kernel ``name`` when built inside :func:`fused_reductions`
-    with the compiled kernels built, else None."""
-    if not (fused_reductions_on() and _FUSED):
-        return None
-    return cls(_FUSED[name], _FUSED[name + "_grad"])
+    """``cls(kernel, its backward)`` for the fused kernel ``name`` (:func:`fused_kernel`), else None."""
+    op = fused_kernel(name)
+    return None if op is None else cls(op, _FUSED[name + "_grad"])
 
 
 class _FusedReductions:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 from mindspore import nn, Tensor
-import mindspore as ms
 
 
 class AdamWeightDecayAll(nn.AdamWeightDecay):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -79,7 +80,6 @@ def bind_cpu_threads() -> None:
     if _BOUND["done"]:
         return
     _BOUND["done"] = True
-    import logging
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     logging.disable(logging.WARNING)     # MindSpore logs the policy it was given as a warning
     try:
