@@ -609,36 +609,44 @@ int NaohaiSoftmaxCrossEntropy(int nparam, void **params, int *ndims, int64_t **s
 // AdamW's update of every trained parameter by one kernel, in place (the optimizer of a fused CPU step:
 // naohai.train.adam_all).  Inputs p_0..p_{n-1}, m_0.., v_0.., g_0.. (parameters, first and second moments,
 // gradients), lr [1], beta1 [1], beta2 [1], eps [1], decay [n] (each parameter's weight decay, 0 for those that do
-// not decay); output [1] (0).  p, m and v are written where they lie (the primitive is marked as writing memory):
-// m += (g - m) * (1 - beta1), v += (g * g - v) * (1 - beta2), p -= lr * (m / (sqrt(v) + eps) + decay * p), the
-// update of MindSpore's AdamWeightDecay (no bias correction).  Its CPU kernel's results differ from these in the last
-// bit for a third of the elements of m and v (its vector path and thread split, not reproduced here).
+// not decay), scale [1] (the clip's factor), go [1] (the step's guard: 0 leaves everything as it is); output [1]
+// (0).  p, m and v are written where they lie (the primitive is marked as writing memory): with g = g * scale (the
+// same product as the clip's scale_all), m += (g - m) * (1 - beta1), v += (g * g - v) * (1 - beta2),
+// p -= lr * (m / (sqrt(v) + eps) + decay * p), the update of MindSpore's AdamWeightDecay (no bias correction).
+// Its CPU kernel's results differ from these in the last bit for a third of the elements of m and v (its vector
+// path and thread split, not reproduced here).  The loop is vectorized (FLAGS' -fno-math-errno lets sqrt be the
+// vector instruction, which rounds as the scalar one does).
 int NaohaiAdamWeightDecayAll(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
-  if (nparam < 10 || (nparam - 6) % 4 != 0) return 1;
-  const int n = (nparam - 6) / 4, s = 4 * n;
+  if (nparam < 12 || (nparam - 8) % 4 != 0) return 1;
+  const int n = (nparam - 8) / 4, s = 4 * n;
   for (int i = s; i < s + 4; ++i)
     if (Count(ndims[i], shapes[i]) != 1) return 1;
-  if (Count(ndims[s + 4], shapes[s + 4]) != n) return 1;
+  if (Count(ndims[s + 4], shapes[s + 4]) != n || Count(ndims[s + 5], shapes[s + 5]) != 1 ||
+      Count(ndims[s + 6], shapes[s + 6]) != 1)
+    return 1;
   for (int i = 0; i < n; ++i) {
     const int64_t count = Count(ndims[i], shapes[i]);
     for (int j = 1; j < 4; ++j)
       if (Count(ndims[i + j * n], shapes[i + j * n]) != count) return 1;
   }
+  *Out(params, s + 7) = 0.0f;
+  if (*In(params, s + 6) == 0.0f) return 0;
   const float lr = *In(params, s), beta1 = *In(params, s + 1), beta2 = *In(params, s + 2), eps = *In(params, s + 3);
   const float *decay = In(params, s + 4);
+  const float scale = *In(params, s + 5);
   const float beta1_minus = 1.0f - beta1, beta2_minus = 1.0f - beta2;
   for (int i = 0; i < n; ++i) {
-    float *p = Out(params, i), *m = Out(params, n + i), *v = Out(params, 2 * n + i);
-    const float *g = In(params, 3 * n + i);
+    float *__restrict p = Out(params, i), *__restrict m = Out(params, n + i), *__restrict v = Out(params, 2 * n + i);
+    const float *__restrict g = In(params, 3 * n + i);
     const float d = decay[i];
     const int64_t count = Count(ndims[i], shapes[i]);
     for (int64_t k = 0; k < count; ++k) {
-      m[k] += (g[k] - m[k]) * beta1_minus;
-      v[k] += (g[k] * g[k] - v[k]) * beta2_minus;
+      const float gk = g[k] * scale;
+      m[k] += (gk - m[k]) * beta1_minus;
+      v[k] += (gk * gk - v[k]) * beta2_minus;
       p[k] -= lr * (m[k] / (std::sqrt(v[k]) + eps) + d * p[k]);
     }
   }
-  *Out(params, s + 5) = 0.0f;
   return 0;
 }
 }

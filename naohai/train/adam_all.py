@@ -5,14 +5,20 @@ backend a kernel launch costs tens of microseconds (on the tiny bench model's 75
 as the updates themselves).  :class:`AdamWeightDecayAll` is that optimizer -- the same state (``moments1``,
 ``moments2``, ``global_step``), the same learning-rate table, decay groups and checkpoints -- whose update is one
 call of naohai's ``adam_all`` kernel (:mod:`naohai.model.cpu_kernels`), which writes the parameters and moments
-where they lie.  The update is MindSpore's formula (no bias correction); MindSpore's own kernel rounds a third of
+where they lie.  The kernel also takes the clip's factor and the step guard's decision
+(:class:`naohai.train.step.TrainStep`): the gradients are scaled as they are read, and a skipped step leaves the
+parameters, moments and step counter as they are -- so the step's graph has no branch (a branch around the
+optimizer splits MindSpore's CPU graph in three, and passing every parameter between them cost about 2 ms a step
+on the tiny bench model).  The update is MindSpore's formula (no bias correction); MindSpore's own kernel rounds a third of
 the moments' elements differently in the last bit, so it is used only where a recipe asks for naohai's fused
 kernels (``train.cpu_reductions: fused``, :func:`naohai.train.builder.make_optimizer`).
 """
 from __future__ import annotations
 
 import numpy as np
+import mindspore as ms
 from mindspore import nn, Tensor
+from mindspore.ops import functional as F
 
 
 class AdamWeightDecayAll(nn.AdamWeightDecay):
@@ -29,8 +35,11 @@ class AdamWeightDecayAll(nn.AdamWeightDecay):
                                       np.float32))
         self.kernel = kernel
 
-    def construct(self, gradients):
+    def construct(self, gradients, scale, applied):
+        """Update with ``gradients * scale`` (``scale`` [1]: the clip's factor) where ``applied`` ([1] bool);
+        where not, nothing changes, the step counter included."""
         lr = self.get_lr()
-        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        go = F.cast(applied, ms.float32)
+        self.assignadd(self.global_step, self.global_step_increase_tensor * F.cast(applied, ms.int32))
         return self.kernel(*self._parameters, *self.moments1, *self.moments2, *gradients, lr, self.beta1,
-                           self.beta2, self.eps, self.decays)
+                           self.beta2, self.eps, self.decays, F.cast(scale, ms.float32), go)

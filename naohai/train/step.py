@@ -11,8 +11,9 @@ called as ``step(input_ids, labels) -> (loss, grad_norm, applied, loss_scale)``:
    on one device with a static loss scale, which is 1, there is nothing to do);
 3. the global gradient norm in fp32 (see :func:`global_norm`), identical on every
    rank and every pipeline stage (with ``fused_gradients``, the recipe's ``train.cpu_reductions:
-   fused`` on CPU, all the gradients' sums of squares are one compiled kernel's, and so is the clip; the
-   optimizer is then :class:`naohai.train.adam_all.AdamWeightDecayAll`, one kernel for every update);
+   fused`` on CPU, all the gradients' sums of squares are one compiled kernel's; the optimizer is then
+   :class:`naohai.train.adam_all.AdamWeightDecayAll`, one kernel for every update that also takes the clip's
+   factor and the decision of 4, so that graph has no branch);
 4. the update is applied only when the norm is finite and, when the spike guard is
    on, not above ``spike_factor`` x its running mean; gradients are clipped to
    ``grad_clip`` by the global norm;
@@ -48,6 +49,7 @@ from mindspore.ops import functional as F
 
 from naohai.config import GuardConfig
 from naohai.strategy.gradients import scale_by, square_sum
+from naohai.train.adam_all import AdamWeightDecayAll
 
 _add_into = C.MultitypeFuncGraph("naohai_add_into")
 
@@ -152,18 +154,24 @@ class _Finish(nn.Cell):
         self.hyper_map = C.HyperMap()
         self.square_sums = fused_gradients.square_sums if fused_gradients is not None else None
         self.scale_all = fused_gradients.scale_all if fused_gradients is not None else None
+        # AdamWeightDecayAll takes the clip's factor and the decision into its one kernel: no branch in the graph
+        self.guarded_update = isinstance(optimizer, AdamWeightDecayAll)
+        self.unit = Tensor([1.0], ms.float32)
 
     def _finish(self, grads):
         norm = global_norm(self.hyper_map, grads, self.square_sums)
         finite, applied = self.guard.decide(norm)
-        if self.grad_clip > 0:
-            factor = self.grad_clip / ops.maximum(norm, self.grad_clip)
-            if self.scale_all is not None:
-                grads = self.scale_all(*grads, factor)
-            else:
-                grads = self.hyper_map(F.partial(scale_by, factor), grads)
-        if applied:
-            norm = F.depend(norm, self.optimizer(grads))
+        factor = self.grad_clip / ops.maximum(norm, self.grad_clip) if self.grad_clip > 0 else self.unit
+        if self.guarded_update:
+            norm = F.depend(norm, self.optimizer(grads, factor, applied))
+        else:
+            if self.grad_clip > 0:
+                if self.scale_all is not None:
+                    grads = self.scale_all(*grads, factor)
+                else:
+                    grads = self.hyper_map(F.partial(scale_by, factor), grads)
+            if applied:
+                norm = F.depend(norm, self.optimizer(grads))
         norm = F.depend(norm, self.guard.update(finite, applied, norm))
         return norm.reshape(()), applied
 

@@ -18,6 +18,7 @@ from naohai.checkpoint import store
 from naohai.cli import main
 from naohai.model.stack import per_layer_names
 from naohai.strategy.run_plan import plan_run
+from naohai.train.adam_all import AdamWeightDecayAll
 from naohai.train.callbacks import Callback
 from naohai.train.job import start
 from tests.conftest import micro_recipe
@@ -173,15 +174,32 @@ class PoisonOnce(Callback):
             ms.ops.assign(p, ms.Tensor(self.saved))
 
 
-def test_non_finite_loss_is_skipped_logged_and_training_continues(tmp_path, micro_data):
+@pytest.mark.parametrize("reductions", ["mindspore", "fused"])
+def test_non_finite_loss_is_skipped_logged_and_training_continues(tmp_path, micro_data, reductions):
+    """Also with train.cpu_reductions: fused, whose one AdamW kernel takes the skip decision itself (no branch in
+    the graph): the skipped step moves no weight, moment or step counter."""
     prepared, tok = micro_data
     lines = []
     poison = PoisonOnce(at=3)
     recipe = micro_recipe(tmp_path / "run", prepared, tok, steps=6, save_every=100, log_every=1)
+    recipe.train.cpu_reductions = reductions
     trainer = start(plan_run(recipe), log=lines.append, progress=False, callbacks=[poison])
+    opt = trainer.built.optimizer
+    assert isinstance(opt, AdamWeightDecayAll) == (reductions == "fused")
+    states = {}
+
+    class Moments(Callback):
+        def on_step(self, trainer, rec):
+            states[rec["step"]] = ([m.asnumpy().copy() for m in list(opt.moments1) + list(opt.moments2)],
+                                   int(opt.global_step.asnumpy()[0]))
+
+    trainer.callbacks.members.append(Moments())
     before = {p.name: p.asnumpy().copy() for p in trainer.built.model.get_parameters()}
     res = trainer.run()
     assert res.skipped == [3]
+    assert states[3][1] == states[2][1] == 2 and states[6][1] == 5
+    assert all(np.array_equal(a, b) for a, b in zip(states[2][0], states[3][0]))
+    assert not all(np.array_equal(a, b) for a, b in zip(states[3][0], states[4][0]))
     assert not math.isfinite(res.losses[3]) and all(math.isfinite(res.losses[s]) for s in (1, 2, 4, 5, 6))
     assert any("step      3 | SKIPPED (non-finite gradient norm)" in ln for ln in lines), lines
     # the skipped step changed nothing but the poisoned entry (the update was not applied)

@@ -226,16 +226,18 @@ def test_cross_entropy_kernel_equals_float64_nll_and_gradient():
 
 def test_adam_all_updates_every_parameter_in_place_as_adam_weight_decay_does():
     """AdamWeightDecayAll (one kernel for every parameter, written in place) against MindSpore's AdamWeightDecay
-    with the same decay groups and learning-rate table over four steps of the same gradients: the parameters and
-    both moments agree to the last bits (MindSpore's kernel rounds some moments' elements differently), both
-    against NumPy's float64 form of the update, and the step counters advance alike."""
+    with the same decay groups and learning-rate table over five steps: the parameters and both moments agree to
+    the last bits (MindSpore's kernel rounds some moments' elements differently), both against NumPy's float64
+    form of the update.  The fused optimizer gets the clip's factor (MindSpore's gets the gradients times it, as
+    the composed step's clip gives them) and the guard's decision: a skipped step changes nothing, not even the
+    step counter, so the step after it reads the same learning rate as MindSpore's next step."""
     ms.set_context(mode=ms.GRAPH_MODE)
     assert layers.prepare_broadcast()
     kernels = layers.fused_gradient_kernels()
     rng = np.random.RandomState(3)
     shapes = [(64, 32), (32,), (17,), (5, 7, 3)]
     start = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    table = Tensor(np.array([3e-3, 2e-3, 1e-3, 5e-4, 1e-4], np.float32))
+    table = Tensor(np.array([3e-3, 2e-3, 1e-3, 5e-4, 1e-4, 5e-5], np.float32))
 
     def make(cls, *extra):
         params = [ms.Parameter(Tensor(v.copy()), name=f"{cls.__name__}{i}") for i, v in enumerate(start)]
@@ -247,20 +249,29 @@ def test_adam_all_updates_every_parameter_in_place_as_adam_weight_decay_does():
             super().__init__()
             self.opt = opt
 
-        def construct(self, grads):
-            return self.opt(grads)
+        def construct(self, *args):
+            return self.opt(*args)
 
     (ref_params, ref), (params, fused) = make(nn.AdamWeightDecay), make(AdamWeightDecayAll, kernels.adam_all)
     m = [np.zeros(s) for s in shapes]
     v = [np.zeros(s) for s in shapes]
     p = [a.astype(np.float64) for a in start]
-    for step in range(4):
-        grads = tuple(Tensor(rng.standard_normal(s).astype(np.float32)) for s in shapes)
-        _Update(ref)(grads)
-        _Update(fused)(grads)
-        lr = float(table.asnumpy()[step])
-        for i, g in enumerate(grads):
-            g = g.asnumpy().astype(np.float64)
+    lr_step = 0
+    for step, (scale, applied) in enumerate([(1.0, True), (0.37, True), (0.5, False), (0.21, True), (1.0, True)]):
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        before = [t.asnumpy().copy() for t in params + list(fused.moments1) + list(fused.moments2)]
+        _Update(fused)(tuple(Tensor(g) for g in grads), Tensor([scale], ms.float32), Tensor(applied))
+        if not applied:
+            after = [t.asnumpy() for t in params + list(fused.moments1) + list(fused.moments2)]
+            assert all(np.array_equal(a, b) for a, b in zip(before, after))
+            assert int(fused.global_step.asnumpy()[0]) == lr_step
+            continue
+        scaled = [g * np.float32(scale) for g in grads]                   # float32 products, as the clip's
+        _Update(ref)(tuple(Tensor(g) for g in scaled))
+        lr = float(table.asnumpy()[lr_step])
+        lr_step += 1
+        for i, g in enumerate(scaled):
+            g = g.astype(np.float64)
             m[i] = 0.9 * m[i] + 0.1 * g
             v[i] = 0.95 * v[i] + 0.05 * g * g
             p[i] = p[i] - lr * (m[i] / (np.sqrt(v[i]) + 1e-8) + (0.1 if i < 2 else 0.0) * p[i])
