@@ -9,25 +9,118 @@
 // traffic (one pass instead of several, no tiled copy of a broadcast operand), MindSpore's per-kernel state
 // (2.10's CPU arithmetic kernel keeps 16 bytes of index per output element for a broadcast operand) and its
 // launch cost (tens of microseconds per kernel on the bench machines).
-// They run on the calling thread: a second thread per call made the tiny bench model's step slower (median
-// 0.213 against 0.201 s, one process, rounds rotating), and a graph of a MatMul then SwiGLU's backward on
-// [2048, 1408] took 46 ms with two threads against 27 with one, and SwiGLU's backward alone 4.1 ms against 4.5
-// (not explained; MindSpore's workers waiting for work after a kernel would explain it), on a 2-core AMD EPYC VM.
+// They split their rows over MindSpore's own CPU thread pool, the one its kernels split theirs over (found in the
+// process at the first call: ParallelRows; where it is not found, the calling thread does all the work).  Each row
+// (each element, for the elementwise kernels) is computed whole by one thread, with the caller's floating-point
+// control word, so the results do not depend on the split.  A second thread of naohai's own made the tiny bench
+// model's step slower (0.213 against 0.201 s, a std::thread per call, 815c3da): MindSpore's idle kernel thread
+// spins on the other core waiting for its next task; this hands the second half of the rows to that thread.
 //
 // Broadcasting: out = x OP b, b's shape right-aligned against x's, each of its axes equal to x's or 1.
 // The entry points follow MindSpore's AOT custom-op interface (ops.Custom, func_type "aot"): params = the
 // inputs then the outputs, shapes[i] / ndims[i] their shapes.  They return 0, or 1 for operands they do
 // not take (the Python side never passes such).
 
+#include <dlfcn.h>
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <vector>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 namespace {
 
 constexpr int kMaxDims = 8;
+
+int64_t Count(int nd, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < nd; ++i) n *= shape[i];
+  return n;
+}
+
+// MindSpore's CPU kernel thread pool (mindspore::ThreadPool, mindrt), reached through two exported symbols of the
+// libraries MindSpore has loaded: kernel::GetActorMgrInnerThreadPool() (its CPU kernels' pool) and
+// ThreadPool::ParallelLaunch(func, content, task_num), which runs func(content, task_id, ...) for every task id on
+// the pool's idle threads and the caller and returns when all are done.  Not found (another MindSpore, or the
+// kernels called outside it, as the tests' ctypes calls are): pool is null and the caller runs every row.
+using PoolTask = std::function<int(void *, int, float, float)>;
+struct ThreadPoolRef {
+  void *pool = nullptr;
+  int (*launch)(void *, const PoolTask &, void *, int) = nullptr;
+  int64_t threads = 1;
+};
+
+ThreadPoolRef FindThreadPool() {
+  ThreadPoolRef ref;
+  void *ops = dlopen("libmindspore_ops_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+  void *core = dlopen("libmindspore_core.so", RTLD_LAZY | RTLD_NOLOAD);
+  if (ops == nullptr || core == nullptr) return ref;
+  auto get = reinterpret_cast<void *(*)()>(dlsym(ops, "_ZN9mindspore6kernel26GetActorMgrInnerThreadPoolEv"));
+  auto launch = reinterpret_cast<int (*)(void *, const PoolTask &, void *, int)>(
+      dlsym(core, "_ZN9mindspore10ThreadPool14ParallelLaunchERKSt8functionIFiPviffEES2_i"));
+  cpu_set_t cores;
+  if (get == nullptr || launch == nullptr || sched_getaffinity(0, sizeof cores, &cores) != 0) return ref;
+  ref.pool = get();
+  ref.launch = launch;
+  ref.threads = std::max(1, CPU_COUNT(&cores));
+  return ref;
+}
+
+const ThreadPoolRef &ThreadPool() {
+  static const ThreadPoolRef ref = FindThreadPool();
+  return ref;
+}
+
+// A part's minimum work (elements touched): below it a hand-off costs more than it saves.
+constexpr int64_t kGrain = 32768;
+
+// Calls of ParallelRows that were split (what the tests read through NaohaiKernelSplits).
+std::atomic<int64_t> g_splits{0};
+
+// fn(begin, end) over [0, rows) in contiguous parts, one per thread of the pool (at most; each part at least kGrain
+// elements of work, a row being row_work), with the caller's floating-point control word (MindSpore's kernel
+// threads flush denormals to zero; the caller's setting is the one a single-thread call would use).
+template <typename F>
+void ParallelRows(int64_t rows, int64_t row_work, F fn) {
+  const ThreadPoolRef &ref = ThreadPool();
+  const int64_t parts = std::min({ref.threads, rows, rows * std::max<int64_t>(row_work, 1) / kGrain});
+  if (parts <= 1 || ref.pool == nullptr) {
+    fn(int64_t{0}, rows);
+    return;
+  }
+#if defined(__x86_64__) || defined(__i386__)
+  const unsigned csr = _mm_getcsr();
+#endif
+  PoolTask task = [&](void *, int id, float, float) {
+#if defined(__x86_64__) || defined(__i386__)
+    const unsigned own = _mm_getcsr();
+    _mm_setcsr(csr);
+#endif
+    fn(rows * id / parts, rows * (id + 1) / parts);
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(own);
+#endif
+    return 0;
+  };
+  ref.launch(ref.pool, task, nullptr, static_cast<int>(parts));
+  g_splits.fetch_add(1, std::memory_order_relaxed);
+}
+
+// ParallelRows over n elements in blocks of 1024 (an elementwise kernel's work).
+template <typename F>
+void ParallelElements(int64_t n, F fn) {
+  constexpr int64_t kBlock = 1024;
+  ParallelRows((n + kBlock - 1) / kBlock, kBlock, [&](int64_t b0, int64_t b1) {
+    fn(b0 * kBlock, std::min(n, b1 * kBlock));
+  });
+}
 
 // x's shape collapsed to groups of adjacent axes along which b either varies (stride > 0) or repeats
 // (stride 0); axes of size 1 dropped.
@@ -72,11 +165,11 @@ struct Mul { static float Apply(float a, float b) { return a * b; } };
 
 // The layout seen as [rows, inner], inner being its last group.
 template <typename Op>
-void Rows(const Layout &l, const float *x, const float *b, float *out, int64_t rows) {
+void Rows(const Layout &l, const float *x, const float *b, float *out, int64_t r0, int64_t r1) {
   const int last = l.n - 1;
   const int64_t inner = l.size[last];
   const bool scalar = l.bstride[last] == 0;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     int64_t rest = r, boff = 0;
     for (int g = last - 1; g >= 0; --g) {
       boff += (rest % l.size[g]) * l.bstride[g];
@@ -108,14 +201,8 @@ int Broadcast(int nparam, void **params, int *ndims, int64_t **shapes) {
   }
   int64_t rows = 1;
   for (int g = 0; g < l.n - 1; ++g) rows *= l.size[g];
-  Rows<Op>(l, x, b, out, rows);
+  ParallelRows(rows, l.size[l.n - 1], [&](int64_t r0, int64_t r1) { Rows<Op>(l, x, b, out, r0, r1); });
   return 0;
-}
-
-int64_t Count(int nd, const int64_t *shape) {
-  int64_t n = 1;
-  for (int i = 0; i < nd; ++i) n *= shape[i];
-  return n;
 }
 
 // RoPE's rotation: out = x * cos + rot(x) * sin, rot(x)[j] = x[src_j] * sign_j (x @ R for R a signed permutation
@@ -136,29 +223,37 @@ void RopeRows(void **params, int64_t **shapes, F f) {
               *sin = static_cast<const float *>(params[2]);
   float *out = static_cast<float *>(params[4]);
   const int64_t *xs = shapes[0];
-  const int64_t b = xs[0], n = xs[1], s = xs[2], d = xs[3], cb = shapes[1][0];
-  for (int64_t i = 0; i < b; ++i)
-    for (int64_t h = 0; h < n; ++h)
-      for (int64_t q = 0; q < s; ++q) {
-        const int64_t row = ((i * n + h) * s + q) * d, crow = ((cb == 1 ? 0 : i) * s + q) * d;
-        f(x + row, out + row, cos + crow, sin + crow);
-      }
+  const int64_t n = xs[1], s = xs[2], d = xs[3], cb = shapes[1][0];
+  ParallelRows(xs[0] * n * s, d, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {                  // r = (i, h, q)
+      const int64_t i = r / (n * s), q = r % s;
+      const int64_t row = r * d, crow = ((cb == 1 ? 0 : i) * s + q) * d;
+      f(x + row, out + row, cos + crow, sin + crow);
+    }
+  });
 }
 
 }  // namespace
 
 extern "C" {
+// The threads ParallelRows splits over (0: MindSpore's pool was not found, every call runs on its caller), and how
+// many calls it has split so far.
+int64_t NaohaiKernelThreads() { return ThreadPool().pool == nullptr ? 0 : ThreadPool().threads; }
+int64_t NaohaiKernelSplits() { return g_splits.load(); }
+
 // x [a, b, c, d] -> out [a, c, b, d]: a copy.
 int NaohaiSwapAxes12(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
   if (nparam != 2 || ndims[0] != 4) return 1;
   const float *x = static_cast<const float *>(params[0]);
   float *out = static_cast<float *>(params[1]);
   const int64_t a = shapes[0][0], b = shapes[0][1], c = shapes[0][2], d = shapes[0][3];
-  for (int64_t r = 0; r < a * c; ++r) {          // r = (i, k): out[i, k, :, :] gathers x[i, :, k, :]
-    const int64_t i = r / c, k = r % c;
-    float *o = out + r * b * d;
-    for (int64_t j = 0; j < b; ++j) std::copy_n(x + ((i * b + j) * c + k) * d, d, o + j * d);
-  }
+  ParallelRows(a * c, b * d, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {          // r = (i, k): out[i, k, :, :] gathers x[i, :, k, :]
+      const int64_t i = r / c, k = r % c;
+      float *o = out + r * b * d;
+      for (int64_t j = 0; j < b; ++j) std::copy_n(x + ((i * b + j) * c + k) * d, d, o + j * d);
+    }
+  });
   return 0;
 }
 
@@ -170,7 +265,9 @@ int NaohaiSwiGLU(int nparam, void **params, int *ndims, int64_t **shapes, const 
   const float *u = static_cast<const float *>(params[2]);
   float *out = static_cast<float *>(params[3]);
   const int64_t n = Count(ndims[0], shapes[0]);
-  for (int64_t k = 0; k < n; ++k) out[k] = (g[k] * s[k]) * u[k];
+  ParallelElements(n, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) out[k] = (g[k] * s[k]) * u[k];
+  });
   return 0;
 }
 
@@ -186,12 +283,14 @@ int NaohaiSwiGLUGrad(int nparam, void **params, int *ndims, int64_t **shapes, co
   float *ds = static_cast<float *>(params[5]);
   float *du = static_cast<float *>(params[6]);
   const int64_t n = Count(ndims[0], shapes[0]);
-  for (int64_t k = 0; k < n; ++k) {
-    const float dyu = dy[k] * u[k];
-    du[k] = dy[k] * (g[k] * s[k]);
-    dg[k] = dyu * s[k];
-    ds[k] = dyu * g[k];
-  }
+  ParallelElements(n, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const float dyu = dy[k] * u[k];
+      du[k] = dy[k] * (g[k] * s[k]);
+      dg[k] = dyu * s[k];
+      ds[k] = dyu * g[k];
+    }
+  });
   return 0;
 }
 
@@ -205,10 +304,12 @@ int NaohaiSubMulRows(int nparam, void **params, int *ndims, int64_t **shapes, co
   const int64_t n = Count(ndims[0], shapes[0]);
   const int64_t width = shapes[0][ndims[0] - 1];
   if (Count(ndims[2], shapes[2]) * width != n) return 1;
-  for (int64_t r = 0; r < n / width; ++r) {
-    const float v = m[r];
-    for (int64_t k = r * width; k < (r + 1) * width; ++k) out[k] = yd[k] - y[k] * v;
-  }
+  ParallelRows(n / width, width, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float v = m[r];
+      for (int64_t k = r * width; k < (r + 1) * width; ++k) out[k] = yd[k] - y[k] * v;
+    }
+  });
   return 0;
 }
 
@@ -335,9 +436,9 @@ void RowStats(const float *xr, int64_t h, float eps, float *m, float *rstd) {
 
 // x [rows, h] -> y = (x - m) * rstd * gamma (+ beta), over the last axis.
 template <bool kCentered>
-void NormForward(const float *x, const float *gamma, const float *beta, float eps, int64_t rows, int64_t h,
-                 float *y) {
-  for (int64_t r = 0; r < rows; ++r) {
+void NormForward(const float *x, const float *gamma, const float *beta, float eps, int64_t r0, int64_t r1,
+                 int64_t h, float *y) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float *xr = x + r * h;
     float m, s;
     RowStats<kCentered>(xr, h, eps, &m, &s);
@@ -351,28 +452,43 @@ void NormForward(const float *x, const float *gamma, const float *beta, float ep
 }
 
 // The backward: with n = (x - m) * rstd and g = dy * gamma, dx = rstd * (g - mean_k(g) - n * mean_k(g * n))
-// (RMSNorm: without the mean_k(g) term), dgamma = sum over rows of dy * n, dbeta = sum over rows of dy.
+// (RMSNorm: without the mean_k(g) term), dgamma = sum over rows of dy * n, dbeta = sum over rows of dy.  dx row by
+// row (its statistics kept in stats), then the column sums, each column's rows added in order (the columns split
+// between threads: each sum's order is the same however they are split).
 template <bool kCentered>
 void NormBackward(const float *dy, const float *x, const float *gamma, float eps, int64_t rows, int64_t h,
                   float *dx, float *dgamma, float *dbeta) {
   const float inv_h = 1.0f / static_cast<float>(h);
-  std::fill_n(dgamma, h, 0.0f);
-  if (kCentered) std::fill_n(dbeta, h, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *dyr = dy + r * h, *xr = x + r * h;
-    float m, s;
-    RowStats<kCentered>(xr, h, eps, &m, &s);
-    const float a = kCentered ? RowSum(h, [&](int64_t k) { return dyr[k] * gamma[k]; }) * inv_h : 0.0f;
-    const float b = RowSum(h, [&](int64_t k) { return dyr[k] * gamma[k] * ((xr[k] - m) * s); }) * inv_h;
-    float *dxr = dx + r * h;
-    for (int64_t k = 0; k < h; ++k) {
-      const float n = (xr[k] - m) * s;
-      dxr[k] = s * (dyr[k] * gamma[k] - a - n * b);
-      dgamma[k] += dyr[k] * n;
+  std::vector<float> stats(2 * rows);
+  ParallelRows(rows, h, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *dyr = dy + r * h, *xr = x + r * h;
+      float m, s;
+      RowStats<kCentered>(xr, h, eps, &m, &s);
+      stats[2 * r] = m;
+      stats[2 * r + 1] = s;
+      const float a = kCentered ? RowSum(h, [&](int64_t k) { return dyr[k] * gamma[k]; }) * inv_h : 0.0f;
+      const float b = RowSum(h, [&](int64_t k) { return dyr[k] * gamma[k] * ((xr[k] - m) * s); }) * inv_h;
+      float *dxr = dx + r * h;
+      for (int64_t k = 0; k < h; ++k) {
+        const float n = (xr[k] - m) * s;
+        dxr[k] = s * (dyr[k] * gamma[k] - a - n * b);
+      }
     }
-    if (kCentered)
-      for (int64_t k = 0; k < h; ++k) dbeta[k] += dyr[k];
-  }
+  });
+  constexpr int64_t kColumns = 16;           // columns per block: whole vectors
+  ParallelRows((h + kColumns - 1) / kColumns, kColumns * rows, [&](int64_t c0, int64_t c1) {
+    const int64_t k0 = c0 * kColumns, k1 = std::min(h, c1 * kColumns);
+    std::fill(dgamma + k0, dgamma + k1, 0.0f);
+    if (kCentered) std::fill(dbeta + k0, dbeta + k1, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *dyr = dy + r * h, *xr = x + r * h;
+      const float m = stats[2 * r], s = stats[2 * r + 1];
+      for (int64_t k = k0; k < k1; ++k) dgamma[k] += dyr[k] * ((xr[k] - m) * s);
+      if (kCentered)
+        for (int64_t k = k0; k < k1; ++k) dbeta[k] += dyr[k];
+    }
+  });
 }
 
 // exp(x) in float32, vectorizable (the compiler turns a loop of it into SIMD code): x = n ln 2 + r with n
@@ -412,23 +528,23 @@ float ExpSum(const float *src, float m, int64_t n, float *dst) {
 void ScaledSoftmax(const float *x, const float *bias, const int64_t *bs, float scale, const int64_t *xs,
                    float *y) {
   const int64_t t = xs[3];
-  for (int64_t i = 0; i < xs[0]; ++i)
-    for (int64_t j = 0; j < xs[1]; ++j)
-      for (int64_t q = 0; q < xs[2]; ++q) {
-        const int64_t row = (i * xs[1] + j) * xs[2] + q;
-        const int64_t brow = ((bs[0] == 1 ? 0 : i) * bs[1] + (bs[1] == 1 ? 0 : j)) * bs[2] + (bs[2] == 1 ? 0 : q);
-        const float *xr = x + row * t, *br = bias + brow * t;
-        float *yr = y + row * t;
-        float m = -INFINITY;                 // the row's maximum (exact in any order: SIMD lanes, -fopenmp-simd)
+  ParallelRows(xs[0] * xs[1] * xs[2], t, [&](int64_t r0, int64_t r1) {
+    for (int64_t row = r0; row < r1; ++row) {        // row = (i, j, q)
+      const int64_t i = row / (xs[1] * xs[2]), j = row / xs[2] % xs[1], q = row % xs[2];
+      const int64_t brow = ((bs[0] == 1 ? 0 : i) * bs[1] + (bs[1] == 1 ? 0 : j)) * bs[2] + (bs[2] == 1 ? 0 : q);
+      const float *xr = x + row * t, *br = bias + brow * t;
+      float *yr = y + row * t;
+      float m = -INFINITY;                 // the row's maximum (exact in any order: SIMD lanes, -fopenmp-simd)
 #pragma omp simd reduction(max : m)
-        for (int64_t k = 0; k < t; ++k) {
-          const float z = xr[k] * scale + br[k];
-          yr[k] = z;
-          m = z > m ? z : m;
-        }
-        const float inv = 1.0f / ExpSum(yr, m, t, yr);
-        for (int64_t k = 0; k < t; ++k) yr[k] = yr[k] * inv;
+      for (int64_t k = 0; k < t; ++k) {
+        const float z = xr[k] * scale + br[k];
+        yr[k] = z;
+        m = z > m ? z : m;
       }
+      const float inv = 1.0f / ExpSum(yr, m, t, yr);
+      for (int64_t k = 0; k < t; ++k) yr[k] = yr[k] * inv;
+    }
+  });
 }
 
 bool IsRows(int nd, const int64_t *shape, int64_t rows, int64_t width) {
@@ -447,8 +563,10 @@ int NormForwardEntry(int nparam, void **params, int *ndims, int64_t **shapes) {
   if (Count(ndims[1], shapes[1]) != h || (kCentered && Count(ndims[2], shapes[2]) != h) ||
       Count(ndims[eps], shapes[eps]) != 1)
     return 1;
-  NormForward<kCentered>(In(params, 0), In(params, 1), kCentered ? In(params, 2) : nullptr, *In(params, eps), rows,
-                         h, Out(params, eps + 1));
+  ParallelRows(rows, h, [&](int64_t r0, int64_t r1) {
+    NormForward<kCentered>(In(params, 0), In(params, 1), kCentered ? In(params, 2) : nullptr, *In(params, eps), r0,
+                           r1, h, Out(params, eps + 1));
+  });
   return 0;
 }
 
@@ -537,12 +655,14 @@ int NaohaiScaledSoftmaxGrad(int nparam, void **params, int *ndims, int64_t **sha
   const float scale = *In(params, 2);
   float *dx = Out(params, 3);
   const int64_t t = shapes[0][ndims[0] - 1], rows = Count(ndims[0], shapes[0]) / t;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *dyr = dy + r * t, *yr = y + r * t;
-    float *dxr = dx + r * t;
-    const float sum = RowSum(t, [&](int64_t k) { return yr[k] * dyr[k]; });
-    for (int64_t k = 0; k < t; ++k) dxr[k] = (yr[k] * dyr[k] - yr[k] * sum) * scale;
-  }
+  ParallelRows(rows, t, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *dyr = dy + r * t, *yr = y + r * t;
+      float *dxr = dx + r * t;
+      const float sum = RowSum(t, [&](int64_t k) { return yr[k] * dyr[k]; });
+      for (int64_t k = 0; k < t; ++k) dxr[k] = (yr[k] * dyr[k] - yr[k] * sum) * scale;
+    }
+  });
   return 0;
 }
 
@@ -552,10 +672,12 @@ int NaohaiSiluProduct(int nparam, void **params, int *ndims, int64_t **shapes, c
   const float *g = In(params, 0), *u = In(params, 1);
   float *out = Out(params, 2);
   const int64_t n = Count(ndims[0], shapes[0]);
-  for (int64_t k = 0; k < n; ++k) {
-    const float s = Sigmoid(g[k]);
-    out[k] = (g[k] * s) * u[k];
-  }
+  ParallelElements(n, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const float s = Sigmoid(g[k]);
+      out[k] = (g[k] * s) * u[k];
+    }
+  });
   return 0;
 }
 
@@ -567,11 +689,13 @@ int NaohaiSiluProductGrad(int nparam, void **params, int *ndims, int64_t **shape
   if (Count(ndims[1], shapes[1]) != n || Count(ndims[2], shapes[2]) != n) return 1;
   const float *dy = In(params, 0), *g = In(params, 1), *u = In(params, 2);
   float *dg = Out(params, 3), *du = Out(params, 4);
-  for (int64_t k = 0; k < n; ++k) {
-    const float s = Sigmoid(g[k]);
-    du[k] = dy[k] * (g[k] * s);
-    dg[k] = (dy[k] * u[k]) * (s * (1.0f + g[k] * (1.0f - s)));
-  }
+  ParallelElements(n, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const float s = Sigmoid(g[k]);
+      du[k] = dy[k] * (g[k] * s);
+      dg[k] = (dy[k] * u[k]) * (s * (1.0f + g[k] * (1.0f - s)));
+    }
+  });
   return 0;
 }
 
@@ -590,19 +714,21 @@ int NaohaiSoftmaxCrossEntropy(int nparam, void **params, int *ndims, int64_t **s
   for (int64_t r = 0; r < rows; ++r)
     if (labels[r] < 0 || labels[r] >= v) return 1;
   float *nll = Out(params, 3), *g = Out(params, 4);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * v;
-    float *gr = g + r * v;
-    float m = -INFINITY;
+  ParallelRows(rows, v, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x + r * v;
+      float *gr = g + r * v;
+      float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-    for (int64_t k = 0; k < v; ++k) m = xr[k] > m ? xr[k] : m;
-    const float sum = ExpSum(xr, m, v, gr);
-    const int32_t y = labels[r];
-    nll[r] = std::log(sum) - (xr[y] - m);
-    const float wr = w[nw == 1 ? 0 : r], f = wr / sum;
-    for (int64_t k = 0; k < v; ++k) gr[k] = gr[k] * f;
-    gr[y] = gr[y] - wr;
-  }
+      for (int64_t k = 0; k < v; ++k) m = xr[k] > m ? xr[k] : m;
+      const float sum = ExpSum(xr, m, v, gr);
+      const int32_t y = labels[r];
+      nll[r] = std::log(sum) - (xr[y] - m);
+      const float wr = w[nw == 1 ? 0 : r], f = wr / sum;
+      for (int64_t k = 0; k < v; ++k) gr[k] = gr[k] * f;
+      gr[y] = gr[y] - wr;
+    }
+  });
   return 0;
 }
 
@@ -635,18 +761,23 @@ int NaohaiAdamWeightDecayAll(int nparam, void **params, int *ndims, int64_t **sh
   const float *decay = In(params, s + 4);
   const float scale = *In(params, s + 5);
   const float beta1_minus = 1.0f - beta1, beta2_minus = 1.0f - beta2;
-  for (int i = 0; i < n; ++i) {
-    float *__restrict p = Out(params, i), *__restrict m = Out(params, n + i), *__restrict v = Out(params, 2 * n + i);
-    const float *__restrict g = In(params, 3 * n + i);
-    const float d = decay[i];
-    const int64_t count = Count(ndims[i], shapes[i]);
-    for (int64_t k = 0; k < count; ++k) {
-      const float gk = g[k] * scale;
-      m[k] += (gk - m[k]) * beta1_minus;
-      v[k] += (gk * gk - v[k]) * beta2_minus;
-      p[k] -= lr * (m[k] / (std::sqrt(v[k]) + eps) + d * p[k]);
+  std::vector<int64_t> start(n + 1, 0);          // the parameters' elements one after another
+  for (int i = 0; i < n; ++i) start[i + 1] = start[i] + Count(ndims[i], shapes[i]);
+  ParallelElements(start[n], [&](int64_t e0, int64_t e1) {
+    for (int i = 0; i < n; ++i) {
+      const int64_t k0 = std::max(e0, start[i]) - start[i], k1 = std::min(e1, start[i + 1]) - start[i];
+      if (k0 >= k1) continue;
+      float *__restrict p = Out(params, i), *__restrict m = Out(params, n + i), *__restrict v = Out(params, 2 * n + i);
+      const float *__restrict g = In(params, 3 * n + i);
+      const float d = decay[i];
+      for (int64_t k = k0; k < k1; ++k) {
+        const float gk = g[k] * scale;
+        m[k] += (gk - m[k]) * beta1_minus;
+        v[k] += (gk * gk - v[k]) * beta2_minus;
+        p[k] -= lr * (m[k] / (std::sqrt(v[k]) + eps) + d * p[k]);
+      }
     }
-  }
+  });
   return 0;
 }
 }

@@ -7,7 +7,10 @@ chains of products that each write a full tensor (SwiGLU, the softmax backward, 
 generation cache's write of a new key or value (:func:`naohai.model.layers.write_column`).  These kernels do
 the same IEEE operations on the same values, in the same order for each element, so every result is
 MindSpore's bit for bit (checked against MindSpore's ops in ``tests/model/test_cpu_kernels.py``); they write
-and keep less memory (on the bench models the peak resident set falls by 10-18%), one thread per call.
+and keep less memory (on the bench models the peak resident set falls by 10-18%).  Each call splits its rows over
+MindSpore's own CPU thread pool (found in the process by its exported symbols; without it the caller does all the
+rows), each row whole on one thread with the caller's floating-point mode, so the results do not depend on the
+split (tested against the same kernels run in a process without MindSpore).
 
 The *fused reductions* are the exception, used only where a recipe asks for them (``train.cpu_reductions:
 fused``): LayerNorm and RMSNorm forward and backward in one kernel each (``layer_norm``, ``rms_norm`` and their

@@ -301,3 +301,94 @@ def test_operands_a_kernel_does_not_take_fail_the_launch(prims):
     slot = Tensor(np.zeros((1, 1, 16, 1), np.bool_))
     with pytest.raises(RuntimeError, match="NaohaiWriteColumn"):
         prims["write_column"](past, wrong, slot).asnumpy()
+
+
+def _split_cases():
+    """Inputs (large enough for every kernel to split its rows on two cores) by primitive name."""
+    rng = np.random.RandomState(11)
+
+    def f(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    code = np.array([-(k + 17) if k < 16 else k - 15 for k in range(32)], np.int32)      # rotate_half's signs
+    causal = np.where(np.tril(np.ones((128, 128), bool)), 0.0, -1e9).astype(np.float32)
+    return {"add": [f(2048, 512), f(512)],
+            "swap_axes_1_2": [f(16, 128, 4, 32)],
+            "swiglu_grad": [f(2048, 352), f(2048, 352), f(2048, 352), f(2048, 352)],
+            "rope": [f(16, 4, 128, 32), f(1, 1, 128, 32), f(1, 1, 128, 32), code],
+            "rope_grad": [f(16, 4, 128, 32), f(1, 1, 128, 32), f(1, 1, 128, 32), code],
+            "layer_norm": [f(2048, 128, scale=3.0), f(128), f(128), np.array([1e-5], np.float32)],
+            "layer_norm_grad": [f(2048, 128), f(2048, 128, scale=3.0), f(128), np.array([1e-5], np.float32)],
+            "rms_norm_grad": [f(2048, 128), f(2048, 128, scale=3.0), f(128), np.array([1e-6], np.float32)],
+            "scaled_softmax": [f(4, 4, 128, 128, scale=4.0), causal, np.array([0.17], np.float32)],
+            "scaled_softmax_grad": [f(4, 4, 128, 128), np.abs(f(4, 4, 128, 128)), np.array([0.17], np.float32)],
+            "silu_product": [f(2048, 352, scale=3.0), f(2048, 352)],
+            "silu_product_grad": [f(2048, 352), f(2048, 352, scale=3.0), f(2048, 352)],
+            "softmax_cross_entropy": [f(256, 2048, scale=5.0), rng.randint(0, 2048, 256).astype(np.int32),
+                                      np.array([1 / 256], np.float32)]}
+
+
+_SINGLE_THREAD = r"""
+import ctypes, sys
+import numpy as np
+lib = ctypes.CDLL(sys.argv[1])
+lib.NaohaiKernelThreads.restype = ctypes.c_int64
+assert lib.NaohaiKernelThreads() == 0          # no MindSpore here: every call runs on this thread
+data = np.load(sys.argv[2], allow_pickle=True)
+for name, entry in data["entries"]:
+    ins = [data[f"{name}:in{i}"] for i in range(int(data[f"{name}:nin"]))]
+    want = [data[f"{name}:out{i}"] for i in range(int(data[f"{name}:nout"]))]
+    outs = [np.empty_like(w) for w in want]
+    arrays = [np.ascontiguousarray(a) for a in ins] + outs
+    n = len(arrays)
+    shapes = [(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in arrays]
+    rc = getattr(lib, entry)(n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays]),
+                             (ctypes.c_int * n)(*[a.ndim for a in arrays]),
+                             (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64))
+                                                                    for s in shapes]),
+                             (ctypes.c_char_p * n)(*[str(a.dtype).encode() for a in arrays]), None, None)
+    assert rc == 0, name
+    for o, w in zip(outs, want):
+        assert o.tobytes() == w.tobytes(), name
+print("same", len(data["entries"]))
+"""
+
+
+def test_kernels_split_over_mindspores_threads_give_the_one_thread_results(prims, tmp_path):
+    """In a MindSpore process the kernels hand part of their rows to MindSpore's CPU thread pool (they find it
+    by its exported symbols); each row is still computed whole by one thread, with the caller's floating-point
+    mode, so the results are those of one thread: every output equals, bit for bit, the same kernel's called in
+    a process without MindSpore (where it finds no pool and runs every row itself)."""
+    import ctypes
+    ms.set_context(mode=ms.GRAPH_MODE)
+    lib = ctypes.CDLL(cpu_kernels.build())
+    lib.NaohaiKernelThreads.restype = lib.NaohaiKernelSplits.restype = ctypes.c_int64
+    cases = _split_cases()
+
+    class _Call(nn.Cell):
+        def __init__(self, prim):
+            super().__init__()
+            self.prim = prim
+
+        def construct(self, *args):
+            return self.prim(*args)
+
+    splits = lib.NaohaiKernelSplits()
+    saved = {"entries": np.array([(name, cpu_kernels.ENTRY[name][0]) for name in cases])}
+    for name, ins in cases.items():
+        out = _Call(prims[name])(*[Tensor(a) for a in ins])
+        outs = [o.asnumpy() for o in (out if isinstance(out, tuple) else (out,))]
+        assert all(np.isfinite(o).all() for o in outs), name
+        saved.update({f"{name}:nin": len(ins), f"{name}:nout": len(outs)})
+        saved.update({f"{name}:in{i}": a for i, a in enumerate(ins)})
+        saved.update({f"{name}:out{i}": o for i, o in enumerate(outs)})
+    threads = lib.NaohaiKernelThreads()
+    assert threads == len(os.sched_getaffinity(0))
+    if threads > 1:                                  # CI's 2 cores: every case above was split
+        assert lib.NaohaiKernelSplits() - splits >= len(cases)
+    np.savez(tmp_path / "cases.npz", **saved)
+    (tmp_path / "single.py").write_text(_SINGLE_THREAD)
+    done = subprocess.run([sys.executable, str(tmp_path / "single.py"), cpu_kernels.build(),
+                           str(tmp_path / "cases.npz")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["same", str(len(cases))]
