@@ -21,12 +21,14 @@
 // inputs then the outputs, shapes[i] / ndims[i] their shapes.  They return 0, or 1 for operands they do
 // not take (the Python side never passes such).
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -54,27 +56,52 @@ using PoolTask = std::function<int(void *, int, float, float)>;
 struct ThreadPoolRef {
   void *pool = nullptr;
   int (*launch)(void *, const PoolTask &, void *, int) = nullptr;
-  int64_t threads = 1;
+  int64_t cores = 1;
+  std::atomic<int64_t> threads{1};
+  std::atomic<int> counts{0};
 };
 
-ThreadPoolRef FindThreadPool() {
-  ThreadPoolRef ref;
+// A task finds the pool's idle kernel threads and the caller; more parts than those would run one after another on
+// the caller.  The kernel threads are the process's threads MindSpore named KernelThread_<i> (0 while a pool just
+// created has not started them).
+int64_t KernelThreads() {
+  int64_t n = 0;
+  if (DIR *tasks = opendir("/proc/self/task")) {
+    while (const dirent *t = readdir(tasks)) {
+      char path[300], name[32] = {0};
+      std::snprintf(path, sizeof path, "/proc/self/task/%s/comm", t->d_name);
+      if (FILE *f = std::fopen(path, "r")) {
+        if (std::fgets(name, sizeof name, f) != nullptr && std::strncmp(name, "KernelThread_", 13) == 0) ++n;
+        std::fclose(f);
+      }
+    }
+    closedir(tasks);
+  }
+  return n;
+}
+
+void FindThreadPool(ThreadPoolRef *ref) {
   void *ops = dlopen("libmindspore_ops_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
   void *core = dlopen("libmindspore_core.so", RTLD_LAZY | RTLD_NOLOAD);
-  if (ops == nullptr || core == nullptr) return ref;
+  if (ops == nullptr || core == nullptr) return;
   auto get = reinterpret_cast<void *(*)()>(dlsym(ops, "_ZN9mindspore6kernel26GetActorMgrInnerThreadPoolEv"));
   auto launch = reinterpret_cast<int (*)(void *, const PoolTask &, void *, int)>(
       dlsym(core, "_ZN9mindspore10ThreadPool14ParallelLaunchERKSt8functionIFiPviffEES2_i"));
   cpu_set_t cores;
-  if (get == nullptr || launch == nullptr || sched_getaffinity(0, sizeof cores, &cores) != 0) return ref;
-  ref.pool = get();
-  ref.launch = launch;
-  ref.threads = std::max(1, CPU_COUNT(&cores));
-  return ref;
+  if (get == nullptr || launch == nullptr || sched_getaffinity(0, sizeof cores, &cores) != 0) return;
+  ref->pool = get();
+  ref->launch = launch;
+  ref->cores = std::max(1, CPU_COUNT(&cores));
 }
 
-const ThreadPoolRef &ThreadPool() {
-  static const ThreadPoolRef ref = FindThreadPool();
+// The pool, and the parts a call may split into: min(cores, kernel threads + 1), counted again (up to 64 calls)
+// while no kernel thread has started.
+ThreadPoolRef &ThreadPool() {
+  static ThreadPoolRef ref;
+  static const bool found = (FindThreadPool(&ref), true);
+  (void)found;
+  if (ref.pool != nullptr && ref.cores > 1 && ref.threads.load() == 1 && ref.counts.fetch_add(1) < 64)
+    ref.threads.store(std::max<int64_t>(1, std::min(ref.cores, KernelThreads() + 1)));
   return ref;
 }
 
@@ -89,8 +116,8 @@ std::atomic<int64_t> g_splits{0};
 // threads flush denormals to zero; the caller's setting is the one a single-thread call would use).
 template <typename F>
 void ParallelRows(int64_t rows, int64_t row_work, F fn) {
-  const ThreadPoolRef &ref = ThreadPool();
-  const int64_t parts = std::min({ref.threads, rows, rows * std::max<int64_t>(row_work, 1) / kGrain});
+  ThreadPoolRef &ref = ThreadPool();
+  const int64_t parts = std::min({ref.threads.load(), rows, rows * std::max<int64_t>(row_work, 1) / kGrain});
   if (parts <= 1 || ref.pool == nullptr) {
     fn(int64_t{0}, rows);
     return;
@@ -238,7 +265,7 @@ void RopeRows(void **params, int64_t **shapes, F f) {
 extern "C" {
 // The threads ParallelRows splits over (0: MindSpore's pool was not found, every call runs on its caller), and how
 // many calls it has split so far.
-int64_t NaohaiKernelThreads() { return ThreadPool().pool == nullptr ? 0 : ThreadPool().threads; }
+int64_t NaohaiKernelThreads() { return ThreadPool().pool == nullptr ? 0 : ThreadPool().threads.load(); }
 int64_t NaohaiKernelSplits() { return g_splits.load(); }
 
 // x [a, b, c, d] -> out [a, c, b, d]: a copy.

@@ -383,7 +383,9 @@ def test_kernels_split_over_mindspores_threads_give_the_one_thread_results(prims
         saved.update({f"{name}:in{i}": a for i, a in enumerate(ins)})
         saved.update({f"{name}:out{i}": o for i, o in enumerate(outs)})
     threads = lib.NaohaiKernelThreads()
-    assert threads == len(os.sched_getaffinity(0))
+    kernel_threads = sum(open(f"/proc/self/task/{t}/comm").read().startswith("KernelThread_")
+                         for t in os.listdir("/proc/self/task"))
+    assert threads == min(len(os.sched_getaffinity(0)), kernel_threads + 1)       # its idle threads and the caller
     if threads > 1:                                  # CI's 2 cores: every case above was split
         assert lib.NaohaiKernelSplits() - splits >= len(cases)
     np.savez(tmp_path / "cases.npz", **saved)
