@@ -420,8 +420,7 @@ int NaohaiBroadcastMul(int nparam, void **params, int *ndims, int64_t **shapes, 
 // Fused reductions (the recipe's train.cpu_reductions: fused).  Unlike the kernels above these sum in their
 // own order (sixteen float32 lanes along a row, combined pairwise; float64 lanes for a gradient's sum of
 // squares; the rows in order for a norm's gain and shift gradients), so their results differ from the
-// composed MindSpore graph's in the last bits.  The order is fixed: a run repeats itself bit for bit.  The
-// clip's scaling of every gradient by one kernel comes with them (exact: one product per element).
+// composed MindSpore graph's in the last bits.  The order is fixed: a run repeats itself bit for bit.
 
 namespace {
 constexpr int kLanes = 16;
@@ -643,23 +642,6 @@ int NaohaiSquareSums(int nparam, void **params, int *ndims, int64_t **shapes, co
   return 0;
 }
 
-// The gradients scaled by one factor (the clip): inputs g_0 .. g_{n-1}, factor [1]; outputs out_i = g_i * factor,
-// each element as Mul computes it.  One kernel for all the gradients, as NaohaiSquareSums.
-int NaohaiScaleAll(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
-  if (nparam < 3 || nparam % 2 == 0) return 1;
-  const int n = (nparam - 1) / 2;
-  if (Count(ndims[n], shapes[n]) != 1) return 1;
-  const float f = *In(params, n);
-  for (int i = 0; i < n; ++i) {
-    const int64_t count = Count(ndims[i], shapes[i]);
-    if (Count(ndims[n + 1 + i], shapes[n + 1 + i]) != count) return 1;
-    const float *g = In(params, i);
-    float *o = Out(params, n + 1 + i);
-    for (int64_t k = 0; k < count; ++k) o[k] = g[k] * f;
-  }
-  return 0;
-}
-
 // The attention's probabilities y = softmax(x * scale + bias) (ScaledSoftmax): x [b, n, s, t], bias [.., t]
 // broadcast (at most 4 axes), scale [1] -> y [b, n, s, t].
 int NaohaiScaledSoftmax(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
@@ -764,7 +746,7 @@ int NaohaiSoftmaxCrossEntropy(int nparam, void **params, int *ndims, int64_t **s
 // gradients), lr [1], beta1 [1], beta2 [1], eps [1], decay [n] (each parameter's weight decay, 0 for those that do
 // not decay), scale [1] (the clip's factor), go [1] (the step's guard: 0 leaves everything as it is); output [1]
 // (0).  p, m and v are written where they lie (the primitive is marked as writing memory): with g = g * scale (the
-// same product as the clip's scale_all), m += (g - m) * (1 - beta1), v += (g * g - v) * (1 - beta2),
+// clip's product, as Mul computes it), m += (g - m) * (1 - beta1), v += (g * g - v) * (1 - beta2),
 // p -= lr * (m / (sqrt(v) + eps) + decay * p), the update of MindSpore's AdamWeightDecay (no bias correction).
 // Its CPU kernel's results differ from these in the last bit for a third of the elements of m and v (its vector
 // path and thread split, not reproduced here).  The loop is vectorized (FLAGS' -fno-math-errno lets sqrt be the

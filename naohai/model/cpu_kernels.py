@@ -17,9 +17,9 @@ fused``): LayerNorm and RMSNorm forward and backward in one kernel each (``layer
 ``_grad``), the attention's scale, bias and softmax (``scaled_softmax``) and SwiGLU's sigmoid and products
 (``silu_product``) likewise, with an exp of their own (within 2 ulp, not MindSpore's), the head's cross entropy
 and its gradient with respect to the logits in one pass over each row (``softmax_cross_entropy``), the
-gradients' sums of squares for the global norm, all in one kernel (``square_sums``), the clip's scaling of all
-the gradients by one kernel (``scale_all``, exact), and AdamW's update of every parameter by one kernel that
-writes the parameters and moments in place (``adam_all``, marked as a memory side effect).  They sum in an order
+gradients' sums of squares for the global norm, all in one kernel (``square_sums``), and AdamW's update of every
+parameter, with the clip's scaling and the step guard's decision, by one kernel that writes the parameters and
+moments in place (``adam_all``, marked as a memory side effect).  They sum in an order
 of their own (fixed, so runs repeat), not in the order of MindSpore's ``MatMul``, ``ReduceSum`` and ``AddN`` that the
 composed graph uses -- which depends on the shapes, and for ``ReduceSum`` above 200,000 elements on which of
 its threads finishes first -- so float32 results differ from the composed graph's in the last bits.
@@ -68,7 +68,6 @@ ENTRY = {"add": ("NaohaiBroadcastAdd", lambda x, b: x),
          "silu_product": ("NaohaiSiluProduct", lambda g, u: g),
          "silu_product_grad": ("NaohaiSiluProductGrad", lambda dy, g, u: (g, g)),
          "square_sums": ("NaohaiSquareSums", lambda *grads: grads[0]),
-         "scale_all": ("NaohaiScaleAll", lambda *grads_and_factor: tuple(grads_and_factor[:-1])),
          "softmax_cross_entropy": ("NaohaiSoftmaxCrossEntropy", lambda x, labels, w: (x, x)),
          "adam_all": ("NaohaiAdamWeightDecayAll", lambda *tensors: tensors[0])}
 _SHAPES = {"swap_axes_1_2": lambda x: [x[0], x[2], x[1], x[3]],

@@ -386,7 +386,7 @@ def prepare_broadcast() -> bool:
             _ROPE = (prims["rope"], prims["rope_grad"])
             _FUSED.update({name: prims[name] for name in (
                 "layer_norm", "layer_norm_grad", "rms_norm", "rms_norm_grad", "scaled_softmax",
-                "scaled_softmax_grad", "silu_product", "silu_product_grad", "square_sums", "scale_all",
+                "scaled_softmax_grad", "silu_product", "silu_product_grad", "square_sums",
                 "softmax_cross_entropy", "adam_all")})
             _KERNELS_ON = True
     return True
@@ -609,11 +609,10 @@ def fused_reductions_on() -> bool:
 
 class GradientKernels(NamedTuple):
     """The fused kernels for all of a step's float32 gradients at once: ``square_sums(*grads)`` -> the sum of
-    their sums of squares ([1]), ``scale_all(*grads, factor)`` -> each gradient times ``factor`` ([1]),
-    ``adam_all(*params, *m, *v, *grads, lr, beta1, beta2, eps, decays)``: AdamW's update of every parameter, in
-    place (:class:`naohai.train.adam_all.AdamWeightDecayAll`)."""
+    their sums of squares ([1]), ``adam_all(*params, *m, *v, *grads, lr, beta1, beta2, eps, decays, scale, go)``:
+    AdamW's update of every parameter with the gradients times ``scale`` where ``go`` is not 0, in place
+    (:class:`naohai.train.adam_all.AdamWeightDecayAll`)."""
     square_sums: object
-    scale_all: object
     adam_all: object
 
 
@@ -622,7 +621,7 @@ def fused_gradient_kernels() -> Optional[GradientKernels]:
     backend), else None."""
     if not _FUSED:
         return None
-    return GradientKernels(_FUSED["square_sums"], _FUSED["scale_all"], _FUSED["adam_all"])
+    return GradientKernels(_FUSED["square_sums"], _FUSED["adam_all"])
 
 
 class RowSumSoftmax(nn.Cell):

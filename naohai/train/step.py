@@ -153,7 +153,6 @@ class _Finish(nn.Cell):
         self.grad_clip = float(grad_clip)
         self.hyper_map = C.HyperMap()
         self.square_sums = fused_gradients.square_sums if fused_gradients is not None else None
-        self.scale_all = fused_gradients.scale_all if fused_gradients is not None else None
         # AdamWeightDecayAll takes the clip's factor and the decision into its one kernel: no branch in the graph
         self.guarded_update = isinstance(optimizer, AdamWeightDecayAll)
         self.unit = Tensor([1.0], ms.float32)
@@ -166,10 +165,7 @@ class _Finish(nn.Cell):
             norm = F.depend(norm, self.optimizer(grads, factor, applied))
         else:
             if self.grad_clip > 0:
-                if self.scale_all is not None:
-                    grads = self.scale_all(*grads, factor)
-                else:
-                    grads = self.hyper_map(F.partial(scale_by, factor), grads)
+                grads = self.hyper_map(F.partial(scale_by, factor), grads)
             if applied:
                 norm = F.depend(norm, self.optimizer(grads))
         norm = F.depend(norm, self.guard.update(finite, applied, norm))
