@@ -76,8 +76,8 @@ _SHAPES = {"swap_axes_1_2": lambda x: [x[0], x[2], x[1], x[3]],
            "adam_all": lambda *tensors: [1]}
 #: kernels that write their inputs in place (MindSpore orders them as memory side effects)
 _WRITES_INPUTS = ("adam_all",)
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-fopenmp-simd", "-std=c++17", "-shared",
-         "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno", "-fopenmp-simd",
+         "-std=c++17", "-shared", "-fPIC"]
 
 _STATE: Dict[str, object] = {}
 

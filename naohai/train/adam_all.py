@@ -9,8 +9,8 @@ where they lie.  The kernel also takes the clip's factor and the step guard's de
 (:class:`naohai.train.step.TrainStep`): the gradients are scaled as they are read, and a skipped step leaves the
 parameters, moments and step counter as they are -- so the step's graph has no branch (a branch around the
 optimizer splits MindSpore's CPU graph in three, and passing every parameter between them cost about 2 ms a step
-on the tiny bench model).  The update is MindSpore's formula (no bias correction); MindSpore's own kernel rounds a third of
-the moments' elements differently in the last bit, so it is used only where a recipe asks for naohai's fused
+on the tiny bench model).  The update is MindSpore's formula (no bias correction); MindSpore's own kernel rounds a
+third of the moments' elements differently in the last bit, so it is used only where a recipe asks for naohai's fused
 kernels (``train.cpu_reductions: fused``, :func:`naohai.train.builder.make_optimizer`).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ class AdamWeightDecayAll(nn.AdamWeightDecay):
         self.kernel = kernel
 
     def construct(self, gradients, scale, applied):
-        """Update with ``gradients * scale`` (``scale`` [1]: the clip's factor) where ``applied`` ([1] bool);
+        """Update with ``gradients * scale`` (``scale`` [1]: the clip's factor) where ``applied`` (a bool scalar);
         where not, nothing changes, the step counter included."""
         lr = self.get_lr()
         go = F.cast(applied, ms.float32)

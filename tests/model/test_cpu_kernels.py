@@ -34,22 +34,15 @@ def _operands(xs, bs, seed=0):
     return x, b
 
 
-class _Apply(nn.Cell):
+class _Call(nn.Cell):
+    """A graph that calls ``prim`` on its inputs."""
+
     def __init__(self, prim):
         super().__init__()
         self.prim = prim
 
-    def construct(self, x, b):
-        return self.prim(x, b)
-
-
-class _Apply1(nn.Cell):
-    def __init__(self, prim):
-        super().__init__()
-        self.prim = prim
-
-    def construct(self, x):
-        return self.prim(x)
+    def construct(self, *args):
+        return self.prim(*args)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +56,7 @@ def prims():
 def test_kernels_equal_numpys_float32_broadcasting(prims, xs, bs):
     x, b = _operands(xs, bs)
     for kind in NP:
-        got = _Apply(prims[kind])(Tensor(x), Tensor(b)).asnumpy()
+        got = _Call(prims[kind])(Tensor(x), Tensor(b)).asnumpy()
         assert got.shape == xs and got.dtype == np.float32
         np.testing.assert_array_equal(got, NP[kind](x, b), err_msg=kind)
 
@@ -110,7 +103,7 @@ def _with_and_without_kernels(results):
 
 def test_head_swap_is_numpys_transpose_and_its_gradient_mindspores(prims):
     x = np.random.RandomState(4).standard_normal((3, 5, 7, 4)).astype(np.float32)
-    np.testing.assert_array_equal(_Apply1(prims["swap_axes_1_2"])(Tensor(x)).asnumpy(), x.transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(_Call(prims["swap_axes_1_2"])(Tensor(x)).asnumpy(), x.transpose(0, 2, 1, 3))
     w = Tensor(np.random.RandomState(5).standard_normal((3, 7, 5, 4)).astype(np.float32))
     transpose = ops.Transpose()
 
@@ -364,15 +357,6 @@ def test_kernels_split_over_mindspores_threads_give_the_one_thread_results(prims
     lib = ctypes.CDLL(cpu_kernels.build())
     lib.NaohaiKernelThreads.restype = lib.NaohaiKernelSplits.restype = ctypes.c_int64
     cases = _split_cases()
-
-    class _Call(nn.Cell):
-        def __init__(self, prim):
-            super().__init__()
-            self.prim = prim
-
-        def construct(self, *args):
-            return self.prim(*args)
-
     splits = lib.NaohaiKernelSplits()
     saved = {"entries": np.array([(name, cpu_kernels.ENTRY[name][0]) for name in cases])}
     for name, ins in cases.items():
